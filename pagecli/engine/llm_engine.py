@@ -1,0 +1,296 @@
+"""LLMEngine: add_request / step / abort. A step is schedule -> run -> postprocess."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pagecli.config import EngineConfig
+from pagecli.engine.block_manager import BlockManager
+from pagecli.engine.model_runner import ModelRunner
+from pagecli.engine.scheduler import Scheduler
+from pagecli.engine.sequence import FinishReason, Sequence
+from pagecli.engine.stats import EngineStats, StepTimer
+from pagecli.loader.resolve import ModelLoadError, resolve_model
+from pagecli.loader.weights import DTYPES, load_hf_config
+from pagecli.models.registry import model_class
+from pagecli.outputs import CompletionOutput, RequestOutput
+from pagecli.sampling_params import SamplingParams
+from pagecli.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run (too long for the context or the KV cache)."""
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival_time: float
+    detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
+    sent: dict[int, int] = field(default_factory=dict)  # sample index -> chars reported
+    first_token_time: float | None = None
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda: no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+class LLMEngine:
+    """The in-process engine: continuous batching over a paged KV cache."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.source = resolve_model(config.model)
+        self.hf_config = load_hf_config(self.source)
+        model_class(self.hf_config)  # an unsupported architecture fails before any loading
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.max_model_len = self._max_model_len()
+        self.tokenizer = (
+            Tokenizer(self.source.path, self.source.name, config.chat_template)
+            if self.source.has_tokenizer
+            else None
+        )
+        self.runner = ModelRunner(
+            config, self.hf_config, self.source, self.device, self.dtype, self.max_model_len
+        )
+        self.block_manager = BlockManager(
+            self.runner.num_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            model_key=f"{self.source.path}:{self.dtype}",
+            num_swap_blocks=self.runner.num_swap_blocks,
+        )
+        self.scheduler = Scheduler(
+            config, self.block_manager, self.max_model_len, self._eos_token_ids()
+        )
+        self._requests: dict[str, _Request] = {}
+        self.timer = StepTimer()
+
+    # ---- set-up --------------------------------------------------------------------------
+
+    def _max_model_len(self) -> int:
+        hf = self.hf_config
+        limit = getattr(hf, "max_position_embeddings", None) or 4096
+        window = getattr(hf, "sliding_window", None)
+        uses_window = window and (
+            hf.model_type == "mistral" or getattr(hf, "use_sliding_window", False)
+        )
+        if uses_window:
+            limit = min(limit, window)  # past the window the model attends differently
+        if self.config.max_model_len is not None:
+            if self.config.max_model_len > limit:
+                raise ValueError(
+                    f"max_model_len {self.config.max_model_len} exceeds the model's {limit}"
+                )
+            return self.config.max_model_len
+        return limit
+
+    def _eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        value = getattr(self.hf_config, "eos_token_id", None)
+        ids.update([value] if isinstance(value, int) else value or [])
+        gen_file = self.source.path / "generation_config.json"
+        if gen_file.is_file():
+            import json
+
+            value = json.loads(gen_file.read_text()).get("eos_token_id")
+            ids.update([value] if isinstance(value, int) else value or [])
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.config.block_size
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+    ) -> None:
+        """Queue a request. Raises RequestError when it can never fit, ValueError for a
+        duplicate id or bad token ids."""
+        if request_id in self._requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestError("the prompt is empty")
+        vocab = self.hf_config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        limit = min(self.max_model_len, self.capacity_tokens)
+        what = "max_model_len" if limit == self.max_model_len else "the KV cache"
+        if params.max_tokens is None:
+            if num_prompt >= limit:
+                raise RequestError(f"prompt of {num_prompt} tokens does not fit {what} ({limit})")
+            max_tokens = limit - num_prompt
+        else:
+            if num_prompt + params.max_tokens > limit:
+                raise RequestError(
+                    f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                    f"{what} ({limit} tokens)"
+                )
+            max_tokens = params.max_tokens
+        generators: list[torch.Generator | None] = [None] * params.n
+        if params.seed is not None and not params.greedy:
+            generators = [
+                torch.Generator(device=self.device).manual_seed(params.seed + i)
+                for i in range(params.n)
+            ]
+        seq = Sequence(
+            seq_id=self.scheduler.next_seq_id(),
+            request_id=request_id,
+            token_ids=list(prompt_token_ids),
+            num_prompt_tokens=num_prompt,
+            sampling_params=params,
+            max_tokens=max_tokens,
+            generators=generators,
+            forked=params.n == 1,
+        )
+        self._requests[request_id] = _Request(
+            request_id, prompt, list(prompt_token_ids), params, [seq], time.perf_counter()
+        )
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = FinishReason.ABORT
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; returns the requests that made progress (finished ones last)."""
+        with self.timer.step() as record:
+            batch = self.scheduler.schedule()
+            if batch.is_empty:
+                if self.scheduler.has_unfinished():
+                    raise RuntimeError("the scheduler could not make progress")
+                return []
+            sampled = self.runner.run(batch)
+            updated = self.scheduler.postprocess(batch, sampled)
+            record(batch)
+        return self._outputs(updated)
+
+    def _outputs(self, updated: list[Sequence]) -> list[RequestOutput]:
+        touched: dict[str, _Request] = {}
+        now = time.perf_counter()
+        for seq in updated:
+            request = self._requests[seq.request_id]
+            if seq not in request.seqs:
+                request.seqs.append(seq)
+            touched[request.request_id] = request
+            if request.first_token_time is None:
+                request.first_token_time = now
+            self._detokenize(request, seq)
+        outputs = []
+        for request in touched.values():
+            output = self._request_output(request)
+            outputs.append(output)
+            if output.finished:
+                del self._requests[request.request_id]
+        return outputs
+
+    def _detokenize(self, request: _Request, seq: Sequence) -> None:
+        if self.tokenizer is None:
+            return
+        detok = request.detokenizers.get(seq.sample_index)
+        if detok is None:
+            detok = IncrementalDetokenizer(
+                self.tokenizer, request.params.skip_special_tokens
+            )
+            request.detokenizers[seq.sample_index] = detok
+        before = len(detok.text)
+        detok.add(seq.output_token_ids[len(detok.token_ids) :])
+        stops = request.params.stop
+        if not stops:
+            return
+        longest = max(len(s) for s in stops)
+        window_start = max(0, before - longest + 1)
+        found = [
+            (idx, s) for s in stops if (idx := detok.text.find(s, window_start)) != -1
+        ]
+        if found:
+            idx, stop = min(found)
+            detok.text = detok.text[:idx]
+            seq.finish_reason, seq.stop_reason = FinishReason.STOP, stop
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+
+    def _request_output(self, request: _Request) -> RequestOutput:
+        completions = []
+        holdback = max((len(s) for s in request.params.stop), default=1) - 1
+        for seq in sorted(request.seqs, key=lambda s: s.sample_index):
+            detok = request.detokenizers.get(seq.sample_index)
+            text = detok.text if detok is not None else ""
+            if not seq.is_finished and holdback:
+                text = text[: max(len(text) - holdback, request.sent.get(seq.sample_index, 0))]
+            sent = request.sent.get(seq.sample_index, 0)
+            request.sent[seq.sample_index] = len(text)
+            completions.append(
+                CompletionOutput(
+                    index=seq.sample_index,
+                    text=text,
+                    token_ids=seq.output_token_ids,
+                    finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+                    stop_reason=seq.stop_reason,
+                    delta=text[sent:],
+                )
+            )
+        finished = len(request.seqs) == request.params.n and all(
+            s.is_finished for s in request.seqs
+        )
+        metrics = {"arrival_time": request.arrival_time}
+        if request.first_token_time is not None:
+            metrics["time_to_first_token"] = request.first_token_time - request.arrival_time
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=completions,
+            finished=finished,
+            num_cached_tokens=request.seqs[0].num_cached_tokens,
+            metrics=metrics,
+        )
+
+    # ---- introspection -------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return EngineStats.snapshot(self)
+
+    def check_invariants(self) -> None:
+        self.block_manager.check_invariants(self.scheduler.all_seqs())

@@ -1,0 +1,206 @@
+"""Flat batch tensors, one forward pass per step, sampling; owns the model and the KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from pagecli.config import EngineConfig
+from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
+from pagecli.layers.attention import AttentionMetadata
+from pagecli.layers.sampler import SamplingRow, sample
+from pagecli.loader.resolve import ModelLoadError, ModelSource
+from pagecli.loader.weights import check_fits, init_dummy_weights, iter_safetensors
+from pagecli.models.registry import model_class
+
+# Measured on the 2-core CI machine (see benchmarks/RESULTS.md): both cores help.
+DEFAULT_CPU_THREADS = 2
+
+
+class ModelRunner:
+    """Runs the model over a `ScheduledBatch` and returns the sampled token ids."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        hf_config,
+        source: ModelSource,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.block_size = config.block_size
+        if device.type == "cpu":
+            import os
+
+            threads = config.num_threads or min(DEFAULT_CPU_THREADS, os.cpu_count() or 1)
+            torch.set_num_threads(threads)
+        self.num_threads = torch.get_num_threads()
+        self.model = self._load_model(hf_config, source, max_model_len)
+        self.num_layers = hf_config.num_hidden_layers
+        attn = self.model.attention_layers[0]
+        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        self.num_blocks = self._num_blocks()
+        # [K/V, layers, blocks, block_size, kv_heads, head_dim]
+        self.kv_cache = torch.empty(
+            2, self.num_layers, self.num_blocks, self.block_size, self.num_kv_heads,
+            self.head_dim, dtype=dtype, device=device,
+        )
+        for i, layer in enumerate(self.model.attention_layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self.num_swap_blocks = int(config.swap_space * 2**30 // self.block_bytes)
+        self.swap_cache = None
+        if self.num_swap_blocks:
+            self.swap_cache = torch.empty(
+                2, self.num_layers, self.num_swap_blocks, self.block_size, self.num_kv_heads,
+                self.head_dim, dtype=dtype, device="cpu", pin_memory=device.type == "cuda",
+            )
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+
+    # ---- set-up --------------------------------------------------------------------------
+
+    def _load_model(self, hf_config, source: ModelSource, max_model_len: int):
+        cls = model_class(hf_config)
+        check_fits(hf_config, self.dtype, self.device, source.name)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device("meta"):
+                model = cls(hf_config, max_position=max_model_len)
+        finally:
+            torch.set_default_dtype(previous)
+        model = model.to_empty(device=self.device)
+        model.rotary.to_device(self.device, self.dtype)
+        load_format = self.config.load_format
+        if load_format == "dummy" or not source.has_weights:
+            if load_format not in ("dummy", "auto"):
+                raise ModelLoadError(f"{source.name}: has no weights; use --load-format dummy")
+            init_dummy_weights(model, self.config.seed)
+        else:
+            with torch.no_grad():
+                model.load_weights(iter_safetensors(source.path, source.name))
+        return model.eval()
+
+    @property
+    def block_bytes(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def _num_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            headroom = (1 - self.config.gpu_memory_utilization) * total + 2**30  # activations
+            budget = free - headroom
+        else:
+            budget = self.config.kv_cache_memory * 2**30
+        num_blocks = int(budget // self.block_bytes)
+        if num_blocks < 1:
+            raise ModelLoadError("no memory left for the KV cache; lower the model size or dtype")
+        return num_blocks
+
+    # ---- one step ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[list[int]]:
+        """Forward the whole mixed batch once; returns, per scheduled sequence (decodes then
+        prefills), the sampled ids (empty for a prefill chunk that does not finish its prompt)."""
+        self._copy_blocks(batch)
+        items = batch.seqs
+        input_ids, positions, meta, sample_index = self._prepare(batch)
+        hidden = self.model(input_ids, positions, meta)  # [T, H]
+        sampled = [s for s in items if s.completes_prefill]
+        if not sampled:
+            return [[] for _ in items]
+        logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
+        rows = [self._sampling_row(s) for s in sampled]
+        drawn = iter(sample(logits, rows, self.generator))
+        return [next(drawn) if s.completes_prefill else [] for s in items]
+
+    def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:
+        seq = item.seq
+        # The first sample of an unforked n > 1 request draws all n tokens from one row.
+        generators = seq.generators if not seq.forked else seq.generators[:1]
+        return SamplingRow(
+            seq.sampling_params, generators, seq.prompt_token_ids, seq.output_token_ids
+        )
+
+    def _prepare(self, batch: ScheduledBatch):
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_index: list[int] = []
+
+        def add(item: ScheduledSeq) -> None:
+            seq = item.seq
+            start = seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            table = seq.block_table
+            for pos in range(start, end):
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
+            if item.completes_prefill:
+                sample_index.append(len(input_ids) - 1)
+
+        for item in batch.decodes:
+            add(item)
+        for item in batch.prefills:
+            add(item)
+        dev = self.device
+        decode_tables = decode_lens = prefill_tables = prefill_lens = query_start = None
+        if batch.decodes:
+            decode_tables = self._block_tables([s.seq for s in batch.decodes])
+            decode_lens = torch.tensor(
+                [s.seq.num_computed_tokens + 1 for s in batch.decodes], dtype=torch.int32
+            ).to(dev)
+        if batch.prefills:
+            prefill_tables = self._block_tables([s.seq for s in batch.prefills])
+            prefill_lens = torch.tensor(
+                [s.seq.num_computed_tokens + s.num_new_tokens for s in batch.prefills],
+                dtype=torch.int32,
+            ).to(dev)
+            starts = [0]
+            for s in batch.prefills:
+                starts.append(starts[-1] + s.num_new_tokens)
+            query_start = torch.tensor(starts, dtype=torch.int32).to(dev)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev),
+            num_decode_tokens=len(batch.decodes),
+            decode_block_tables=decode_tables,
+            decode_seq_lens=decode_lens,
+            prefill_block_tables=prefill_tables,
+            prefill_seq_lens=prefill_lens,
+            prefill_query_start_loc=query_start,
+        )
+        return (
+            torch.tensor(input_ids, dtype=torch.long).to(dev),  # [T]
+            torch.tensor(positions, dtype=torch.long).to(dev),  # [T]
+            meta,
+            torch.tensor(sample_index, dtype=torch.long).to(dev),  # [S]
+        )
+
+    def _block_tables(self, seqs) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
+        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        return torch.tensor(rows, dtype=torch.int32).to(self.device)  # [N, max_blocks]
+
+    def _copy_blocks(self, batch: ScheduledBatch) -> None:
+        """Swap-outs first (their device blocks may be reused in this very step), then
+        swap-ins, then copy-on-write copies."""
+        if batch.swap_out:
+            dev_ids = torch.tensor([d for d, _ in batch.swap_out], device=self.device)
+            host_ids = torch.tensor([h for _, h in batch.swap_out])
+            self.swap_cache[:, :, host_ids] = self.kv_cache[:, :, dev_ids].to("cpu")
+        if batch.swap_in:
+            host_ids = torch.tensor([h for h, _ in batch.swap_in])
+            dev_ids = torch.tensor([d for _, d in batch.swap_in], device=self.device)
+            self.kv_cache[:, :, dev_ids] = self.swap_cache[:, :, host_ids].to(self.device)
+        if batch.block_copies:
+            src = torch.tensor([s for s, _ in batch.block_copies], device=self.device)
+            dst = torch.tensor([d for _, d in batch.block_copies], device=self.device)
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]

@@ -1,0 +1,132 @@
+"""EngineStats: plain-data snapshots of the engine, for the CLI's stats lines and display."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagecli.engine.llm_engine import LLMEngine
+    from pagecli.engine.scheduler import ScheduledBatch
+
+
+class StepTimer:
+    """Keeps the totals and a short window of recent steps (for tokens/s and step time)."""
+
+    def __init__(self, window: int = 32) -> None:
+        self.recent: deque[tuple[float, int, int]] = deque(maxlen=window)  # (s, prefill, decode)
+        self.total_prefill_tokens = 0
+        self.total_decode_tokens = 0
+        self.total_time = 0.0
+        self.num_steps = 0
+
+    @contextmanager
+    def step(self):
+        start = time.perf_counter()
+        seen: list[ScheduledBatch] = []
+        yield seen.append
+        if not seen:
+            return
+        batch = seen[0]
+        elapsed = time.perf_counter() - start
+        prefill = sum(s.num_new_tokens for s in batch.prefills)
+        decode = len(batch.decodes)
+        self.recent.append((elapsed, prefill, decode))
+        self.total_prefill_tokens += prefill
+        self.total_decode_tokens += decode
+        self.total_time += elapsed
+        self.num_steps += 1
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine is doing right now, as numbers."""
+
+    num_blocks: int
+    block_size: int
+    blocks_in_use: int
+    blocks_cached_free: int
+    blocks_free: int
+    blocks_shared: int
+    blocks_swapped: int
+    tokens_held: int  # tokens whose K/V sit in in-use blocks (per sequence, shared counted once)
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    cow_copies: int
+    evictions: int
+    preemptions_recompute: int
+    preemptions_swap: int
+    chunked_prefills: int
+    num_steps: int
+    prefill_tokens: int
+    decode_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    step_time_s: float
+    block_states: tuple[str, ...]  # per block: "free", "used", "shared", "cached"
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data.pop("block_states")
+        data["prefix_hit_rate"] = self.prefix_hit_rate
+        return data
+
+    @classmethod
+    def snapshot(cls, engine: LLMEngine) -> EngineStats:
+        bm = engine.block_manager
+        sched = engine.scheduler
+        timer = engine.timer
+        states = []
+        cached = set(bm._cached_free)
+        for block in bm.blocks:
+            if block.ref_count > 1:
+                states.append("shared")
+            elif block.ref_count == 1:
+                states.append("used")
+            elif block.block_id in cached:
+                states.append("cached")
+            else:
+                states.append("free")
+        held_blocks: dict[int, int] = {}
+        for seq in sched.running:
+            for i, block_id in enumerate(seq.block_table):
+                filled = min(engine.config.block_size, seq.num_computed_tokens - i * bm.block_size)
+                held_blocks[block_id] = max(held_blocks.get(block_id, 0), max(filled, 0))
+        window = sum(t for t, _, _ in timer.recent)
+        return cls(
+            num_blocks=bm.num_blocks,
+            block_size=bm.block_size,
+            blocks_in_use=bm.num_used_blocks,
+            blocks_cached_free=bm.num_cached_free_blocks,
+            blocks_free=bm.num_free_blocks - bm.num_cached_free_blocks,
+            blocks_shared=states.count("shared"),
+            blocks_swapped=bm.num_swapped_blocks,
+            tokens_held=sum(held_blocks.values()),
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            num_swapped=len(sched.swapped),
+            prefix_query_tokens=bm.counters.prefix_query_tokens,
+            prefix_hit_tokens=bm.counters.prefix_hit_tokens,
+            cow_copies=bm.counters.cow_copies,
+            evictions=bm.counters.evictions,
+            preemptions_recompute=sched.counters.preemptions_recompute,
+            preemptions_swap=sched.counters.preemptions_swap,
+            chunked_prefills=sched.counters.chunked_prefills,
+            num_steps=timer.num_steps,
+            prefill_tokens=timer.total_prefill_tokens,
+            decode_tokens=timer.total_decode_tokens,
+            prefill_tokens_per_s=sum(p for _, p, _ in timer.recent) / window if window else 0.0,
+            decode_tokens_per_s=sum(d for _, _, d in timer.recent) / window if window else 0.0,
+            step_time_s=window / len(timer.recent) if timer.recent else 0.0,
+            block_states=tuple(states),
+        )

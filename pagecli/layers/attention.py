@@ -1,0 +1,64 @@
+"""Attention over the paged KV cache: store the new K/V, then attend through block tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import pagecli_kernels as kernels
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step layout of the flattened batch: the first `num_decode_tokens` tokens are
+    decodes (one per sequence), the rest are prefill chunks laid back to back."""
+
+    slot_mapping: torch.Tensor  # [T] int64
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None  # [D, max_blocks] int32
+    decode_seq_lens: torch.Tensor | None  # [D] int32
+    prefill_block_tables: torch.Tensor | None  # [P, max_blocks] int32
+    prefill_seq_lens: torch.Tensor | None  # [P] int32
+    prefill_query_start_loc: torch.Tensor | None  # [P + 1] int32
+
+
+class PagedAttention(nn.Module):
+    """Writes this layer's new K/V into its cache and attends over each sequence's cache."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hk, D]
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        # q: [T, Hq, D]; k, v: [T, Hk, D]
+        kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        num_decode = meta.num_decode_tokens
+        if num_decode == q.shape[0]:
+            return kernels.paged_decode_attention(
+                q, self.k_cache, self.v_cache, meta.decode_block_tables,
+                meta.decode_seq_lens, self.scale,
+            )
+        if num_decode == 0:
+            return kernels.paged_prefill_attention(
+                q, self.k_cache, self.v_cache, meta.prefill_block_tables,
+                meta.prefill_seq_lens, meta.prefill_query_start_loc, self.scale,
+            )
+        out = torch.empty_like(q)
+        out[:num_decode] = kernels.paged_decode_attention(
+            q[:num_decode], self.k_cache, self.v_cache, meta.decode_block_tables,
+            meta.decode_seq_lens, self.scale,
+        )
+        out[num_decode:] = kernels.paged_prefill_attention(
+            q[num_decode:], self.k_cache, self.v_cache, meta.prefill_block_tables,
+            meta.prefill_seq_lens, meta.prefill_query_start_loc, self.scale,
+        )
+        return out

@@ -1,0 +1,120 @@
+"""LLM: the Python face of the engine (generate, stream)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, Union
+
+from pagecli.config import EngineConfig
+from pagecli.engine.llm_engine import LLMEngine, RequestError
+from pagecli.outputs import RequestOutput
+from pagecli.sampling_params import SamplingParams
+
+# A prompt: raw text, a list of chat messages, or {"prompt_token_ids": [...]}.
+Prompt = Union[str, list[dict[str, Any]], dict[str, Any]]
+
+
+class LLM:
+    """Load a model once and generate with it.
+
+    >>> llm = LLM()  # the default model, SmolLM2-135M-Instruct
+    >>> out = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
+    """
+
+    def __init__(self, model: str | None = None, **engine_config: Any) -> None:
+        unknown = set(engine_config) - EngineConfig.field_names()
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        self.config = EngineConfig(model=model, **engine_config)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    # ---- prompts -------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        """Token ids (and text, when known) of a prompt in any accepted form."""
+        if isinstance(prompt, dict):
+            ids = prompt.get("prompt_token_ids")
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                raise ValueError("a dict prompt needs 'prompt_token_ids': a list of integers")
+            return list(ids), None
+        if self.tokenizer is None:
+            raise ValueError(
+                f"{self.engine.source.name} has no tokenizer: give prompt_token_ids instead"
+            )
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt), prompt
+        if isinstance(prompt, list):
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+            return self.tokenizer.encode_chat(prompt), text
+        raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run all prompts together (continuously batched); one output per prompt, in order.
+
+        A prompt that can never run (too long) gets an output with finish_reason "error" and
+        the reason in `error`; the others are unaffected.
+        """
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
+            and "role" in prompts[0]
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"{len(params_list)} sampling params for {len(prompts)} prompts"
+                )
+        results: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        for prompt, params in zip(prompts, params_list):
+            request_id = f"req-{next(self._ids)}"
+            order.append(request_id)
+            ids, text = self.encode_prompt(prompt)
+            try:
+                self.engine.add_request(request_id, ids, params, prompt=text)
+            except RequestError as exc:
+                results[request_id] = RequestOutput(
+                    request_id, text, ids, finished=True, error=str(exc)
+                )
+        try:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        results[output.request_id] = output
+        except BaseException:
+            for request_id in order:
+                self.engine.abort_request(request_id)
+            raise
+        return [results[r] for r in order]
+
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        """Yield the request's output after every step that adds text (`output.delta`)."""
+        request_id = f"req-{next(self._ids)}"
+        ids, text = self.encode_prompt(prompt)
+        self.engine.add_request(request_id, ids, sampling_params or SamplingParams(), text)
+        try:
+            while True:
+                for output in self.engine.step():
+                    if output.request_id == request_id:
+                        yield output
+                        if output.finished:
+                            return
+        finally:
+            self.engine.abort_request(request_id)

@@ -1,0 +1,116 @@
+"""GGUF files to the Hugging Face layout, with the `gguf` package.
+
+Weights are dequantized to float32, llama.cpp's Q/K row permutation is undone, the config and
+the tokenizer (with its chat template) are read from the file's metadata. The result is a folder
+with config.json, model.safetensors and tokenizer files that the safetensors path then loads.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# llama.cpp tensor names -> transformers names (per layer: "blk.N.<x>" -> "model.layers.N.<y>").
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# Architectures whose Q/K rows llama.cpp's converter permuted (for its rope layout).
+_PERMUTED_ARCHS = {"llama"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF model pagecli can read."""
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The transformers name of a llama.cpp tensor, or None for tensors with no counterpart."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.match(gguf_name)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's interleaving of each head's rotary halves in Q/K rows."""
+    rows = weight.shape[0]
+    rest = weight.shape[1:]
+    w = weight.reshape(num_heads, rows // num_heads // 2, 2, *rest)
+    return w.transpose(1, 2).reshape(rows, *rest)
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write config.json, model.safetensors and the tokenizer of `gguf_path` into `out_dir`."""
+    import gguf
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as exc:  # the gguf package raises assorted errors for a bad file
+        raise GGUFError(f"{gguf_path}: not a readable GGUF file ({exc})") from None
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise GGUFError(f"{gguf_path}: unsupported GGUF architecture {arch!r}")
+    num_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    num_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", num_heads))
+
+    tensors: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name)
+        if name is None:
+            continue
+        data = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [rows, cols]
+        shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
+        weight = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
+        if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "q_proj.bias")):
+            weight = unpermute_qk(weight, num_heads)
+        elif arch in _PERMUTED_ARCHS and name.endswith(("k_proj.weight", "k_proj.bias")):
+            weight = unpermute_qk(weight, num_kv_heads)
+        tensors[name] = weight.contiguous()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+    config.architectures = [_ARCHITECTURES[arch]]
+    config.tie_word_embeddings = "lm_head.weight" not in tensors
+    config.save_pretrained(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    template = _field(reader, "tokenizer.chat_template")
+    if template and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = template
+    tokenizer.save_pretrained(out_dir)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

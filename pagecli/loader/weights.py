@@ -1,0 +1,109 @@
+"""Build a model from a resolved source: config, memory check, weights (safetensors or dummy)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from pagecli.loader.resolve import ModelLoadError, ModelSource
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_hf_config(source: ModelSource):
+    """The transformers config of the model, read from its config.json."""
+    from transformers import AutoConfig
+
+    path = source.path / "config.json"
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{source.name}: unreadable config.json ({exc})") from None
+    try:
+        return AutoConfig.from_pretrained(str(source.path))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{source.name}: cannot read config.json ({first})") from None
+
+
+def count_parameters(config) -> int:
+    """Parameters of a Llama-family model, from its config alone."""
+    hidden = config.hidden_size
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * config.intermediate_size
+    per_layer = attn + mlp + 2 * hidden
+    embed = config.vocab_size * hidden
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return embed * (1 if tied else 2) + config.num_hidden_layers * per_layer + hidden
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes that can still be allocated on `device`."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(config, dtype: torch.dtype, device: torch.device, name: str) -> None:
+    """Refuse, before loading, weights that cannot fit in the device's memory."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    needed = count_parameters(config) * size
+    free = available_memory(device)
+    if needed * 1.05 > free:
+        smaller = [n for n, d in DTYPES.items() if torch.tensor([], dtype=d).element_size() < size]
+        hint = f"; try --dtype {smaller[0]}" if smaller else ""
+        raise ModelLoadError(
+            f"{name}: weights need {needed / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')}"
+            f" but {device.type} has {free / 2**30:.1f} GiB available{hint}"
+        )
+
+
+def iter_safetensors(folder: Path, name: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of every *.safetensors file in the folder."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{name}: no *.safetensors weights in {folder}")
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    yield key, f.get_tensor(key)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ModelLoadError(
+                f"{file}: corrupt safetensors file ({type(exc).__name__}: {first})"
+            ) from None
+
+
+def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random weights of the right scale, for benchmarks of models that are not downloaded."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                cpu = torch.empty(param.shape, dtype=torch.float32)
+                cpu.normal_(0.0, 0.02, generator=gen)
+                param.copy_(cpu)

@@ -1,0 +1,187 @@
+"""The Llama family, implemented once: Llama 2/3 (llama3 RoPE scaling), Mistral, Qwen2 (q/k/v
+bias), Qwen3 (q/k RMSNorm), SmolLM; GQA/MQA and tied embeddings.
+
+The model works on a flattened batch: `input_ids` and `positions` are `[T]` for all the new
+tokens of all sequences in the step; attention reads and writes the paged KV cache. Parameter
+names follow transformers' checkpoints, except that q/k/v and gate/up are fused at load time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagecli.layers.attention import AttentionMetadata, PagedAttention
+from pagecli.layers.norm import RMSNorm
+from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = _head_dim(config)
+        model_type = config.model_type
+        qkv_bias = model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        o_bias = model_type != "qwen2" and bool(getattr(config, "attention_bias", False))
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, o_bias)
+        self.q_norm = self.k_norm = None
+        if model_type == "qwen3":
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.attn = PagedAttention(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
+        )
+
+    def forward(self, rope: Rope, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, k, *rope)
+        out = self.attn(q, k, v.contiguous(), meta)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias)
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {config.hidden_act!r} (only silu)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, rope: Rope, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        # The residual additions mirror transformers' order so float32 results agree closely.
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama-family decoder over the paged KV cache."""
+
+    # checkpoint name fragment -> (fused parameter fragment, shard index)
+    _fused = {
+        ".q_proj.": (".qkv_proj.", 0),
+        ".k_proj.": (".qkv_proj.", 1),
+        ".v_proj.": (".qkv_proj.", 2),
+        ".gate_proj.": (".gate_up_proj.", 0),
+        ".up_proj.": (".gate_up_proj.", 1),
+    }
+
+    def __init__(self, config, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config, _head_dim(config), max_position)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def attention_layers(self) -> list[PagedAttention]:
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [T, H]
+        rope = self.rotary(positions)  # (cos, sin), [T, 1, D] each
+        for layer in self.layers:
+            hidden = layer(rope, hidden, meta)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (transformers' names) into the parameters, fusing q/k/v and
+        gate/up. Raises ValueError for a missing or misshapen tensor."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding serves as the output projection
+            for fragment, (fused, shard) in self._fused.items():
+                if fragment in name:
+                    target = name.replace(fragment, fused)
+                    param = params.get(target)
+                    if param is None:
+                        raise ValueError(f"unexpected checkpoint tensor {name}")
+                    start, size = self._shard_range(target, shard)
+                    _copy(param.data.narrow(0, start, size), tensor, name)
+                    loaded.add(f"{target}#{shard}")
+                    break
+            else:
+                param = params.get(name)
+                if param is None:
+                    raise ValueError(f"unexpected checkpoint tensor {name}")
+                _copy(param.data, tensor, name)
+                loaded.add(name)
+        missing = []
+        for pname in params:
+            if ".qkv_proj." in pname:
+                missing += [f"{pname}#{i}" for i in range(3) if f"{pname}#{i}" not in loaded]
+            elif ".gate_up_proj." in pname:
+                missing += [f"{pname}#{i}" for i in range(2) if f"{pname}#{i}" not in loaded]
+            elif pname not in loaded:
+                missing.append(pname)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+
+    def _shard_range(self, param_name: str, shard: int) -> tuple[int, int]:
+        if ".qkv_proj." in param_name:
+            attn = self.layers[0].self_attn
+            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+        else:
+            sizes = [self.config.intermediate_size] * 2
+        return sum(sizes[:shard]), sizes[shard]
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"tensor {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)

@@ -1,0 +1,53 @@
+"""What the engine hands back: RequestOutput (one per request) and CompletionOutput (one per
+sample)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request. `delta` is the text added since the previous report."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"; None while running
+    stop_reason: str | int | None = None  # the stop string or stop token id that matched
+    delta: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The state of one request. `text`, `token_ids` and `finish_reason` are those of the
+    first sample; `outputs` lists every sample (n > 1)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    num_cached_tokens: int = 0
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text if self.outputs else ""
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids if self.outputs else []
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason if self.outputs else ("error" if self.error else None)
+
+    @property
+    def delta(self) -> str:
+        return self.outputs[0].delta if self.outputs else ""

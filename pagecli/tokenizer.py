@@ -1,0 +1,108 @@
+"""Tokenizer, chat templates and incremental detokenization."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pagecli.loader.resolve import ModelLoadError
+
+# For models that ship no chat template (base models such as Llama-2-7b-hf): each message on
+# its own lines, the role as a header, then the assistant header to continue from.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+class Tokenizer:
+    """A transformers tokenizer with the chat template resolved once."""
+
+    def __init__(self, folder: Path, name: str, chat_template: str | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        try:
+            self.hf = AutoTokenizer.from_pretrained(str(folder))
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelLoadError(f"{name}: cannot load the tokenizer ({first})") from None
+        self.template_source = "model"
+        if chat_template is not None:
+            try:
+                self.hf.chat_template = Path(chat_template).read_text()
+            except OSError as exc:
+                raise ModelLoadError(f"{chat_template}: cannot read chat template ({exc.strerror})")
+            self.template_source = "file"
+        elif not getattr(self.hf, "chat_template", None):
+            self.hf.chat_template = FALLBACK_CHAT_TEMPLATE
+            self.template_source = "fallback"
+            print(
+                f"pagecli: {name} has no chat template; using the plain fallback "
+                "('Role: text' lines; --chat-template FILE overrides)",
+                file=sys.stderr,
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=True)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.hf.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the rendered conversation. The template already holds any BOS, so no
+        special tokens are added again."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self.hf.encode(text, add_special_tokens=False)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.hf.eos_token_id
+
+
+class IncrementalDetokenizer:
+    """Streams the text of a growing list of token ids.
+
+    Text is emitted once it decodes to complete characters; the concatenation of the deltas
+    equals `tokenizer.decode(all_ids)` (the window always starts at a token that was decoded
+    before, so leading-space handling is the same as in the full decode).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self.text = ""
+        self._prefix_offset = 0  # start of the decode window
+        self._read_offset = 0  # tokens up to here are already in `text`
+
+    def add(self, new_token_ids: list[int]) -> str:
+        """Append tokens; returns the new text that is complete so far."""
+        self.token_ids.extend(new_token_ids)
+        decode = self.tokenizer.decode
+        skip = self.skip_special_tokens
+        prefix_text = decode(self.token_ids[self._prefix_offset : self._read_offset], skip)
+        full_text = decode(self.token_ids[self._prefix_offset :], skip)
+        if full_text.endswith("\ufffd") or len(full_text) < len(prefix_text):
+            return ""  # an incomplete multi-byte character: wait for more tokens
+        if not full_text.startswith(prefix_text):
+            # Decoding is not prefix-stable here (rare normalisations): fall back to a full decode.
+            whole = decode(self.token_ids, skip)
+            delta = whole[len(self.text) :] if whole.startswith(self.text) else ""
+        else:
+            delta = full_text[len(prefix_text) :]
+        self.text += delta
+        # The next window starts at the first token of this delta: already decoded.
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self.token_ids)
+        return delta

@@ -1,0 +1,123 @@
+"""The public paged ops: one signature, dispatched to Triton, the fast CPU path or the reference.
+
+`impl` picks the implementation:
+  "auto"       Triton for CUDA tensors, the fast CPU path for CPU tensors
+  "triton"     the Triton kernel; on CPU tensors it needs Triton's interpreter, i.e.
+               TRITON_INTERPRET=1 set before triton is first imported (tests do this in
+               tests/kernels/conftest.py)
+  "cpu"        the fast torch path (pagecli_kernels/cpu.py)
+  "reference"  the float64 loops (pagecli_kernels/reference.py)
+
+Triton is imported only when a Triton kernel is first asked for, so CPU-only installs never
+need it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Literal
+
+import torch
+
+from pagecli_kernels import cpu, reference
+
+Impl = Literal["auto", "triton", "cpu", "reference"]
+IMPLS = ("auto", "triton", "cpu", "reference")
+
+
+def _resolve(impl: str, device: torch.device) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
+    if impl == "auto":
+        return "triton" if device.type == "cuda" else "cpu"
+    if impl == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "impl='triton' on CPU tensors runs Triton's interpreter: set TRITON_INTERPRET=1 "
+            "before triton is first imported"
+        )
+    return impl
+
+
+def _triton_launcher(module_name: str, launcher_name: str):
+    """The launcher `launcher_name` of pagecli_kernels/<module_name>.py, imported on first use."""
+    package = sys.modules[__package__]
+    module = importlib.import_module(f"{__package__}.{module_name}")
+    # Importing pagecli_kernels.store_kv binds the package attribute `store_kv` to the module;
+    # put the public op back so `pagecli_kernels.store_kv(...)` keeps working.
+    package.store_kv = store_kv
+    return getattr(module, launcher_name)
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> None:
+    """Write key/value `[num_tokens, num_kv_heads, head_dim]` into the paged caches in place.
+
+    slot_mapping `[num_tokens]` int64 holds block_id * block_size + offset per token; a
+    negative slot is skipped.
+    """
+    impl = _resolve(impl, k_cache.device)
+    if impl == "triton":
+        fn = _triton_launcher("store_kv", "store_kv")
+    else:
+        fn = cpu.store_kv if impl == "cpu" else reference.store_kv
+    fn(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Attention of one new token per sequence over its seq_lens[i] cached tokens.
+
+    query and the result are `[num_seqs, num_heads, head_dim]`; caches
+    `[num_blocks, block_size, num_kv_heads, head_dim]`; block_tables
+    `[num_seqs, max_blocks_per_seq]` int32; seq_lens `[num_seqs]` int32.
+    """
+    impl = _resolve(impl, query.device)
+    if impl == "triton":
+        fn = _triton_launcher("decode_attention", "paged_decode_attention")
+    else:
+        fn = cpu.paged_decode_attention if impl == "cpu" else reference.paged_decode_attention
+    return fn(query, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix and themselves.
+
+    query and the result are `[num_tokens, num_heads, head_dim]`, sequences back to back as
+    delimited by query_start_loc `[num_seqs + 1]` int32. A sequence's new tokens are the last
+    ones of its seq_lens (K/V already stored), so the causal mask is bottom-right aligned.
+    """
+    impl = _resolve(impl, query.device)
+    if impl == "triton":
+        fn = _triton_launcher("prefill_attention", "paged_prefill_attention")
+    elif impl == "cpu":
+        fn = cpu.paged_prefill_attention
+    else:
+        fn = reference.paged_prefill_attention
+    return fn(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)

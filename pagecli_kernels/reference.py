@@ -1,0 +1,107 @@
+"""Simple, obviously-correct versions of every paged op: the test oracle.
+
+Loops over sequences and tokens, math in float64, results cast back to the input dtype. Slow on
+purpose; never call these from the engine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagecli_kernels._checks import check_attention, check_lengths_host, check_store_kv
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write key[i] / value[i] into cache slot slot_mapping[i]; negative slots are skipped."""
+    cache = check_store_kv(key, value, k_cache, v_cache, slot_mapping)
+    num_slots = cache.num_blocks * cache.block_size
+    for i, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        if slot >= num_slots:
+            raise ValueError(f"slot_mapping[{i}] = {slot} is past the cache's {num_slots} slots")
+        block_id, offset = divmod(slot, cache.block_size)
+        k_cache[block_id, offset] = key[i]
+        v_cache[block_id, offset] = value[i]
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first seq_len tokens of one sequence, token by token: [seq_len, num_kv_heads, D]."""
+    block_size = cache.shape[1]
+    rows = []
+    for pos in range(seq_len):
+        block_id = int(block_table[pos // block_size])
+        rows.append(cache[block_id, pos % block_size])
+    return torch.stack(rows).to(torch.float64)
+
+
+def _attend(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax attention of one query token over keys/values, in float64.
+
+    query [num_heads, D]; keys, values [num_ctx, num_kv_heads, D]; returns [num_heads, D].
+    """
+    group = query.shape[0] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1)  # [num_ctx, num_heads, D]
+    values = values.repeat_interleave(group, dim=1)
+    scores = torch.einsum("hd,thd->ht", query.to(torch.float64), keys) * scale  # [H, num_ctx]
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("ht,thd->hd", probs, values)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one new token per sequence over all seq_lens[i] cached tokens."""
+    cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens)
+    lens, _ = check_lengths_host(query, block_tables, seq_lens, cache.block_size)
+    out = torch.empty_like(query)  # [num_seqs, num_heads, D]
+    for i, seq_len in enumerate(lens):
+        keys = _gather_context(k_cache, block_tables[i], seq_len)
+        values = _gather_context(v_cache, block_tables[i], seq_len)
+        out[i] = _attend(query[i], keys, values, scale).to(query.dtype)
+    return out
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens, the last of its seq_lens, over its cache.
+
+    New token j of a sequence with n new tokens sits at position seq_len - n + j and attends to
+    positions 0..seq_len - n + j (bottom-right aligned causal mask).
+    """
+    cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    lens, query_lens = check_lengths_host(
+        query, block_tables, seq_lens, cache.block_size, query_start_loc
+    )
+    out = torch.empty_like(query)  # [num_tokens, num_heads, D]
+    starts = query_start_loc.tolist()
+    for i, (seq_len, query_len) in enumerate(zip(lens, query_lens, strict=True)):
+        keys = _gather_context(k_cache, block_tables[i], seq_len)
+        values = _gather_context(v_cache, block_tables[i], seq_len)
+        for j in range(query_len):
+            pos = seq_len - query_len + j
+            token = starts[i] + j
+            out[token] = _attend(query[token], keys[: pos + 1], values[: pos + 1], scale).to(
+                query.dtype
+            )
+    return out

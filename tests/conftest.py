@@ -1,0 +1,37 @@
+"""Shared fixtures: the default model, tiny random-weight models, and the transformers oracle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The default model converted to the HF layout (cached under the user cache dir)."""
+    from pagecli.loader.resolve import resolve_model
+
+    return resolve_model(None).path
+
+
+@pytest.fixture(scope="session")
+def hf_default_model(default_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Random-weight checkpoints of each supported architecture, built with transformers'
+    own config classes and saved as safetensors (no tokenizer: tests pass token ids)."""
+    from tests.tiny_models import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"))

@@ -1,0 +1,211 @@
+"""The fast CPU path against the float64 reference, on random paged batches with NaN poison."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from paged_cases import TOLERANCES, assert_close, make_case
+
+import pagecli_kernels
+from pagecli_kernels import cpu, reference
+
+DTYPES = list(TOLERANCES)
+
+
+def _random_lengths(rng: random.Random, num_seqs: int, block_size: int, prefill: bool):
+    seq_lens, query_lens = [], []
+    for _ in range(num_seqs):
+        seq_len = rng.choice([1, block_size - 1, block_size, block_size + 1, rng.randint(1, 40)])
+        seq_len = max(seq_len, 1)
+        seq_lens.append(seq_len)
+        if not prefill:
+            query_lens.append(1)
+        else:
+            # whole prompt, a chunk over a cached prefix, or a single decode token
+            query_lens.append(rng.choice([seq_len, rng.randint(1, seq_len), 1]))
+    return seq_lens, query_lens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("seed", range(3))
+def test_decode_matches_reference(dtype, group, seed):
+    rng = random.Random(seed * 100 + group)
+    block_size = rng.choice([1, 4, 16])
+    seq_lens, query_lens = _random_lengths(rng, rng.randint(1, 5), block_size, prefill=False)
+    case = make_case(
+        seq_lens,
+        query_lens,
+        block_size=block_size,
+        num_kv_heads=rng.choice([1, 2]),
+        group=group,
+        head_dim=rng.choice([8, 64]),
+        dtype=dtype,
+        seed=seed,
+    )
+    args = (case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
+    expected = reference.paged_decode_attention(*args)
+    assert_close(cpu.paged_decode_attention(*args), expected)
+    assert_close(pagecli_kernels.paged_decode_attention(*args), expected)  # auto -> cpu
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("seed", range(3))
+def test_prefill_matches_reference(dtype, group, seed):
+    rng = random.Random(seed * 100 + group + 7)
+    block_size = rng.choice([4, 8])
+    seq_lens, query_lens = _random_lengths(rng, rng.randint(1, 4), block_size, prefill=True)
+    case = make_case(
+        seq_lens,
+        query_lens,
+        block_size=block_size,
+        num_kv_heads=rng.choice([1, 2]),
+        group=group,
+        head_dim=rng.choice([8, 64]),
+        dtype=dtype,
+        seed=seed,
+    )
+    args = (
+        case.query,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+    )
+    expected = reference.paged_prefill_attention(*args)
+    assert_close(cpu.paged_prefill_attention(*args), expected)
+    assert_close(pagecli_kernels.paged_prefill_attention(*args, impl="cpu"), expected)
+
+
+def test_prefill_mixed_batch_with_prefix_and_decodes():
+    # a fresh prompt, a chunk over a 9-token prefix, and two decodes, in one call
+    case = make_case(
+        [7, 14, 5, 1],
+        [7, 5, 1, 1],
+        block_size=4,
+        num_kv_heads=2,
+        group=3,
+        head_dim=16,
+        dtype=torch.float32,
+    )
+    args = (
+        case.query,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+    )
+    expected = reference.paged_prefill_attention(*args)
+    assert_close(cpu.paged_prefill_attention(*args), expected)
+
+
+def test_prefill_single_tokens_equal_decode():
+    case = make_case(
+        [3, 9, 4], [1, 1, 1], block_size=4, num_kv_heads=1, group=4, head_dim=8, dtype=torch.float32
+    )
+    prefill = cpu.paged_prefill_attention(
+        case.query,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+    )
+    decode = cpu.paged_decode_attention(
+        case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale
+    )
+    torch.testing.assert_close(prefill, decode)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_store_kv_matches_reference_and_skips_negative_slots(dtype, contiguous):
+    num_blocks, block_size, num_kv_heads, head_dim = 5, 4, 2, 8
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    if contiguous:
+        k_cache = torch.full(shape, float("nan"), dtype=dtype)
+        v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    else:  # a strided view, like one layer of a [2, ...] cache allocation
+        k_cache = torch.full(
+            (num_blocks, 2, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype
+        )[:, 1]
+        v_cache = k_cache.clone()
+    key = torch.randn(6, num_kv_heads, head_dim).to(dtype)
+    value = torch.randn(6, num_kv_heads, head_dim).to(dtype)
+    slot_mapping = torch.tensor([13, 0, -1, 7, 19, -5], dtype=torch.int64)
+
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    reference.store_kv(key, value, expected_k, expected_v, slot_mapping)
+    assert pagecli_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping) is None
+
+    torch.testing.assert_close(k_cache, expected_k, equal_nan=True)
+    torch.testing.assert_close(v_cache, expected_v, equal_nan=True)
+    written = [13, 0, 7, 19]
+    flat_k = k_cache.reshape(-1, num_kv_heads, head_dim)
+    assert torch.equal(flat_k[written], key[[0, 1, 3, 4]])
+    assert torch.isnan(flat_k).any(dim=(1, 2)).sum() == num_blocks * block_size - len(written)
+
+
+def _tiny_decode(dtype=torch.float32, head_dim=8):
+    return make_case(
+        [5, 2], [1, 1], block_size=4, num_kv_heads=2, group=2, head_dim=head_dim, dtype=dtype
+    )
+
+
+@pytest.mark.parametrize("impl", ["cpu", "reference"])
+def test_bad_dtype_raises(impl):
+    case = _tiny_decode()
+    q, k, v = case.query.double(), case.k_cache.double(), case.v_cache.double()
+    with pytest.raises(ValueError, match="dtype"):
+        pagecli_kernels.paged_decode_attention(
+            q, k, v, case.block_tables, case.seq_lens, case.scale, impl=impl
+        )
+
+
+def test_bad_impl_raises():
+    case = _tiny_decode()
+    with pytest.raises(ValueError, match="impl"):
+        pagecli_kernels.paged_decode_attention(
+            case.query,
+            case.k_cache,
+            case.v_cache,
+            case.block_tables,
+            case.seq_lens,
+            case.scale,
+            impl="cuda",
+        )
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda c: setattr(c, "block_tables", c.block_tables.long()), "block_tables"),
+        (lambda c: setattr(c, "seq_lens", c.seq_lens[:1]), "block_tables has"),
+        (lambda c: setattr(c, "query", c.query[:, :3].contiguous()), "multiple"),
+        (lambda c: setattr(c, "query", c.query.half()), "dtype"),
+        (lambda c: setattr(c, "seq_lens", c.seq_lens * 0), "seq_lens"),
+        (lambda c: setattr(c, "v_cache", c.v_cache[:, :2]), "v_cache"),
+    ],
+)
+@pytest.mark.parametrize("impl", ["cpu", "reference"])
+def test_bad_arguments_raise(mutate, match, impl):
+    case = _tiny_decode()
+    mutate(case)
+    with pytest.raises(ValueError, match=match):
+        pagecli_kernels.paged_decode_attention(
+            case.query,
+            case.k_cache,
+            case.v_cache,
+            case.block_tables,
+            case.seq_lens,
+            case.scale,
+            impl=impl,
+        )
