@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint
+.PHONY: install test lint demo completions
 
 install: $(STAMP)
 
@@ -22,3 +22,9 @@ test: install
 
 lint: install
 	$(BIN)/ruff check pagecli pagecli_kernels tests
+
+demo: install
+	$(BIN)/pagecli generate --progress < examples/prompts.jsonl
+
+completions: install
+	$(BIN)/python scripts/gen_completions.py
