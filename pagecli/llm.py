@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
@@ -102,6 +103,10 @@ class LLM:
             raise
         return [results[r] for r in order]
 
+    def chat_session(self, system: str | None = None, name: str = "default") -> ChatSession:
+        """A multi-turn conversation whose turns reuse the KV cache of the previous ones."""
+        return ChatSession(self, system=system, name=name)
+
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
@@ -118,3 +123,74 @@ class LLM:
                             return
         finally:
             self.engine.abort_request(request_id)
+
+
+class ChatSession:
+    """A conversation that keeps the exact token ids it has seen and produced.
+
+    Each turn's prompt is the previous turn's prompt, the generated ids, and the ids of the
+    newly rendered part of the chat template, so it extends the cached prefix instead of
+    re-tokenizing decoded text. Sessions with the same system prompt share its KV blocks
+    through the prefix cache.
+    """
+
+    def __init__(self, llm: LLM, system: str | None = None, name: str = "default") -> None:
+        if llm.tokenizer is None:
+            raise ValueError(f"{llm.engine.source.name} has no tokenizer: chat needs one")
+        self.llm = llm
+        self.name = name
+        self.system = system
+        self.messages: list[dict[str, str]] = []
+        if system:
+            self.messages.append({"role": "system", "content": system})
+        self.token_ids: list[int] = []  # the conversation so far, exactly as the model saw it
+        self.warnings: list[str] = []
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """The token ids of the next turn's prompt (the conversation plus `user_text`)."""
+        tok = self.llm.tokenizer
+        messages = self.messages + [{"role": "user", "content": user_text}]
+        full_text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        if not self.token_ids:
+            return tok.encode_chat(messages)
+        kept_text = tok.decode(self.token_ids, skip_special_tokens=False)
+        if full_text.startswith(kept_text):
+            return self.token_ids + tok.hf.encode(
+                full_text[len(kept_text) :], add_special_tokens=False
+            )
+        turn = sum(1 for m in self.messages if m["role"] == "assistant")
+        warning = (
+            f"session {self.name!r}: the chat template renders turn {turn} differently from "
+            "the tokens kept for it; the prompt is re-rendered and the KV cache is reused only "
+            "up to where they agree"
+        )
+        self.warnings.append(warning)
+        warnings.warn(warning, stacklevel=3)
+        return tok.encode_chat(messages)
+
+    def record(self, user_text: str, prompt_ids: list[int], output: RequestOutput) -> None:
+        """Remember a finished turn: its prompt ids, the generated ids and the reply text."""
+        self.messages.append({"role": "user", "content": user_text})
+        self.messages.append({"role": "assistant", "content": output.text})
+        self.token_ids = list(prompt_ids) + list(output.token_ids)
+
+    def send(self, user_text: str, sampling_params: SamplingParams | None = None) -> RequestOutput:
+        """One turn: the whole reply at once."""
+        final = None
+        for final in self.stream(user_text, sampling_params):
+            pass
+        return final
+
+    def stream(
+        self, user_text: str, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        """One turn, yielding outputs as text arrives. A turn that is interrupted keeps what
+        was generated so far."""
+        ids = self.prompt_ids(user_text)
+        last = None
+        try:
+            for last in self.llm.stream({"prompt_token_ids": ids}, sampling_params):
+                yield last
+        finally:
+            if last is not None:
+                self.record(user_text, ids, last)
