@@ -6,4 +6,11 @@ from pagecli.outputs import CompletionOutput, RequestOutput
 from pagecli.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "RequestOutput",
+    "SamplingParams",
+    "__version__",
+]

@@ -65,7 +65,9 @@ class LLM:
         the reason in `error`; the others are unaffected.
         """
         if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
+            isinstance(prompts, list)
+            and prompts
+            and isinstance(prompts[0], dict)
             and "role" in prompts[0]
         ):
             prompts = [prompts]
@@ -77,9 +79,7 @@ class LLM:
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
-                raise ValueError(
-                    f"{len(params_list)} sampling params for {len(prompts)} prompts"
-                )
+                raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         for prompt, params in zip(prompts, params_list):
@@ -177,8 +177,8 @@ class ChatSession:
     def send(self, user_text: str, sampling_params: SamplingParams | None = None) -> RequestOutput:
         """One turn: the whole reply at once."""
         final = None
-        for final in self.stream(user_text, sampling_params):
-            pass
+        for output in self.stream(user_text, sampling_params):
+            final = output
         return final
 
     def stream(

@@ -42,16 +42,15 @@ class SamplingParams:
         _number("min_p", self.min_p, low=0.0, high=1.0)
         if self.seed is not None:
             _int("seed", self.seed, low=0)
-        if not isinstance(self.stop, list) or not all(
-            isinstance(s, str) and s for s in self.stop
-        ):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(
+                f"stop must be a string or a list of non-empty strings, got {self.stop!r}"
+            )
         if not isinstance(self.stop_token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
-            raise ValueError(
-                f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}"
-            )
+            got = self.stop_token_ids
+            raise ValueError(f"stop_token_ids must be a list of non-negative integers, got {got!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         _number("repetition_penalty", self.repetition_penalty, low=0.0)

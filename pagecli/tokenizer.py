@@ -33,7 +33,9 @@ class Tokenizer:
             try:
                 self.hf.chat_template = Path(chat_template).read_text()
             except OSError as exc:
-                raise ModelLoadError(f"{chat_template}: cannot read chat template ({exc.strerror})")
+                raise ModelLoadError(
+                    f"{chat_template}: cannot read chat template ({exc.strerror})"
+                ) from None
             self.template_source = "file"
         elif not getattr(self.hf, "chat_template", None):
             self.hf.chat_template = FALLBACK_CHAT_TEMPLATE

@@ -40,8 +40,9 @@ def tiny_configs():
         ),
         "mistral": MistralConfig(**COMMON, sliding_window=None, tie_word_embeddings=False),
         "qwen2": Qwen2Config(**COMMON, tie_word_embeddings=True),
-        "qwen3": Qwen3Config(**{**COMMON, "num_key_value_heads": 1}, head_dim=32,
-                             tie_word_embeddings=True),
+        "qwen3": Qwen3Config(
+            **{**COMMON, "num_key_value_heads": 1}, head_dim=32, tie_word_embeddings=True
+        ),
     }
 
 

@@ -230,9 +230,7 @@ class LLMEngine:
             return
         detok = request.detokenizers.get(seq.sample_index)
         if detok is None:
-            detok = IncrementalDetokenizer(
-                self.tokenizer, request.params.skip_special_tokens
-            )
+            detok = IncrementalDetokenizer(self.tokenizer, request.params.skip_special_tokens)
             request.detokenizers[seq.sample_index] = detok
         before = len(detok.text)
         detok.add(seq.output_token_ids[len(detok.token_ids) :])
@@ -241,9 +239,7 @@ class LLMEngine:
             return
         longest = max(len(s) for s in stops)
         window_start = max(0, before - longest + 1)
-        found = [
-            (idx, s) for s in stops if (idx := detok.text.find(s, window_start)) != -1
-        ]
+        found = [(idx, s) for s in stops if (idx := detok.text.find(s, window_start)) != -1]
         if found:
             idx, stop = min(found)
             detok.text = detok.text[:idx]

@@ -45,8 +45,14 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         # [K/V, layers, blocks, block_size, kv_heads, head_dim]
         self.kv_cache = torch.empty(
-            2, self.num_layers, self.num_blocks, self.block_size, self.num_kv_heads,
-            self.head_dim, dtype=dtype, device=device,
+            2,
+            self.num_layers,
+            self.num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype=dtype,
+            device=device,
         )
         for i, layer in enumerate(self.model.attention_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
@@ -54,10 +60,30 @@ class ModelRunner:
         self.swap_cache = None
         if self.num_swap_blocks:
             self.swap_cache = torch.empty(
-                2, self.num_layers, self.num_swap_blocks, self.block_size, self.num_kv_heads,
-                self.head_dim, dtype=dtype, device="cpu", pin_memory=device.type == "cuda",
+                2,
+                self.num_layers,
+                self.num_swap_blocks,
+                self.block_size,
+                self.num_kv_heads,
+                self.head_dim,
+                dtype=dtype,
+                device="cpu",
+                pin_memory=device.type == "cuda",
             )
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self.graphs = None
+        if device.type == "cuda" and not config.enforce_eager:
+            from pagecli.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                self.model,
+                config.max_num_seqs,
+                self.max_blocks_per_seq,
+                hf_config.hidden_size,
+                dtype,
+                device,
+            )
 
     # ---- set-up --------------------------------------------------------------------------
 
@@ -111,7 +137,20 @@ class ModelRunner:
         self._copy_blocks(batch)
         items = batch.seqs
         input_ids, positions, meta, sample_index = self._prepare(batch)
-        hidden = self.model(input_ids, positions, meta)  # [T, H]
+        if (
+            self.graphs is not None
+            and not batch.prefills
+            and self.graphs.padded_size(len(batch.decodes))
+        ):
+            hidden = self.graphs.run(  # [T, H]
+                input_ids,
+                positions,
+                meta.slot_mapping,
+                meta.decode_block_tables,
+                meta.decode_seq_lens,
+            )
+        else:
+            hidden = self.model(input_ids, positions, meta)  # [T, H]
         sampled = [s for s in items if s.completes_prefill]
         if not sampled:
             return [[] for _ in items]
@@ -151,25 +190,24 @@ class ModelRunner:
             add(item)
         for item in batch.prefills:
             add(item)
-        dev = self.device
         decode_tables = decode_lens = prefill_tables = prefill_lens = query_start = None
         if batch.decodes:
             decode_tables = self._block_tables([s.seq for s in batch.decodes])
-            decode_lens = torch.tensor(
-                [s.seq.num_computed_tokens + 1 for s in batch.decodes], dtype=torch.int32
-            ).to(dev)
+            decode_lens = self._to_device(
+                [s.seq.num_computed_tokens + 1 for s in batch.decodes], torch.int32
+            )
         if batch.prefills:
             prefill_tables = self._block_tables([s.seq for s in batch.prefills])
-            prefill_lens = torch.tensor(
+            prefill_lens = self._to_device(
                 [s.seq.num_computed_tokens + s.num_new_tokens for s in batch.prefills],
-                dtype=torch.int32,
-            ).to(dev)
+                torch.int32,
+            )
             starts = [0]
             for s in batch.prefills:
                 starts.append(starts[-1] + s.num_new_tokens)
-            query_start = torch.tensor(starts, dtype=torch.int32).to(dev)
+            query_start = self._to_device(starts, torch.int32)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev),
+            slot_mapping=self._to_device(slots, torch.int64),
             num_decode_tokens=len(batch.decodes),
             decode_block_tables=decode_tables,
             decode_seq_lens=decode_lens,
@@ -178,16 +216,22 @@ class ModelRunner:
             prefill_query_start_loc=query_start,
         )
         return (
-            torch.tensor(input_ids, dtype=torch.long).to(dev),  # [T]
-            torch.tensor(positions, dtype=torch.long).to(dev),  # [T]
+            self._to_device(input_ids, torch.long),  # [T]
+            self._to_device(positions, torch.long),  # [T]
             meta,
-            torch.tensor(sample_index, dtype=torch.long).to(dev),  # [S]
+            self._to_device(sample_index, torch.long),  # [S]
         )
 
     def _block_tables(self, seqs) -> torch.Tensor:
         width = max(len(s.block_table) for s in seqs)
         rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-        return torch.tensor(rows, dtype=torch.int32).to(self.device)  # [N, max_blocks]
+        return self._to_device(rows, torch.int32)  # [N, max_blocks]
+
+    def _to_device(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        """A host list as a device tensor; through pinned memory without a sync on CUDA."""
+        if self.device.type == "cpu":
+            return torch.tensor(data, dtype=dtype)
+        return torch.tensor(data, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
 
     def _copy_blocks(self, batch: ScheduledBatch) -> None:
         """Swap-outs first (their device blocks may be reused in this very step), then

@@ -217,9 +217,7 @@ class Scheduler:
             family = [seq]
             if not seq.forked:
                 seq.forked = True
-                children = [
-                    seq.fork(self.next_seq_id(), i) for i in range(1, len(token_ids))
-                ]
+                children = [seq.fork(self.next_seq_id(), i) for i in range(1, len(token_ids))]
                 seq.generators = seq.generators[:1]
                 for child in reversed(children):
                     self.add_fork(seq, child)

@@ -44,21 +44,39 @@ class PagedAttention(nn.Module):
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
             return kernels.paged_decode_attention(
-                q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                meta.decode_seq_lens, self.scale,
+                q,
+                self.k_cache,
+                self.v_cache,
+                meta.decode_block_tables,
+                meta.decode_seq_lens,
+                self.scale,
             )
         if num_decode == 0:
             return kernels.paged_prefill_attention(
-                q, self.k_cache, self.v_cache, meta.prefill_block_tables,
-                meta.prefill_seq_lens, meta.prefill_query_start_loc, self.scale,
+                q,
+                self.k_cache,
+                self.v_cache,
+                meta.prefill_block_tables,
+                meta.prefill_seq_lens,
+                meta.prefill_query_start_loc,
+                self.scale,
             )
         out = torch.empty_like(q)
         out[:num_decode] = kernels.paged_decode_attention(
-            q[:num_decode], self.k_cache, self.v_cache, meta.decode_block_tables,
-            meta.decode_seq_lens, self.scale,
+            q[:num_decode],
+            self.k_cache,
+            self.v_cache,
+            meta.decode_block_tables,
+            meta.decode_seq_lens,
+            self.scale,
         )
         out[num_decode:] = kernels.paged_prefill_attention(
-            q[num_decode:], self.k_cache, self.v_cache, meta.prefill_block_tables,
-            meta.prefill_seq_lens, meta.prefill_query_start_loc, self.scale,
+            q[num_decode:],
+            self.k_cache,
+            self.v_cache,
+            meta.prefill_block_tables,
+            meta.prefill_seq_lens,
+            meta.prefill_query_start_loc,
+            self.scale,
         )
         return out

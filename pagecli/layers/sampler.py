@@ -30,7 +30,8 @@ def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     if p.repetition_penalty != 1.0:
         seen = torch.tensor(
             sorted(set(row.prompt_token_ids) | set(row.output_token_ids)),
-            dtype=torch.long, device=logits.device,
+            dtype=torch.long,
+            device=logits.device,
         )
         if seen.numel():
             vals = logits[seen]
@@ -39,7 +40,9 @@ def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
             )
     if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
         out = torch.tensor(row.output_token_ids, dtype=torch.long, device=logits.device)
-        counts = torch.zeros_like(logits).scatter_add_(0, out, torch.ones_like(out, dtype=logits.dtype))
+        counts = torch.zeros_like(logits).scatter_add_(
+            0, out, torch.ones_like(out, dtype=logits.dtype)
+        )
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
 

@@ -60,9 +60,14 @@ def default_gguf_path() -> Path:
 
 
 def cache_root() -> Path:
-    from platformdirs import user_cache_dir
-
-    return Path(os.environ.get("PAGECLI_CACHE_DIR") or user_cache_dir("pagecli"))
+    """Where converted GGUF files and presets live: $PAGECLI_CACHE_DIR, else the user cache."""
+    if os.environ.get("PAGECLI_CACHE_DIR"):
+        return Path(os.environ["PAGECLI_CACHE_DIR"])
+    try:
+        from platformdirs import user_cache_dir
+    except ImportError:  # a minimal install (e.g. a GPU box with only torch and transformers)
+        return Path.home() / ".cache" / "pagecli"
+    return Path(user_cache_dir("pagecli"))
 
 
 def resolve_model(model: str | None) -> ModelSource:
@@ -74,9 +79,7 @@ def resolve_model(model: str | None) -> ModelSource:
         name = model.removeprefix("preset:")
         config = PRESETS_DIR / f"{name}.json"
         if not config.is_file():
-            raise ModelLoadError(
-                f"unknown preset {name!r} (known: {', '.join(presets())})"
-            )
+            raise ModelLoadError(f"unknown preset {name!r} (known: {', '.join(presets())})")
         folder = cache_root() / "presets" / name
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(config, folder / "config.json")

@@ -18,7 +18,6 @@ from pagecli.layers.attention import AttentionMetadata, PagedAttention
 from pagecli.layers.norm import RMSNorm
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
 
-
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
 
 

@@ -19,8 +19,9 @@ def test_same_seed_same_text(llm):
     p = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=24)
     a, b = llm.generate([CHAT, CHAT], p)
     assert a.text == b.text and a.token_ids == b.token_ids
-    c = llm.generate(CHAT, SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=99,
-                                          max_tokens=24))[0]
+    c = llm.generate(
+        CHAT, SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=24)
+    )[0]
     assert c.token_ids != a.token_ids
 
 
@@ -58,8 +59,9 @@ def test_stop_string_is_cut(llm):
 def test_stop_token_ids_and_eos(llm):
     greedy = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=40))[0]
     target = greedy.token_ids[5]
-    out = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=40,
-                                            stop_token_ids=[target]))[0]
+    out = llm.generate(CHAT, SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[target]))[
+        0
+    ]
     assert out.token_ids[-1] == target and out.finish_reason == "stop"
     assert out.outputs[0].stop_reason == target
     short = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=3))[0]
@@ -67,8 +69,9 @@ def test_stop_token_ids_and_eos(llm):
 
 
 def test_eos_ends_chat_reply(llm):
-    out = llm.generate([{"role": "user", "content": "Say hello."}],
-                       SamplingParams(temperature=0, max_tokens=200))[0]
+    out = llm.generate(
+        [{"role": "user", "content": "Say hello."}], SamplingParams(temperature=0, max_tokens=200)
+    )[0]
     assert out.finish_reason == "stop"
     assert out.token_ids[-1] in llm.engine.scheduler.eos_token_ids
     assert "<|im_end|>" not in out.text
@@ -77,9 +80,10 @@ def test_eos_ends_chat_reply(llm):
 def test_penalties_change_output(llm):
     base = SamplingParams(temperature=0, max_tokens=30)
     plain = llm.generate("one two one two one two", base)[0]
-    penal = llm.generate("one two one two one two",
-                         SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.5,
-                                        frequency_penalty=1.0))[0]
+    penal = llm.generate(
+        "one two one two one two",
+        SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.5, frequency_penalty=1.0),
+    )[0]
     assert plain.token_ids != penal.token_ids
 
 

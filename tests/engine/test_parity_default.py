@@ -12,8 +12,32 @@ import pytest
 from pagecli import LLM, SamplingParams
 from tests.oracle import check_greedy, compare_with_generate
 
-PROMPT_LENGTHS = [1, 2, 3, 5, 8, 13, 15, 16, 17, 31, 32, 33, 50, 64, 100, 127, 128, 129,
-                  200, 255, 256, 300, 400, 500]
+PROMPT_LENGTHS = [
+    1,
+    2,
+    3,
+    5,
+    8,
+    13,
+    15,
+    16,
+    17,
+    31,
+    32,
+    33,
+    50,
+    64,
+    100,
+    127,
+    128,
+    129,
+    200,
+    255,
+    256,
+    300,
+    400,
+    500,
+]
 NEW_TOKENS = 32
 
 TEXT = (

@@ -45,9 +45,7 @@ def test_same_output_with_caching_on_and_off(tiny_models, arch):
     small, small_stats = run(path, prompts, num_kv_blocks=80)
     assert small == off
     assert small_stats.evictions > 0 and small_stats.preemptions_recompute > 0
-    swap, swap_stats = run(
-        path, prompts, num_kv_blocks=80, preemption_mode="swap", swap_space=0.01
-    )
+    swap, swap_stats = run(path, prompts, num_kv_blocks=80, preemption_mode="swap", swap_space=0.01)
     assert swap == off
     assert swap_stats.preemptions_swap > 0
 
@@ -66,8 +64,10 @@ def test_swap_pool_full_falls_back_to_recompute(tiny_models):
 
 SYSTEM = (
     "You are a meticulous assistant for a public library. Answer briefly and cite the shelf. "
-    + " ".join(f"Rule {i}: books in section {i % 7} must be returned within {i % 5 + 7} days."
-               for i in range(1, 60))
+    + " ".join(
+        f"Rule {i}: books in section {i % 7} must be returned within {i % 5 + 7} days."
+        for i in range(1, 60)
+    )
 )
 
 
@@ -110,7 +110,7 @@ def test_eight_sessions_share_the_system_prompt(llm):
 def test_multi_turn_prefills_only_new_tokens(llm):
     session = llm.chat_session(system="You are terse.", name="turns")
     params = SamplingParams(temperature=0, max_tokens=12)
-    previous = 0
+    kept: list[int] = []
     for turn, question in enumerate(
         ["Name a color.", "Another one?", "And a fruit?", "Which is sweeter?", "Thanks!"]
     ):
@@ -118,11 +118,10 @@ def test_multi_turn_prefills_only_new_tokens(llm):
         out = session.send(question, params)
         assert out.prompt_token_ids == prompt
         if turn:
-            new_tokens = len(prompt) - previous
-            assert prompt[:previous] == kept  # the previous turn's ids, unchanged
+            new_tokens = len(prompt) - len(kept)
+            assert prompt[: len(kept)] == kept  # the previous turn's ids, unchanged
             assert len(prompt) - out.num_cached_tokens <= new_tokens + 16
         kept = session.token_ids
-        previous = len(kept)
     assert not session.warnings
     assert len(session.messages) == 11
 
@@ -144,7 +143,7 @@ def test_n_samples_hold_the_prompt_once(llm):
     bm = engine.block_manager
     tables = [s.block_table for s in engine.scheduler.running]
     prompt_blocks = -(-len(prompt) // 16)
-    assert all(t[:prompt_blocks - 1] == tables[0][:prompt_blocks - 1] for t in tables)
+    assert all(t[: prompt_blocks - 1] == tables[0][: prompt_blocks - 1] for t in tables)
     for block_id in tables[0][: prompt_blocks - 1]:
         assert bm.blocks[block_id].ref_count == 8
     used_before = bm.num_used_blocks

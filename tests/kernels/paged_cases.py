@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -73,13 +74,14 @@ def make_case(
     num_tokens = sum(query_lens)
     query = torch.randn((num_tokens, num_kv_heads * group, head_dim), generator=gen).to(dtype)
     starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    device = os.environ.get("PAGECLI_KERNEL_TEST_DEVICE", "cpu")
     return PagedCase(
-        query=query,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        block_tables=block_tables,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=starts,
+        query=query.to(device),
+        k_cache=k_cache.to(device),
+        v_cache=v_cache.to(device),
+        block_tables=block_tables.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=starts.to(device),
         scale=head_dim**-0.5,
     )
 

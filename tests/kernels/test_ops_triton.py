@@ -18,7 +18,9 @@ import pagecli_kernels
 from pagecli_kernels import reference
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter"
+    os.environ.get("TRITON_INTERPRET") != "1"
+    and os.environ.get("PAGECLI_KERNEL_TEST_DEVICE") != "cuda",
+    reason="needs Triton's interpreter or a CUDA device",
 )
 pytest.importorskip("triton")
 

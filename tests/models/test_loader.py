@@ -36,9 +36,7 @@ def test_unpermute_inverts_llama_cpp_permutation():
     heads, head_dim, hidden = 3, 8, 5
     w = torch.randn(heads * head_dim, hidden)
     # llama.cpp's convert_hf_to_gguf permute()
-    permuted = (
-        w.reshape(heads, 2, head_dim // 2, hidden).swapaxes(1, 2).reshape(w.shape)
-    )
+    permuted = w.reshape(heads, 2, head_dim // 2, hidden).swapaxes(1, 2).reshape(w.shape)
     assert torch.equal(unpermute_qk(permuted, heads), w)
 
 
@@ -125,7 +123,7 @@ def test_chat_template_fallback_and_override(tmp_path, default_model_dir, tiny_m
     llm = LLM(str(folder), num_kv_blocks=64)
     assert "no chat template" in capfd.readouterr().err
     assert llm.tokenizer.template_source == "fallback"
-    text, = [llm.encode_prompt([{"role": "user", "content": "hi"}])[1]]
+    (text,) = [llm.encode_prompt([{"role": "user", "content": "hi"}])[1]]
     assert text == "User: hi\n\nAssistant:"
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")

@@ -48,9 +48,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         start = seq.num_computed_tokens
         for pos in range(start, start + num_new):
             block = seq.block_table[pos // BLOCK_SIZE]
-            self.content.setdefault(block, [None] * BLOCK_SIZE)[pos % BLOCK_SIZE] = (
-                seq.token_ids[pos]
-            )
+            self.content.setdefault(block, [None] * BLOCK_SIZE)[pos % BLOCK_SIZE] = seq.token_ids[
+                pos
+            ]
         seq.num_computed_tokens += num_new
         self.bm.commit_full_blocks(seq)
 
