@@ -270,9 +270,13 @@ class LLMEngine:
         finished = len(request.seqs) == request.params.n and all(
             s.is_finished for s in request.seqs
         )
+        # Seconds on time.perf_counter()'s clock; latencies are differences of these.
         metrics = {"arrival_time": request.arrival_time}
         if request.first_token_time is not None:
+            metrics["first_token_time"] = request.first_token_time
             metrics["time_to_first_token"] = request.first_token_time - request.arrival_time
+        if finished:
+            metrics["finished_time"] = time.perf_counter()
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
