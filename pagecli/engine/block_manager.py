@@ -136,6 +136,30 @@ class BlockManager:
         self.counters.prefix_hit_tokens += num_hit
         return num_hit
 
+    def full_block_hashes(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Chained hashes of the full blocks among the first `num_tokens` tokens (reusing
+        those the sequence already knows)."""
+        bs = self.block_size
+        hashes = list(seq.block_hashes[: num_tokens // bs])
+        for i in range(len(hashes), num_tokens // bs):
+            parent = hashes[i - 1] if i else None
+            hashes.append(self.chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+        return hashes
+
+    def num_in_flight_blocks(self, seq: Sequence, in_flight: set[int]) -> int:
+        """How many full blocks of the sequence, right after those the prefix cache holds, are
+        being computed in this step (by other sequences)."""
+        if not self.enable_prefix_caching or not in_flight:
+            return 0
+        count = 0
+        for h in self.full_block_hashes(seq, seq.num_tokens - 1):
+            if h in self._hash_to_block and not count:
+                continue
+            if h not in in_flight:
+                break
+            count += 1
+        return count
+
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Make the sequence's full, computed blocks findable by hash."""
         if not self.enable_prefix_caching:

@@ -18,6 +18,11 @@ from pagecli.config import EngineConfig
 from pagecli.engine.block_manager import BlockManager
 from pagecli.engine.sequence import FinishReason, Sequence, SequenceStatus
 
+# A waiting sequence whose prompt continues with at least this many blocks that another
+# sequence computes in this very step waits one step and finds them cached; fewer are
+# cheaper to recompute than to wait for.
+MIN_BLOCKS_TO_WAIT_FOR = 2
+
 
 @dataclass
 class ScheduledSeq:
@@ -100,6 +105,11 @@ class Scheduler:
         preempted = False
         bm = self.block_manager
 
+        # Hashes of the full blocks this step computes: a waiting sequence whose next
+        # uncached block is among them waits a step and then finds it in the cache, instead of
+        # computing the same prefix a second time (records sharing a system prompt).
+        in_flight: set[int] = set()
+
         # 1. Running sequences, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
@@ -113,6 +123,7 @@ class Scheduler:
                     break
             else:
                 self._add_to_batch(batch, seq, num_new)
+                self._note_in_flight(in_flight, seq, num_new)
                 budget -= num_new
                 i += 1
                 continue
@@ -145,6 +156,8 @@ class Scheduler:
         ):
             seq = self.waiting[0]
             if not seq.block_table:
+                if bm.num_in_flight_blocks(seq, in_flight) >= MIN_BLOCKS_TO_WAIT_FOR:
+                    break
                 num_hit = bm.match_prefix(seq)
                 if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0:
                     seq.num_cached_tokens = num_hit
@@ -157,11 +170,21 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._add_to_batch(batch, seq, num_new)
+            self._note_in_flight(in_flight, seq, num_new)
             budget -= num_new
 
         batch.block_copies = bm.take_pending_copies()
         self.counters.steps += 1
         return batch
+
+    def _note_in_flight(self, in_flight: set[int], seq: Sequence, num_new: int) -> None:
+        """Record the hashes of the prompt blocks that this prefill chunk completes."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching or num_new == 1:
+            return
+        end = min(seq.num_computed_tokens + num_new, seq.num_prompt_tokens)
+        first = seq.num_computed_tokens // bm.block_size
+        in_flight.update(bm.full_block_hashes(seq, end)[first:])
 
     def _add_to_batch(self, batch: ScheduledBatch, seq: Sequence, num_new: int) -> None:
         item = ScheduledSeq(seq, num_new)

@@ -153,3 +153,17 @@ def test_n_samples_hold_the_prompt_once(llm):
     while engine.has_unfinished_requests():
         engine.step()
     engine.check_invariants()
+
+
+def test_records_submitted_together_share_their_system_prompt(llm):
+    """A record waits one step for a shared prefix that another record is computing, then
+    finds it cached instead of computing it again."""
+    system = "You are a helpful assistant who answers in one short sentence. " * 6
+    prompts = [
+        [{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}?"}]
+        for i in range(8)
+    ]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4))
+    system_blocks = len(llm.tokenizer.encode_chat(prompts[0][:1], False)) // 16
+    assert outs[0].num_cached_tokens == 0
+    assert all(o.num_cached_tokens >= system_blocks * 16 for o in outs[1:])

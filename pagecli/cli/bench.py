@@ -1,0 +1,299 @@
+"""`pagecli bench`: throughput, prefix, chat and latency scenarios, in-process through the
+engine, optionally beside transformers on exactly the same workload (`--compare hf`).
+
+Results go to stdout (a Rich table, `--json` or `--csv`); progress and the live block display
+go to stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import gc
+import os
+import platform
+import random
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pagecli import __version__
+from pagecli.cli.bench_report import print_report
+from pagecli.cli.bench_scenarios import (
+    EngineRunner,
+    Range,
+    draw_workload,
+    random_ids,
+    rates,
+    read_workload,
+    run_chat,
+    run_latency,
+    write_workload,
+)
+from pagecli.cli.display import LiveDisplay
+from pagecli.cli.options import CliError, VerboseOption, engine_options, load_llm, set_verbose
+from pagecli.config import EngineConfig
+
+WORKLOAD_PANEL = "Workload"
+OUTPUT_PANEL = "Output"
+DEFAULTS = {"num_prompts": 64, "input_len": "32:512", "output_len": "16:256"}
+PRESETS = {"nano": {"num_prompts": 256, "input_len": "100:1024", "output_len": "100:1024"}}
+
+
+class Scenario(str, enum.Enum):
+    throughput = "throughput"
+    prefix = "prefix"
+    chat = "chat"
+    latency = "latency"
+
+
+class Compare(str, enum.Enum):
+    hf = "hf"
+
+
+def _opt(panel: str, help: str, *decls: str, **kw) -> typer.models.OptionInfo:
+    return typer.Option(*decls, help=help, rich_help_panel=panel, **kw)
+
+
+@engine_options
+def bench(
+    *,
+    scenario: Annotated[Scenario, _opt(WORKLOAD_PANEL, "What to measure.")] = Scenario.throughput,
+    preset: Annotated[
+        Optional[str],
+        _opt(
+            WORKLOAD_PANEL,
+            "nano: nano-vllm's workload (256 requests, 100..1024 in and out).",
+            show_default=False,
+        ),
+    ] = None,
+    num_prompts: Annotated[
+        Optional[int], _opt(WORKLOAD_PANEL, "Requests (default 64).", show_default=False)
+    ] = None,
+    input_len: Annotated[
+        Optional[str],
+        _opt(WORKLOAD_PANEL, "Prompt tokens, N or MIN:MAX (default 32:512).", show_default=False),
+    ] = None,
+    output_len: Annotated[
+        Optional[str],
+        _opt(WORKLOAD_PANEL, "Output tokens, N or MIN:MAX (default 16:256).", show_default=False),
+    ] = None,
+    prefix_len: Annotated[
+        int, _opt(WORKLOAD_PANEL, "Shared system-prompt tokens (prefix and chat scenarios).")
+    ] = 256,
+    sessions: Annotated[int, _opt(WORKLOAD_PANEL, "Chat sessions (chat scenario).")] = 4,
+    turns: Annotated[int, _opt(WORKLOAD_PANEL, "Turns per chat session (chat scenario).")] = 3,
+    pp: Annotated[
+        int, _opt(WORKLOAD_PANEL, "Prompt tokens of the pp test (latency; 0: skip).")
+    ] = 512,
+    tg: Annotated[
+        int, _opt(WORKLOAD_PANEL, "Generated tokens of the tg test (latency; 0: skip).")
+    ] = 128,
+    repetitions: Annotated[int, _opt(WORKLOAD_PANEL, "Repetitions of each latency test.")] = 5,
+    workload: Annotated[
+        Optional[Path],
+        _opt(
+            WORKLOAD_PANEL,
+            "Run a JSONL workload (generate's input: prompt_token_ids, max_tokens).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    save_workload: Annotated[
+        Optional[Path],
+        _opt(
+            WORKLOAD_PANEL,
+            "Write the drawn workload as generate input.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    compare: Annotated[
+        Optional[Compare],
+        _opt(
+            WORKLOAD_PANEL,
+            "Also run transformers (hf-static, hf-cb) on the same workload.",
+            show_default=False,
+        ),
+    ] = None,
+    hf_batch_size: Annotated[int, _opt(WORKLOAD_PANEL, "Batch size of hf-static.")] = 16,
+    hf_cb: Annotated[
+        bool, _opt(WORKLOAD_PANEL, "With --compare hf: include hf-cb when installed.")
+    ] = True,
+    json_out: Annotated[bool, _opt(OUTPUT_PANEL, "Print one JSON object.", "--json")] = False,
+    csv_out: Annotated[bool, _opt(OUTPUT_PANEL, "Print CSV rows.", "--csv")] = False,
+    display: Annotated[
+        Optional[bool],
+        _opt(
+            OUTPUT_PANEL,
+            "The live block display on stderr (default: when it is a terminal).",
+            "--display/--no-display",
+            show_default=False,
+        ),
+    ] = None,
+    verbose: VerboseOption = False,
+    engine_config: EngineConfig,
+) -> None:
+    """Measure throughput, latency, KV usage and prefix hits; optionally against transformers."""
+    set_verbose(verbose)
+    workload_seed = engine_config.seed  # --seed draws the workload (and seeds the engine)
+    if json_out and csv_out:
+        raise CliError("choose one of --json and --csv", exit_code=2)
+    if preset is not None and preset not in PRESETS:
+        raise CliError(f"unknown --preset {preset!r} (known: {', '.join(PRESETS)})", exit_code=2)
+    for name, value in (
+        ("--num-prompts", num_prompts),
+        ("--sessions", sessions),
+        ("--turns", turns),
+        ("--repetitions", repetitions),
+        ("--hf-batch-size", hf_batch_size),
+    ):
+        if value is not None and value < 1:
+            raise CliError(f"{name} must be >= 1, got {value}", exit_code=2)
+    if compare is not None and scenario in (Scenario.chat, Scenario.latency):
+        raise CliError(
+            f"--compare hf applies to the throughput and prefix scenarios, not {scenario.value}",
+            exit_code=2,
+        )
+    chosen = {**DEFAULTS, **PRESETS.get(preset or "", {})}
+    num_prompts = num_prompts or chosen["num_prompts"]
+    in_range = Range.parse(input_len or chosen["input_len"], "--input-len")
+    out_range = Range.parse(output_len or chosen["output_len"], "--output-len")
+    show = display if display is not None else sys.stderr.isatty()
+
+    requests = read_workload(workload) if workload is not None else None  # before loading
+    note(f"loading {engine_config.model or 'the default model'}")
+    if scenario == Scenario.prefix:
+        engine_config = dataclasses.replace(engine_config, enable_prefix_caching=True)
+    llm = load_llm(engine_config)
+    engine = llm.engine
+    vocab = engine.hf_config.vocab_size
+    if requests is None:
+        prefix = None
+        if scenario == Scenario.prefix:
+            prefix = random_ids(random.Random(workload_seed - 1), prefix_len, vocab)
+        requests = draw_workload(num_prompts, in_range, out_range, vocab, workload_seed, prefix)
+    if save_workload is not None:
+        write_workload(save_workload, requests)
+    info = {
+        "machine": machine(),
+        "model": engine.source.name,
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "device": str(engine.device),
+        "threads": None,
+        "version": __version__,
+        "scenario": scenario.value,
+    }
+    rows: list[dict] = []
+    comparison: dict = {}
+    with LiveDisplay(enabled=show) as live:
+
+        def refresh(force: bool = False) -> None:
+            live.update(engine, force)
+
+        if scenario == Scenario.chat:
+            note(f"chat: {sessions} sessions x {turns} turns")
+            rows.append(
+                run_chat(llm, refresh, sessions, turns, out_range, prefix_len, workload_seed)
+            )
+        elif scenario == Scenario.latency:
+            note(f"latency: pp{pp}, tg{tg}, {repetitions} repetitions")
+            rows += run_latency(llm, refresh, pp, tg, repetitions, workload_seed)
+        else:
+            note(f"pagecli: {len(requests)} requests")
+            rows.append(EngineRunner(llm, refresh).run("pagecli", requests))
+    from pagecli.baselines import num_threads
+
+    info["threads"] = num_threads()
+    if scenario == Scenario.prefix:
+        del llm, engine, live  # one engine's KV cache at a time
+        gc.collect()
+        llm = load_llm(dataclasses.replace(engine_config, enable_prefix_caching=False))
+        note(f"pagecli-no-prefix-cache: {len(requests)} requests")
+        with LiveDisplay(enabled=show) as live:
+            rows.append(
+                EngineRunner(llm, lambda force=False: live.update(llm.engine, force)).run(
+                    "pagecli-no-prefix-cache", requests
+                )
+            )
+        comparison["prefix_cache_speedup"] = rows[1]["wall_s"] / rows[0]["wall_s"]
+    if compare is not None:
+        source_path, dtype = llm.engine.source.path, llm.engine.dtype
+        kv_tokens = llm.engine.capacity_tokens  # hf-cb gets the same KV capacity
+        del llm
+        gc.collect()
+        rows += baseline_rows(
+            source_path, dtype, requests, hf_batch_size, hf_cb, kv_tokens, verbose
+        )
+        comparison.update(ratios(rows))
+    report = {**info, "results": rows}
+    if comparison:
+        report["comparison"] = comparison
+    print_report(report, json_out, csv_out)
+
+
+def note(message: str) -> None:
+    """A progress line on stderr."""
+    print(f"pagecli: bench: {message}", file=sys.stderr, flush=True)
+
+
+def machine() -> str:
+    """The CPU model and core count (and the GPU, when the engine runs on one)."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from pagecli.baselines import gpu_name
+
+    gpu = gpu_name()
+    return f"{name}, {os.cpu_count()} CPUs" + (f", {gpu}" if gpu else "")
+
+
+def baseline_rows(
+    path, dtype, requests, batch_size: int, with_cb: bool, kv_tokens: int, verbose: bool
+) -> list:
+    """hf-static and (when available) hf-cb rows on the same workload, weights and dtype."""
+    from pagecli import baselines
+
+    note(f"loading transformers ({path.name}, {str(dtype).removeprefix('torch.')})")
+    model = baselines.load_hf_model(path, dtype)
+    runs = []
+    note(f"hf-static: {len(requests)} requests in batches of {batch_size}")
+    runs.append(baselines.run_hf_static(model, requests, batch_size))
+    missing = baselines.hf_cb_available()
+    if with_cb and missing:
+        note(f"hf-cb skipped: {missing}")
+    elif with_cb:
+        note(f"hf-cb: {len(requests)} requests")
+        runs.append(baselines.run_hf_cb(model, requests, kv_tokens, quiet=not verbose))
+    rows = []
+    for run in runs:
+        row = {
+            "engine": run.engine,
+            "num_requests": len(requests),
+            "prompt_tokens": run.prompt_tokens,
+            "output_tokens": run.output_tokens,
+            "wall_s": run.wall_s,
+        }
+        rates(row)
+        row["generated_tokens"] = run.generated_tokens
+        rows.append(row)
+    return rows
+
+
+def ratios(rows: list[dict]) -> dict:
+    """pagecli's output tokens/s over each baseline's."""
+    ours = next((r for r in rows if r["engine"] == "pagecli"), None)
+    if ours is None:
+        return {}
+    return {
+        f"pagecli/{r['engine']}": ours["output_tokens_per_s"] / r["output_tokens_per_s"]
+        for r in rows
+        if r["engine"].startswith("hf-") and r["output_tokens_per_s"]
+    }

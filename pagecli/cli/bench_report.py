@@ -1,0 +1,110 @@
+"""The results of `pagecli bench` on stdout: a Rich table, one JSON object, or CSV rows."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+PIPE_WIDTH = 240  # a file or pipe gets the whole table, never a cropped one
+
+COLUMNS = [  # (header, row key, format)
+    ("engine", "engine", "{}"),
+    ("test", "test", "{}"),
+    ("requests", "num_requests", "{}"),
+    ("prompt tok", "prompt_tokens", "{:,}"),
+    ("output tok", "output_tokens", "{:,}"),
+    ("wall s", "wall_s", "{:.2f}"),
+    ("req/s", "requests_per_s", "{:.2f}"),
+    ("out tok/s", "output_tokens_per_s", "{:.1f}"),
+    ("total tok/s", "total_tokens_per_s", "{:.1f}"),
+    ("t/s mean ± std", "tokens_per_s_mean", None),
+    ("TTFT p50/p99 ms", "ttft_s", None),
+    ("TPOT p50/p99 ms", "tpot_s", None),
+    ("peak KV", "peak_kv_blocks", None),
+    ("prefix hits", "prefix_hit_rate", "{:.1%}"),
+    ("preempt", "preemptions", "{}"),
+]
+
+
+def _cell(row: dict, key: str, fmt: str | None) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    if key in ("ttft_s", "tpot_s"):
+        return f"{1000 * value['p50']:.0f} / {1000 * value['p99']:.0f}"
+    if key == "tokens_per_s_mean":
+        return f"{value:.1f} ± {row['tokens_per_s_std']:.1f}"
+    if key == "peak_kv_blocks":
+        return f"{value}/{row['num_kv_blocks']} ({row['peak_kv_usage']:.0%})"
+    return fmt.format(value)
+
+
+def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
+    if json_out:
+        print(json.dumps(report, indent=2))
+        return
+    if csv_out:
+        flat = [
+            {
+                **{k: v for k, v in report.items() if k != "results" and k != "comparison"},
+                **flatten(row),
+            }
+            for row in report["results"]
+        ]
+        keys = list(dict.fromkeys(k for row in flat for k in row))
+        writer = csv.DictWriter(sys.stdout, fieldnames=keys, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(flat)
+        return
+    rows = report["results"]
+    used = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+    title = (
+        f"pagecli bench · {report['scenario']} · {report['model']} · {report['dtype']} · "
+        f"{report['device']} · {report['threads']} threads"
+    )
+    table = Table(title=title)
+    for header, _, _ in used:
+        table.add_column(header, justify="left" if header in ("engine", "test") else "right")
+    for row in rows:
+        table.add_row(*(_cell(row, key, fmt) for _, key, fmt in used))
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:  # a file or pipe gets the whole table, never a cropped one
+        console = Console(soft_wrap=False, width=PIPE_WIDTH)
+    console.print(table)
+    for row in rows:
+        for turn in row.get("turns", []):
+            console.print(
+                f"turn {turn['turn']}: {turn['prompt_tokens']:.0f} prompt tokens, "
+                f"{turn['cached_tokens']:.0f} reused from the cache, "
+                f"TTFT {1000 * turn['ttft_s']:.0f} ms"
+            )
+        if row.get("ttft_first_session_s") is not None and row.get("ttft_later_sessions_s"):
+            console.print(
+                f"first turn TTFT: first session "
+                f"{1000 * row['ttft_first_session_s']:.0f} ms, later sessions "
+                f"{1000 * row['ttft_later_sessions_s']:.0f} ms"
+            )
+    for name, value in report.get("comparison", {}).items():
+        label = (
+            "prefix cache speed-up (wall time off / on)"
+            if name == "prefix_cache_speedup"
+            else f"{name} output tok/s"
+        )
+        console.print(f"{label}: {value:.2f}x")
+
+
+def flatten(row: dict, prefix: str = "") -> dict:
+    """Nested figures as flat CSV columns (`ttft_s_p50`); lists as JSON text."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}_"))
+        elif isinstance(value, list):
+            out[f"{prefix}{key}"] = json.dumps(value)
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

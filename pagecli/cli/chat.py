@@ -1,0 +1,250 @@
+"""`pagecli chat`: an interactive chat on a terminal (prompt-toolkit REPL, chat_repl.py), or a
+scripted one when stdin is not a terminal: one user message per line, one reply per line.
+
+Replies go to stdout, token by token; everything else (stats lines, command output, errors)
+goes to stderr. Several sessions live in one engine, so those with the same system prompt share
+its KV blocks, and every turn reuses the KV of the conversation so far.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Optional, TextIO
+
+import typer
+from rich.console import Console, RenderableType
+
+from pagecli.cli.chat_commands import run_command
+from pagecli.cli.chat_state import SESSION_NAME, ChatError, ChatState, sessions_dir
+from pagecli.cli.chat_turn import TurnStats, run_turn
+from pagecli.cli.options import (
+    CliError,
+    VerboseOption,
+    engine_options,
+    load_llm,
+    sampling_options,
+    set_verbose,
+)
+from pagecli.config import EngineConfig
+
+CHAT_PANEL = "Chat"
+BROKEN_PIPE_EXIT_CODE = 141  # what a tool killed by SIGPIPE reports
+FENCE = '"""'
+
+
+class Chat:
+    """One chat process: the sessions, where replies and messages go, and one turn's glue."""
+
+    def __init__(
+        self,
+        state: ChatState,
+        stdout: Optional[TextIO] = None,
+        stderr: Optional[TextIO] = None,
+        interactive: bool = True,
+        autosave: Optional[str] = None,
+    ) -> None:
+        self.state = state
+        self.stdout = stdout or sys.stdout
+        self.console = Console(file=stderr or sys.stderr, highlight=False, soft_wrap=True)
+        self.interactive = interactive
+        self.autosave = autosave  # the session saved after each of its turns (--session)
+        self.last_stats: Optional[TurnStats] = None
+        self.num_errors = 0
+
+    def info(self, text: str, style: Optional[str] = None, markup: bool = False) -> None:
+        self.console.print(text, style=style, markup=markup)
+
+    def show(self, renderable: RenderableType) -> None:
+        self.console.print(renderable)
+
+    def error(self, text: str) -> None:
+        self.num_errors += 1
+        self.console.print(f"error: {text}", style="red", markup=False)
+
+    def handle(self, message: str) -> bool:
+        """A user message or a slash command; False when the chat should end."""
+        try:
+            if message.startswith("/") and not message.startswith("//"):
+                return run_command(self, message)
+            self.reply(message[1:] if message.startswith("//") else message)
+        except ChatError as exc:
+            self.error(str(exc))
+        return True
+
+    def reply(self, text: str) -> None:
+        """One turn: the reply streams to stdout, then one dim stats line on stderr."""
+        conversation = self.state.current
+
+        def write(delta: str) -> None:
+            self.stdout.write(delta)
+            self.stdout.flush()
+
+        num_warnings = len(conversation.session.warnings)
+        try:
+            stats = run_turn(conversation, text, write, stoppable=self.interactive)
+        finally:
+            write("\n")
+        for warning in conversation.session.warnings[num_warnings:]:
+            self.info(f"note: {warning}", style="dim")
+        self.last_stats = stats
+        if stats is None:
+            self.info("stopped before the first token", style="dim")
+        else:
+            self.info(stats.line(), style="dim")
+        if self.autosave is not None and conversation.name == self.autosave:
+            self.state.save()
+
+
+def messages(lines: Iterable[str]) -> Iterator[str]:
+    """User messages from input lines: one per non-blank line, or a block between lines that
+    start and end with triple quotes."""
+    block: Optional[list[str]] = None
+    for line in lines:
+        line = line.rstrip("\r\n")
+        if block is not None:
+            if line.rstrip().endswith(FENCE):
+                block.append(line.rstrip()[: -len(FENCE)])
+                yield "\n".join(block).strip("\n")
+                block = None
+            else:
+                block.append(line)
+        elif line.strip().startswith(FENCE) and not is_closed_block(line):
+            block = [line.strip()[len(FENCE) :]]
+        elif line.strip():
+            yield unfence(line)
+    if block is not None and "\n".join(block).strip():
+        yield "\n".join(block).strip("\n")
+
+
+def is_closed_block(text: str) -> bool:
+    """False for text that opens a triple-quoted block and has not closed it yet."""
+    text = text.strip()
+    if not text.startswith(FENCE):
+        return True
+    return len(text) >= 2 * len(FENCE) and text.endswith(FENCE)
+
+
+def unfence(text: str) -> str:
+    """The message inside a closed triple-quoted block (other text as it is)."""
+    stripped = text.strip()
+    if stripped.startswith(FENCE) and is_closed_block(stripped):
+        return stripped[len(FENCE) : -len(FENCE)].strip("\n")
+    return text.strip()
+
+
+def run_piped(chat: Chat, lines: Iterable[str]) -> int:
+    """The non-terminal mode: each message gets its reply and a newline on stdout."""
+    for message in messages(lines):
+        if not chat.handle(message):
+            break
+    return 1 if chat.num_errors else 0
+
+
+def _read_system(system: Optional[str], system_file: Optional[Path]) -> Optional[str]:
+    if system is not None and system_file is not None:
+        raise CliError("give --system or --system-file, not both", exit_code=2)
+    if system_file is None:
+        return system
+    try:
+        return system_file.read_text().strip() or None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise CliError(f"{system_file}: cannot read the system prompt ({reason})", 2) from None
+
+
+def _given(ctx: typer.Context, names: Iterable[str]) -> list[str]:
+    """The options the user gave (on the command line or in the environment)."""
+    given = []
+    for name in names:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given.append(name)
+    return given
+
+
+@engine_options
+@sampling_options
+def chat(
+    ctx: typer.Context,
+    *,
+    system: Annotated[
+        Optional[str],
+        typer.Option(
+            "--system",
+            "-s",
+            help="The system prompt.",
+            rich_help_panel=CHAT_PANEL,
+            show_default=False,
+        ),
+    ] = None,
+    system_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--system-file",
+            help="Read the system prompt from FILE.",
+            rich_help_panel=CHAT_PANEL,
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    session: Annotated[
+        Optional[str],
+        typer.Option(
+            "--session",
+            help="Continue the session saved as NAME (or start it); it is "
+            "saved again after every turn.",
+            rich_help_panel=CHAT_PANEL,
+            show_default=False,
+        ),
+    ] = None,
+    verbose: VerboseOption = False,
+    sampling_defaults: dict[str, Any],
+    engine_config: EngineConfig,
+) -> int:
+    """Chat with a model: streaming replies, sessions that share their system prompt's KV.
+
+    On a terminal: /help lists the commands, Esc Enter adds a line, Ctrl-C stops a reply,
+    Ctrl-D exits. With stdin from a pipe: one message per line, one reply per line on stdout.
+    """
+    set_verbose(verbose)
+    system = _read_system(system, system_file)
+    if sampling_defaults.pop("n", 1) != 1:
+        raise CliError("chat shows one sample per turn: --n must be 1", exit_code=2)
+    if session is not None and not SESSION_NAME.fullmatch(session):
+        raise CliError(
+            f"--session takes a name (letters, digits, '.', '-', '_'), got {session!r}; "
+            "/load FILE reads a session file",
+            exit_code=2,
+        )
+    interactive = sys.stdin.isatty()
+    console = Console(stderr=True)
+    if interactive and console.is_terminal:
+        with console.status(f"loading {engine_config.model or 'the default model'}…"):
+            llm = load_llm(engine_config)
+    else:
+        llm = load_llm(engine_config)
+    state = ChatState(llm, system, sampling_defaults, name=session or "default")
+    saved = sessions_dir() / f"{session}.json"
+    if session is not None and saved.is_file():
+        try:
+            state.load(str(saved), name=session)
+        except ChatError as exc:
+            raise CliError(str(exc), exit_code=2) from None
+        if system is not None and system != state.current.system:
+            state.set_system(system)
+        for name in _given(ctx, sampling_defaults):
+            state.current.set_param(name, sampling_defaults[name])
+    chat = Chat(state, interactive=interactive, autosave=session)
+    if not interactive:
+        try:
+            return run_piped(chat, sys.stdin)
+        except BrokenPipeError:
+            # The reader went away (`| head -1`): stop quietly, as a tool killed by SIGPIPE.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return BROKEN_PIPE_EXIT_CODE
+    from pagecli.cli.chat_repl import Repl
+
+    return Repl(chat).run()

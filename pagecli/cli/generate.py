@@ -1,0 +1,163 @@
+"""`pagecli generate`: JSONL records in, one JSONL answer per record out, safe in pipes.
+
+This module holds the command and its options; generate_run.py holds the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO, Optional
+
+import typer
+
+from pagecli.cli.display import generate_progress
+from pagecli.cli.generate_run import GenerateRun, RecordWriter
+from pagecli.cli.jsonl import answered_ids
+from pagecli.cli.options import (
+    CliError,
+    VerboseOption,
+    engine_options,
+    load_llm,
+    sampling_options,
+    set_verbose,
+)
+from pagecli.config import EngineConfig
+
+IO_PANEL = "Input and output"
+
+
+@engine_options
+@sampling_options
+def generate(
+    *,
+    input: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--input",
+            "-i",
+            help="Read JSONL from FILE (default: stdin).",
+            rich_help_panel=IO_PANEL,
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--output",
+            "-o",
+            help="Write JSONL to FILE (default: stdout).",
+            rich_help_panel=IO_PANEL,
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="With -o FILE: skip ids FILE already answers without error, append the rest.",
+            rich_help_panel=IO_PANEL,
+        ),
+    ] = False,
+    unordered: Annotated[
+        bool,
+        typer.Option(
+            "--unordered",
+            help="Write each record as soon as it finishes, not in input order.",
+            rich_help_panel=IO_PANEL,
+        ),
+    ] = False,
+    fail_fast: Annotated[
+        bool,
+        typer.Option(
+            "--fail-fast", help="Stop at the first error record (exit 1).", rich_help_panel=IO_PANEL
+        ),
+    ] = False,
+    progress: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--progress/--no-progress",
+            show_default=False,
+            rich_help_panel=IO_PANEL,
+            help="Progress on stderr (default: when stderr is a terminal).",
+        ),
+    ] = None,
+    display_map: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--display/--no-display",
+            show_default=False,
+            rich_help_panel=IO_PANEL,
+            help="The live KV block map on stderr (default: with progress on a terminal).",
+        ),
+    ] = None,
+    system: Annotated[
+        Optional[str],
+        typer.Option(
+            help="A system message for `messages` records that have none.",
+            rich_help_panel="Sampling",
+            show_default=False,
+        ),
+    ] = None,
+    verbose: VerboseOption = False,
+    sampling_defaults: dict[str, Any],
+    engine_config: EngineConfig,
+) -> int:
+    """Answer JSONL records from stdin (or -i) with JSONL records on stdout (or -o).
+
+    Input records: {"id", "prompt" | "messages" | "prompt_token_ids", sampling fields...}
+    or OpenAI batch-API lines. See docs/generate.md for the schema.
+    """
+    set_verbose(verbose)
+    if resume and output is None:
+        raise CliError("--resume needs -o FILE (the output of the run to resume)", exit_code=2)
+    done_before: set[str] = set()
+    if resume and output.is_file():
+        done_before = answered_ids(output)
+    source = _open_input(input)
+    out_fd = _open_output(output, append=resume)
+    show = progress if progress is not None else sys.stderr.isatty()
+    display = generate_progress(show, display_map)
+    with display.loading(engine_config.model or "the default model"):
+        llm = load_llm(engine_config)
+    if input is None and sys.stdin.isatty():
+        print("pagecli: reading JSONL from the terminal (Ctrl-D to end)", file=sys.stderr)
+    run = GenerateRun(
+        llm,
+        RecordWriter(out_fd),
+        display,
+        sampling_defaults,
+        system=system,
+        ordered=not unordered,
+        fail_fast=fail_fast,
+        done_before=done_before,
+    )
+    code = run.run(source)
+    if run.reading:
+        # The reader thread is blocked on an open pipe; a normal interpreter shutdown could
+        # trip over its lock on the input. Everything is written: leave now.
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _open_input(path: Path | None) -> BinaryIO:
+    if path is None:  # a file object of our own: the reader thread may block in it
+        return open(sys.stdin.fileno(), "rb", closefd=False)
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read input ({exc.strerror})", exit_code=2) from None
+
+
+def _open_output(path: Path | None, append: bool) -> int:
+    if path is None:
+        return sys.stdout.fileno()
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise CliError(f"{path}: cannot write output ({exc.strerror})", exit_code=2) from None

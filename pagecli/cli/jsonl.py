@@ -1,0 +1,245 @@
+"""The JSONL records of `pagecli generate`: input lines parsed into jobs, results and errors
+formatted as output records, and the ids a previous run already answered (`--resume`).
+
+Pure functions over plain data; the engine is not touched here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pagecli.outputs import RequestOutput
+from pagecli.sampling_params import SamplingParams
+
+Api = Literal["native", "chat", "completions"]  # chat/completions: an OpenAI batch line
+PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids")
+SAMPLING_FIELDS = SamplingParams.field_names()
+KNOWN_FIELDS = {"id", *PROMPT_FIELDS, *SAMPLING_FIELDS}
+
+
+class RecordError(ValueError):
+    """What is wrong with one input record; the message names the field."""
+
+
+@dataclass
+class Job:
+    """A valid input record: what to run and how to answer."""
+
+    line: int  # 1-based line number in the input
+    id: Any  # a JSON string or number (the OpenAI `custom_id` for batch-API lines)
+    prompt: Any  # str, chat messages, or {"prompt_token_ids": [...]} (LLM.encode_prompt)
+    params: SamplingParams
+    api: Api = "native"
+
+
+@dataclass
+class BadLine:
+    """An input line that cannot run; it is answered by an error record."""
+
+    line: int
+    id: Any
+    message: str
+    api: Api = "native"
+
+
+def id_key(record_id: Any) -> str:
+    """Ids compare as exact JSON values: 1, 1.0 and "1" are three different ids."""
+    return json.dumps(record_id, sort_keys=True)
+
+
+def parse_line(
+    raw: bytes, line: int, defaults: dict[str, Any], system: str | None = None
+) -> Job | BadLine | None:
+    """One input line as a Job, a BadLine, or None for a blank line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadLine(
+            line, line, f"line is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        )
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return BadLine(line, line, f"not valid JSON: {exc.msg} at column {exc.colno}")
+    if not isinstance(obj, dict):
+        return BadLine(line, line, f"expected a JSON object, got {json_type(obj)}")
+    if "custom_id" in obj and "body" in obj:
+        from pagecli.cli import openai_batch  # imports this module: import on use
+
+        return openai_batch.parse(obj, line, defaults, system)
+    record_id = obj.get("id", line)
+    if not is_valid_id(record_id):
+        return BadLine(line, line, f"id must be a string or a number, got {json_type(record_id)}")
+    try:
+        unknown = sorted(set(obj) - KNOWN_FIELDS)
+        if unknown:
+            raise RecordError(f"unknown field {unknown[0]!r}")
+        prompt = parse_prompt(obj, system)
+        params = sampling_params({k: v for k, v in obj.items() if k in SAMPLING_FIELDS}, defaults)
+    except RecordError as exc:
+        return BadLine(line, record_id, str(exc))
+    return Job(line, record_id, prompt, params)
+
+
+def is_valid_id(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+def json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number")
+
+
+def parse_prompt(obj: dict[str, Any], system: str | None) -> Any:
+    """The one prompt field of a native record, in the form LLM.encode_prompt takes."""
+    given = [f for f in PROMPT_FIELDS if f in obj]
+    if len(given) != 1:
+        what = "none" if not given else " and ".join(given)
+        raise RecordError(f"give exactly one of prompt, messages, prompt_token_ids (got {what})")
+    field = given[0]
+    value = obj[field]
+    if field == "prompt":
+        if not isinstance(value, str):
+            raise RecordError(f"prompt must be a string, got {json_type(value)}")
+        return value
+    if field == "messages":
+        return parse_messages(value, system)
+    return {"prompt_token_ids": parse_token_ids("prompt_token_ids", value)}
+
+
+def parse_token_ids(field: str, value: Any) -> list[int]:
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    )
+    if not ok:
+        raise RecordError(f"{field} must be a non-empty list of non-negative integers")
+    return list(value)
+
+
+def parse_messages(value: Any, system: str | None) -> list[dict[str, Any]]:
+    """Chat messages, each with a string role and content (text parts are joined); `system`
+    is prepended when the conversation has no system message."""
+    if not isinstance(value, list) or not value:
+        raise RecordError("messages must be a non-empty list of {role, content} objects")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise RecordError(f"messages[{i}] must be an object, got {json_type(message)}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise RecordError(f"messages[{i}].role must be a non-empty string")
+        if isinstance(content, list):  # OpenAI content parts: only text is supported
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RecordError(f"messages[{i}].content parts must all be of type text")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise RecordError(f"messages[{i}].content must be a string")
+        messages.append({**message, "content": content})
+    if system is not None and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def sampling_params(fields: dict[str, Any], defaults: dict[str, Any]) -> SamplingParams:
+    """SamplingParams from a record's fields over the CLI defaults."""
+    if "skip_special_tokens" in fields and not isinstance(fields["skip_special_tokens"], bool):
+        raise RecordError("skip_special_tokens must be true or false")
+    try:
+        return SamplingParams(**{**defaults, **fields})
+    except (TypeError, ValueError) as exc:
+        raise RecordError(str(exc)) from None
+
+
+# ---- output records -----------------------------------------------------------------------
+
+
+def usage(output: RequestOutput) -> dict[str, int]:
+    return {
+        "prompt_tokens": len(output.prompt_token_ids),
+        "completion_tokens": sum(len(c.token_ids) for c in output.outputs),
+        "cached_tokens": output.num_cached_tokens,
+    }
+
+
+def result_record(job: Job, output: RequestOutput, model: str) -> dict[str, Any]:
+    """The answer to a finished job."""
+    if job.api != "native":
+        from pagecli.cli import openai_batch
+
+        return openai_batch.result_record(job.id, job.api, output, usage(output), model)
+    record: dict[str, Any] = {
+        "id": job.id,
+        "text": output.text,
+        "token_ids": output.token_ids,
+        "finish_reason": output.finish_reason,
+        "usage": usage(output),
+        "error": None,
+    }
+    if len(output.outputs) > 1:
+        record["choices"] = [
+            {
+                "index": c.index,
+                "text": c.text,
+                "token_ids": c.token_ids,
+                "finish_reason": c.finish_reason,
+            }
+            for c in output.outputs
+        ]
+    return record
+
+
+def error_record(item: Job | BadLine, message: str, prompt_tokens: int = 0) -> dict[str, Any]:
+    """The answer to a line that cannot run."""
+    if item.api != "native":
+        from pagecli.cli import openai_batch
+
+        return openai_batch.error_record(item.id, message, item.line)
+    return {
+        "id": item.id,
+        "text": "",
+        "token_ids": [],
+        "finish_reason": "error",
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0},
+        "error": {"message": message, "line": item.line},
+    }
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """One JSONL line, UTF-8; text that cannot be encoded (lone surrogates) is escaped."""
+    try:
+        return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(record) + "\n").encode("ascii")
+
+
+def answered_ids(path: Path) -> set[str]:
+    """`id_key`s of the records in `path` answered without error. A last line cut short (a
+    killed writer) is removed from the file so that appending starts on a fresh line."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as f:
+            f.truncate(end)
+    done = set()
+    for raw in data[:end].splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or record.get("error") is not None:
+            continue
+        if "custom_id" in record and "response" in record:
+            done.add(id_key(record["custom_id"]))
+        elif "id" in record:
+            done.add(id_key(record["id"]))
+    return done

@@ -1,0 +1,286 @@
+"""Options shared by every command: the engine options (1:1 with EngineConfig), the sampling
+options (1:1 with SamplingParams) and `--verbose`, added to a command by a decorator.
+
+A command decorated with `@engine_options` receives one `engine_config: EngineConfig` argument
+instead of a dozen flags, so `chat` and `bench` declare them once, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import inspect
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional, get_args
+
+import typer
+
+from pagecli.config import Device, DType, EngineConfig, LoadFormat, PreemptionMode
+from pagecli.sampling_params import SamplingParams
+
+MODEL_PANEL = "Model"
+ENGINE_PANEL = "Engine"
+SAMPLING_PANEL = "Sampling"
+
+
+class CliError(Exception):
+    """A user-caused failure: printed as one `pagecli: ` line, then exit with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _choices(name: str, literal: Any) -> type[enum.Enum]:
+    """An Enum of a config Literal's values, which Typer shows and checks as a choice."""
+    return enum.Enum(name, {v: v for v in get_args(literal)}, type=str)
+
+
+DTypeChoice = _choices("DTypeChoice", DType)
+DeviceChoice = _choices("DeviceChoice", Device)
+LoadFormatChoice = _choices("LoadFormatChoice", LoadFormat)
+PreemptionModeChoice = _choices("PreemptionModeChoice", PreemptionMode)
+
+
+def _opt(panel: str, help: str, *decls: str, **kw: Any) -> typer.models.OptionInfo:
+    return typer.Option(*decls, help=help, rich_help_panel=panel, **kw)
+
+
+# One entry per EngineConfig field: (annotation, option). Names are the field names.
+ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
+    "model": (
+        Optional[str],
+        _opt(
+            MODEL_PANEL,
+            "A model folder (HF layout), a .gguf file, a hub id, or preset:NAME. "
+            "Default: SmolLM2-135M-Instruct.",
+            "--model",
+            "-m",
+            show_default=False,
+        ),
+    ),
+    "dtype": (
+        DTypeChoice,
+        _opt(MODEL_PANEL, "Weight and KV dtype (auto: bf16 on CUDA, else fp32)."),
+    ),
+    "device": (DeviceChoice, _opt(MODEL_PANEL, "Where to run (auto: CUDA when available).")),
+    "load_format": (LoadFormatChoice, _opt(MODEL_PANEL, "Weight format; dummy = random weights.")),
+    "chat_template": (
+        Optional[Path],
+        _opt(MODEL_PANEL, "A Jinja chat template file overriding the model's.", show_default=False),
+    ),
+    "block_size": (int, _opt(ENGINE_PANEL, "Tokens per KV block (a power of two, 1..128).")),
+    "max_num_seqs": (int, _opt(ENGINE_PANEL, "Most sequences running at once.")),
+    "max_num_batched_tokens": (int, _opt(ENGINE_PANEL, "Most tokens in one step.")),
+    "max_model_len": (
+        Optional[int],
+        _opt(ENGINE_PANEL, "Context length (default: the model's).", show_default=False),
+    ),
+    "kv_cache_memory": (float, _opt(ENGINE_PANEL, "GiB of KV cache on the CPU.")),
+    "gpu_memory_utilization": (float, _opt(ENGINE_PANEL, "Share of GPU memory to use (0, 1].")),
+    "num_kv_blocks": (
+        Optional[int],
+        _opt(
+            ENGINE_PANEL,
+            "Exact number of KV blocks (overrides the memory budget).",
+            show_default=False,
+        ),
+    ),
+    "enable_prefix_caching": (
+        bool,
+        _opt(
+            ENGINE_PANEL,
+            "Reuse the KV of shared prompt prefixes (--no-prefix-caching turns it off).",
+            "--enable-prefix-caching/--no-prefix-caching",
+        ),
+    ),
+    "preemption_mode": (PreemptionModeChoice, _opt(ENGINE_PANEL, "What preemption does.")),
+    "swap_space": (float, _opt(ENGINE_PANEL, "GiB of host memory for swapped-out blocks.")),
+    "enforce_eager": (bool, _opt(ENGINE_PANEL, "Disable CUDA graphs.", "--enforce-eager")),
+    "num_threads": (
+        Optional[int],
+        _opt(ENGINE_PANEL, "CPU threads for torch (default: measured best).", show_default=False),
+    ),
+    "seed": (
+        int,
+        _opt(ENGINE_PANEL, "Engine seed: sampling of requests without their own seed."),
+    ),
+}
+
+# SamplingParams fields that are not CLI defaults: `seed` is per request (the CLI's --seed
+# seeds the engine instead).
+_SAMPLING_SKIPPED = {"seed"}
+SAMPLING_HELP = {
+    "n": "Samples per record.",
+    "max_tokens": "Most tokens generated per sample.",
+    "temperature": "Sampling temperature; 0 is greedy.",
+    "top_p": "Nucleus sampling mass, in (0, 1].",
+    "top_k": "Keep the k most likely tokens (0: off).",
+    "min_p": "Drop tokens below min_p x the top probability.",
+    "stop": "A stop string (repeatable).",
+    "stop_token_ids": "A stop token id (repeatable).",
+    "ignore_eos": "Keep generating past the end-of-sequence token.",
+    "repetition_penalty": "Penalty > 1 discourages repeated tokens.",
+    "presence_penalty": "Penalty for tokens already present, in [-2, 2].",
+    "frequency_penalty": "Penalty per occurrence of a token, in [-2, 2].",
+    "skip_special_tokens": "Leave special tokens out of the text.",
+}
+# Defaults of the CLI that differ from SamplingParams' own.
+SAMPLING_CLI_DEFAULTS = {"max_tokens": 256, "temperature": 0.7}
+
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show library warnings and full tracebacks.")
+]
+
+
+def _field_defaults(cls: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _engine_parameters() -> list[inspect.Parameter]:
+    defaults = _field_defaults(EngineConfig)
+    params = []
+    for name, (annotation, option) in ENGINE_OPTIONS.items():
+        default = defaults[name]
+        if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            default = annotation(default)
+        params.append(_keyword(name, Annotated[annotation, option], default))
+    return params
+
+
+def _sampling_parameters() -> list[inspect.Parameter]:
+    defaults = {**_field_defaults(SamplingParams), **SAMPLING_CLI_DEFAULTS}
+    annotations = {
+        "n": (int, ("--n", "-n")),
+        "max_tokens": (int, ()),
+        "stop": (Optional[list[str]], ()),
+        "stop_token_ids": (Optional[list[int]], ()),
+        "ignore_eos": (bool, ("--ignore-eos",)),
+    }
+    params = []
+    for f in dataclasses.fields(SamplingParams):
+        if f.name in _SAMPLING_SKIPPED:
+            continue
+        annotation, decls = annotations.get(f.name, (type(defaults[f.name]), ()))
+        default = defaults[f.name]
+        extra: dict[str, Any] = {}
+        if isinstance(default, list):
+            default, extra = None, {"show_default": False}
+        option = typer.Option(
+            *decls, help=SAMPLING_HELP[f.name], rich_help_panel=SAMPLING_PANEL, **extra
+        )
+        params.append(_keyword(f.name, Annotated[annotation, option], default))
+    return params
+
+
+def _keyword(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+def _inject(func: Callable, injected: list[inspect.Parameter], collect: Callable) -> Callable:
+    """Replace the parameter `collect.__name__` of `func` by the injected CLI parameters."""
+    target = collect.__name__
+    signature = inspect.signature(func, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != target]
+    names = {p.name for p in injected}
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        picked = {n: kwargs.pop(n) for n in names}
+        return func(**kwargs, **{target: collect(picked)})
+
+    del wrapper.__wrapped__  # Typer must read the new signature, not the original one
+    params = sorted(own + injected, key=lambda p: p.kind)
+    wrapper.__signature__ = signature.replace(parameters=params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+def engine_config(values: dict[str, Any]) -> EngineConfig:
+    """The EngineConfig of the parsed engine options; a bad value is a CliError (exit 2)."""
+    values = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in values.items()}
+    if values.get("chat_template") is not None:
+        values["chat_template"] = str(values["chat_template"])
+    try:
+        return EngineConfig(**values)
+    except ValueError as exc:
+        raise CliError(f"invalid engine option: {exc}", exit_code=2) from None
+
+
+def sampling_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """The sampling options as a dict of SamplingParams fields (checked once here)."""
+    values = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in values.items()}
+    values = {
+        k: ([] if v is None and k in ("stop", "stop_token_ids") else v) for k, v in values.items()
+    }
+    try:
+        SamplingParams(**values)
+    except ValueError as exc:
+        raise CliError(f"invalid sampling option: {exc}", exit_code=2) from None
+    return values
+
+
+def engine_options(func: Callable) -> Callable:
+    """Give a command every engine option; it receives them as `engine_config: EngineConfig`."""
+    return _inject(func, _engine_parameters(), engine_config)
+
+
+def sampling_options(func: Callable) -> Callable:
+    """Give a command every sampling option; it receives `sampling_defaults: dict`."""
+    return _inject(func, _sampling_parameters(), sampling_defaults)
+
+
+_verbose = False
+
+
+def set_verbose(verbose: bool) -> None:
+    """Let library warnings and progress bars through (they are silenced by default)."""
+    global _verbose
+    _verbose = verbose
+    if verbose:
+        import warnings
+
+        os.environ["TRANSFORMERS_VERBOSITY"] = "warning"
+        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        warnings.resetwarnings()
+
+
+def is_verbose() -> bool:
+    return _verbose
+
+
+def load_llm(config: EngineConfig):
+    """Load the model once for this process; a bad model is a one-line CliError (exit 2)."""
+    from pagecli.llm import LLM
+    from pagecli.loader.resolve import ModelLoadError
+
+    try:
+        return LLM(**dataclasses.asdict(config))
+    except ModelLoadError as exc:
+        raise CliError(str(exc), exit_code=2) from None
+    except ValueError as exc:
+        raise CliError(f"invalid engine option: {_first_line(exc)}", exit_code=2) from None
+    except Exception as exc:
+        if _verbose:
+            raise
+        name = config.model or "the default model"
+        raise CliError(
+            f"{name}: cannot load the model ({type(exc).__name__}: {_first_line(exc)})",
+            exit_code=2,
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else ""

@@ -1,0 +1,257 @@
+"""`pagecli bench` at tiny sizes: every scenario, the JSON schema, CSV, workload files,
+`--compare hf`, and `pagecli blocks --demo`.
+
+The command runs in-process through `main()` (stdout and stderr captured apart); the model is
+loaded once per prefix-caching setting and handed to the command, so the tests spend their
+time on the scenarios, not on loading.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+
+import pytest
+
+from pagecli.cli import bench as bench_module
+from pagecli.cli import bench_report
+from pagecli.cli import blocks as blocks_module
+from pagecli.cli.app import main
+from pagecli.cli.bench_scenarios import Range, draw_workload, read_workload, summary
+
+TINY = ["--num-prompts", "3", "--input-len", "8:16", "--output-len", "4", "--num-kv-blocks", "256"]
+ROW_KEYS = {
+    "engine",
+    "num_requests",
+    "prompt_tokens",
+    "output_tokens",
+    "wall_s",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+}
+TOP_KEYS = {"machine", "model", "dtype", "device", "threads", "version", "scenario", "results"}
+
+
+@pytest.fixture(scope="module")
+def cached_llms():
+    return {}
+
+
+@pytest.fixture(autouse=True)
+def reuse_models(monkeypatch, cached_llms):
+    """Load each engine configuration once for the whole module."""
+    from pagecli.cli.options import load_llm
+
+    def load(config):
+        key = dataclasses.replace(config, seed=0)
+        if key not in cached_llms:
+            cached_llms[key] = load_llm(config)
+        llm = cached_llms[key]
+        assert not llm.engine.has_unfinished_requests()
+        return llm
+
+    monkeypatch.setattr(bench_module, "load_llm", load)
+    monkeypatch.setattr(blocks_module, "load_llm", load)
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+def pagecli(capsys, *args: str) -> tuple[str, str]:
+    """Run `pagecli ARGS` in-process; (stdout, stderr). Fails on a non-zero exit."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    assert "Traceback" not in err
+    return out, err
+
+
+def check_row(row: dict) -> None:
+    assert ROW_KEYS <= set(row), row
+    assert row["wall_s"] > 0 and row["output_tokens_per_s"] > 0
+    total = (row["prompt_tokens"] + row["output_tokens"]) / row["wall_s"]
+    assert row["total_tokens_per_s"] == pytest.approx(total)
+
+
+def test_throughput_json_schema(capsys, tmp_path):
+    saved = tmp_path / "work.jsonl"
+    out, err = pagecli(capsys, "bench", *TINY, "--json", "--save-workload", str(saved))
+    report = json.loads(out)
+    assert TOP_KEYS <= set(report)
+    assert report["scenario"] == "throughput" and report["dtype"] == "float32"
+    assert report["device"] == "cpu" and report["threads"] >= 1
+    (row,) = report["results"]
+    check_row(row)
+    assert row["engine"] == "pagecli" and row["num_requests"] == 3 and row["output_tokens"] == 12
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        assert set(row[key]) == {"mean", "p50", "p90", "p99"}
+        assert 0 < row[key]["p50"] <= row[key]["p99"]
+    assert 0 < row["peak_kv_blocks"] <= row["num_kv_blocks"] == 256
+    assert row["preemptions"] == 0
+    assert "pagecli: bench:" in err  # progress on stderr only
+    workload = read_workload(saved)
+    assert len(workload) == 3 and all(n == 4 for _, n in workload)
+    assert sum(len(ids) for ids, _ in workload) == row["prompt_tokens"]
+    assert workload == draw_workload(3, Range(8, 16), Range(4, 4), 49152, seed=0)
+    # the default output is a table (rendered from the same report)
+    bench_report.print_report(report, json_out=False, csv_out=False)
+    table = capsys.readouterr().out
+    assert "pagecli bench · throughput" in table and "out tok/s" in table and "TTFT" in table
+    assert f"{row['peak_kv_blocks']}/256" in table  # peak KV blocks / pool
+
+
+def test_workload_draw_is_seeded_and_in_range():
+    a = draw_workload(5, Range(8, 16), Range(4, 6), 1000, seed=3)
+    assert a == draw_workload(5, Range(8, 16), Range(4, 6), 1000, seed=3)
+    assert a != draw_workload(5, Range(8, 16), Range(4, 6), 1000, seed=4)
+    assert all(8 <= len(ids) <= 16 and 4 <= n <= 6 for ids, n in a)
+    assert all(100 <= t <= 900 for ids, _ in a for t in ids)
+    assert summary([1.0, 2.0, 3.0, 4.0])["p50"] == 2.5 and summary([]) is None
+
+
+def test_prefix_scenario_with_caching_on_and_off(capsys):
+    out, _ = pagecli(capsys, "bench", "--scenario", "prefix", *TINY, "--prefix-len", "32", "--json")
+    report = json.loads(out)
+    on, off = report["results"]
+    assert (on["engine"], off["engine"]) == ("pagecli", "pagecli-no-prefix-cache")
+    check_row(on)
+    check_row(off)
+    assert on["prompt_tokens"] == off["prompt_tokens"]
+    assert on["prefix_hit_rate"] > 0 and off["prefix_hit_rate"] == 0
+    assert report["comparison"]["prefix_cache_speedup"] == pytest.approx(
+        off["wall_s"] / on["wall_s"]
+    )
+
+
+def test_chat_scenario_reuses_the_system_prompt(capsys):
+    out, _ = pagecli(
+        capsys,
+        "bench",
+        "--scenario",
+        "chat",
+        "--sessions",
+        "2",
+        "--turns",
+        "2",
+        "--output-len",
+        "3",
+        "--prefix-len",
+        "40",
+        "--num-kv-blocks",
+        "256",
+        "--json",
+    )
+    (row,) = json.loads(out)["results"]
+    check_row(row)
+    assert row["num_requests"] == 4
+    first, second = row["turns"]
+    assert first["cached_tokens"] > 0  # the second session reuses the system prompt
+    assert second["cached_tokens"] > first["cached_tokens"]  # and each session its history
+    assert row["ttft_first_session_s"] > 0 and row["ttft_later_sessions_s"] > 0
+
+
+def test_latency_scenario_mean_and_std(capsys):
+    out, _ = pagecli(
+        capsys,
+        "bench",
+        "--scenario",
+        "latency",
+        "--pp",
+        "16",
+        "--tg",
+        "4",
+        "--repetitions",
+        "2",
+        "--num-kv-blocks",
+        "256",
+        "--csv",
+    )
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["test"] for r in rows] == ["pp16", "tg4"]
+    for r in rows:
+        assert float(r["tokens_per_s_mean"]) > 0 and float(r["tokens_per_s_std"]) >= 0
+        assert r["num_requests"] == "2" and r["scenario"] == "latency"
+
+
+def test_compare_hf_on_a_tiny_workload(capsys, tmp_path):
+    work = tmp_path / "work.jsonl"
+    work.write_text(
+        "".join(
+            json.dumps({"prompt_token_ids": list(range(500, 500 + n)), "max_tokens": 4}) + "\n"
+            for n in (8, 12, 16)
+        )
+    )
+    out, err = pagecli(
+        capsys,
+        "bench",
+        "--workload",
+        str(work),
+        "--num-kv-blocks",
+        "256",
+        "--compare",
+        "hf",
+        "--hf-batch-size",
+        "2",
+        "--json",
+    )
+    report = json.loads(out)
+    engines = [r["engine"] for r in report["results"]]
+    assert engines[:2] == ["pagecli", "hf-static"]
+    for row in report["results"]:
+        check_row(row)
+        assert (
+            row["output_tokens"] == 12
+            and row["prompt_tokens"] == report["results"][0]["prompt_tokens"]
+        )
+    static = report["results"][1]
+    assert static["generated_tokens"] == 12  # every request asks for 4: no padding waste
+    assert report["comparison"]["pagecli/hf-static"] == pytest.approx(
+        report["results"][0]["output_tokens_per_s"] / static["output_tokens_per_s"]
+    )
+    if "hf-cb" in engines:
+        assert "pagecli/hf-cb" in report["comparison"]
+    else:
+        assert "hf-cb skipped" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--input-len", "9:3"], "--input-len"),
+        (["--json", "--csv"], "one of --json and --csv"),
+        (["--scenario", "chat", "--compare", "hf"], "throughput and prefix"),
+        (["--preset", "huge"], "unknown --preset"),
+    ],
+)
+def test_bad_options_are_one_line_errors(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *args])
+    _, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_blocks_demo_shows_every_state_and_writes_svg(capsys, tmp_path):
+    svg = tmp_path / "blocks.svg"
+    out, _ = pagecli(capsys, "blocks", "--demo", "--svg", str(svg))
+    assert "blocks in use" in out and "1 cell = 1 block of 16 tokens" in out
+    legend = out[out.index("1 cell") :]
+    for label in ("shared (ref > 1)", "in use", "cached-free (evictable)"):
+        count = int(legend.split(label)[1].split()[0])
+        assert count > 0, f"the demo shows no {label} blocks"
+    text = svg.read_text()
+    assert text.startswith("<svg") and "blocks in use" in text.replace("&#160;", " ")
+
+
+def test_a_workload_that_cannot_fit_is_a_one_line_error(capsys, tmp_path):
+    work = tmp_path / "too-long.jsonl"
+    work.write_text(json.dumps({"prompt_token_ids": [500] * 5000, "max_tokens": 4}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--workload", str(work), "--num-kv-blocks", "256"])
+    _, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and "workload request 1:" in err and "Traceback" not in err
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "text"}\n')
+    with pytest.raises(SystemExit):
+        main(["bench", "--workload", str(tmp_path / "bad.jsonl"), "--num-kv-blocks", "256"])
+    assert "bad.jsonl:1: a workload line needs prompt_token_ids" in capsys.readouterr().err
