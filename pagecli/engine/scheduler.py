@@ -105,9 +105,9 @@ class Scheduler:
         preempted = False
         bm = self.block_manager
 
-        # Hashes of the full blocks this step computes: a waiting sequence whose next
-        # uncached block is among them waits a step and then finds it in the cache, instead of
-        # computing the same prefix a second time (records sharing a system prompt).
+        # Hashes of the full blocks this step computes: a waiting sequence whose next uncached
+        # blocks are among them (MIN_BLOCKS_TO_WAIT_FOR or more) waits a step and then finds
+        # them cached, instead of computing the same prefix twice (a shared system prompt).
         in_flight: set[int] = set()
 
         # 1. Running sequences, oldest first.
