@@ -40,7 +40,8 @@ done
     echo "$("$BIN/pagecli" --version | cut -d' ' -f2), transformers $("$BIN/python" -c 'import transformers; print(transformers.__version__)'),"
     echo "torch $("$BIN/python" -c 'import torch; print(torch.__version__)'). Machine: $("$BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["machine"])' "$TMP/fp32.json")."
     echo
-    echo "Default workload: 64 requests, prompts of 32..512 random tokens, 16..256 output tokens"
+    echo "Workload: prompts of 32..512 random tokens, 16..256 output tokens, 64 requests unless"
+    echo "the extra options say otherwise (extra options of this run: \`${*:-none}\`)"
     echo "(seed 0), greedy, ignore_eos. Useful output tokens/s: each request's own max_tokens."
     for name in $SCENARIOS; do
         case $name in

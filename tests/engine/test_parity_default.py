@@ -94,7 +94,7 @@ def test_parity_mixed_batch(hf_default_model, prompts):
 
 
 def test_parity_under_preemption(hf_default_model, prompts):
-    # 60 blocks of 8 tokens = 480 slots: not even two long prompts fit together.
+    # 70 blocks of 8 tokens = 560 slots: not even two of the long prompts fit together.
     llm, outputs = run_engine(
         prompts[::2] + prompts[-3:], num_kv_blocks=70, block_size=8, max_num_batched_tokens=128
     )
