@@ -174,9 +174,20 @@ class BlockManager:
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self._hash_to_block:
-                block.hash, block.parent_hash, block.token_ids = h, parent, ids
-                self._hash_to_block[h] = block.block_id
+                self._register(block, h, parent, ids)
             # else: the same prefix is already cached in another block; this one stays private
+
+    def _register(
+        self, block: Block, h: int, parent: int | None, token_ids: tuple[int, ...]
+    ) -> None:
+        """Make a full, computed block findable by its chained hash."""
+        block.hash, block.parent_hash, block.token_ids = h, parent, token_ids
+        self._hash_to_block[h] = block.block_id
+
+    @property
+    def cached_free_ids(self) -> set[int]:
+        """Blocks no sequence holds whose prefix hash is still findable."""
+        return set(self._cached_free)
 
     # ---- allocation ----------------------------------------------------------------------
 
@@ -281,8 +292,7 @@ class BlockManager:
             if h not in self._hash_to_block:
                 parent = seq.block_hashes[i - 1] if i else None
                 ids = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-                block.hash, block.parent_hash, block.token_ids = h, parent, ids
-                self._hash_to_block[h] = block.block_id
+                self._register(block, h, parent, ids)
         return list(zip(host_ids, seq.block_table))
 
     def drop_swapped(self, seq: Sequence) -> None:

@@ -89,7 +89,7 @@ class EngineStats:
         sched = engine.scheduler
         timer = engine.timer
         states = []
-        cached = set(bm._cached_free)
+        cached = bm.cached_free_ids
         for block in bm.blocks:
             if block.ref_count > 1:
                 states.append("shared")
