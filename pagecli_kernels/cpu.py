@@ -1,8 +1,11 @@
-"""Fast torch versions of the paged ops, the ones the engine runs on the CPU.
+"""Fast versions of the paged ops, the ones the engine runs on the CPU.
 
-Each call gathers the context K/V through the block tables with one index_select per cache and
-runs torch's scaled_dot_product_attention (grouped-query heads via enable_gqa). Context slots
-past a sequence's length are redirected to the sequence's first slot, which it owns, so a
+Decode attention (one new token per sequence, also the single-token sequences of a prefill
+batch) runs the native C kernel of pagecli_kernels/native.py, which reads the cache in place,
+when it is built and the cache is float32. Otherwise, and for multi-token prefill chunks, each
+call gathers the context K/V through the block tables with one index_select per cache and runs
+torch's scaled_dot_product_attention (grouped-query heads via enable_gqa). Context slots past
+a sequence's length are redirected to the sequence's first slot, which it owns, so a
 masked-out slot can never bring NaN or garbage into the result (0 * NaN would).
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pagecli_kernels import native
 from pagecli_kernels._checks import check_attention, check_lengths_host, check_store_kv
 
 
@@ -71,6 +75,8 @@ def _decode(
     scale: float,
 ) -> torch.Tensor:
     """Decode attention for checked inputs; query [num_seqs, num_heads, D]."""
+    if native.supports(query, k_cache, v_cache):
+        return native.paged_decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
     num_seqs = query.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     slots, valid = _padded_slots(block_tables, seq_lens, max_len, block_size)

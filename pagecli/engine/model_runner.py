@@ -7,6 +7,7 @@ import torch
 from pagecli.config import EngineConfig
 from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
 from pagecli.layers.attention import AttentionMetadata
+from pagecli.layers.linear import packing_supported
 from pagecli.layers.sampler import SamplingRow, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
 from pagecli.loader.weights import check_fits, init_dummy_weights, iter_safetensors
@@ -14,6 +15,34 @@ from pagecli.models.registry import model_class
 
 # Measured on the 2-core CI machine (see benchmarks/RESULTS.md): both cores help.
 DEFAULT_CPU_THREADS = 2
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory instead of returning it to the kernel.
+
+    Every step allocates activations and gathered K/V of many megabytes; by default glibc
+    serves those with fresh mmap()s and unmaps them on free, so each step first-touches them
+    again, one page fault per 4 KiB. That doubled the CPU decode attention time here
+    (benchmarks/RESULTS.md). Served from a heap that is never trimmed, the pages stay mapped
+    between steps. The process keeps its peak memory, as any engine that preallocates does.
+    A no-op (False) where the C library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):
+        return False
+    if mallopt is None:
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
+    ok = mallopt(m_mmap_max, 0)  # no mmap()ed chunks: everything from the heap
+    ok &= mallopt(m_trim_threshold, 2**31 - 1)  # never give the heap's top back
+    ok &= mallopt(m_top_pad, 64 * 2**20)  # grow the heap in 64 MiB steps
+    return bool(ok)
 
 
 class ModelRunner:
@@ -37,6 +66,7 @@ class ModelRunner:
 
             threads = config.num_threads or min(DEFAULT_CPU_THREADS, os.cpu_count() or 1)
             torch.set_num_threads(threads)
+            keep_freed_memory()
         self.num_threads = torch.get_num_threads()
         self.model = self._load_model(hf_config, source, max_model_len)
         self.num_layers = hf_config.num_hidden_layers
@@ -107,6 +137,8 @@ class ModelRunner:
         else:
             with torch.no_grad():
                 model.load_weights(iter_safetensors(source.path, source.name))
+        if packing_supported(self.dtype, self.device):
+            model.pack_weights()
         return model.eval()
 
     @property

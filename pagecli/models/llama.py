@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli.layers.attention import AttentionMetadata, PagedAttention
+from pagecli.layers.linear import PackedLinear, pack_linears
 from pagecli.layers.norm import RMSNorm
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -114,6 +115,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.packed_head: PackedLinear | None = None  # set by pack_weights()
 
     @property
     def attention_layers(self) -> list[PagedAttention]:
@@ -130,8 +132,18 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()
+
+    def pack_weights(self) -> None:
+        """Pack every projection for oneDNN once (CPU, after loading; see layers/linear.py).
+        A tied output projection gets a packed copy; the embedding keeps the plain table."""
+        if self.lm_head is None:
+            self.packed_head = PackedLinear(self.embed_tokens.weight, None)
+        pack_linears(self)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (transformers' names) into the parameters, fusing q/k/v and

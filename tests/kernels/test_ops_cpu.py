@@ -1,4 +1,8 @@
-"""The fast CPU path against the float64 reference, on random paged batches with NaN poison."""
+"""The fast CPU path against the float64 reference, on random paged batches with NaN poison.
+
+The decode and prefill cases run twice: with the native C decode kernel (pagecli_kernels/
+native.py, which the CI machine builds with its C compiler) and with the torch fallback.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,19 @@ import torch
 from paged_cases import TOLERANCES, assert_close, make_case
 
 import pagecli_kernels
-from pagecli_kernels import cpu, reference
+from pagecli_kernels import cpu, native, reference
 
 DTYPES = list(TOLERANCES)
+
+
+@pytest.fixture(params=["native", "torch"])
+def cpu_backend(request):
+    """Run the test with the native decode kernel on, then off."""
+    if request.param == "native" and native.library() is None:
+        pytest.fail(f"the native CPU kernel did not build: {native.unavailable_reason()}")
+    native.set_enabled(request.param == "native")
+    yield request.param
+    native.set_enabled(True)
 
 
 def _random_lengths(rng: random.Random, num_seqs: int, block_size: int, prefill: bool):
@@ -31,7 +45,7 @@ def _random_lengths(rng: random.Random, num_seqs: int, block_size: int, prefill:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 @pytest.mark.parametrize("seed", range(3))
-def test_decode_matches_reference(dtype, group, seed):
+def test_decode_matches_reference(dtype, group, seed, cpu_backend):
     rng = random.Random(seed * 100 + group)
     block_size = rng.choice([1, 4, 16])
     seq_lens, query_lens = _random_lengths(rng, rng.randint(1, 5), block_size, prefill=False)
@@ -54,7 +68,7 @@ def test_decode_matches_reference(dtype, group, seed):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 @pytest.mark.parametrize("seed", range(3))
-def test_prefill_matches_reference(dtype, group, seed):
+def test_prefill_matches_reference(dtype, group, seed, cpu_backend):
     rng = random.Random(seed * 100 + group + 7)
     block_size = rng.choice([4, 8])
     seq_lens, query_lens = _random_lengths(rng, rng.randint(1, 4), block_size, prefill=True)
@@ -82,7 +96,7 @@ def test_prefill_matches_reference(dtype, group, seed):
     assert_close(pagecli_kernels.paged_prefill_attention(*args, impl="cpu"), expected)
 
 
-def test_prefill_mixed_batch_with_prefix_and_decodes():
+def test_prefill_mixed_batch_with_prefix_and_decodes(cpu_backend):
     # a fresh prompt, a chunk over a 9-token prefix, and two decodes, in one call
     case = make_case(
         [7, 14, 5, 1],
@@ -106,7 +120,7 @@ def test_prefill_mixed_batch_with_prefix_and_decodes():
     assert_close(cpu.paged_prefill_attention(*args), expected)
 
 
-def test_prefill_single_tokens_equal_decode():
+def test_prefill_single_tokens_equal_decode(cpu_backend):
     case = make_case(
         [3, 9, 4], [1, 1, 1], block_size=4, num_kv_heads=1, group=4, head_dim=8, dtype=torch.float32
     )
@@ -123,6 +137,77 @@ def test_prefill_single_tokens_equal_decode():
         case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale
     )
     torch.testing.assert_close(prefill, decode)
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 12])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_native_decode_at_model_sizes(head_dim, group, cpu_backend):
+    # long contexts over 16-token blocks, lengths off the block boundaries, as the engine runs
+    # them; head_dim 12 takes the kernel's scalar (non multiple of 8) loops
+    rng = random.Random(head_dim * 10 + group)
+    seq_lens = [1, 15, 16, 17, 255] + [rng.randint(1, 600) for _ in range(5)]
+    case = make_case(
+        seq_lens,
+        [1] * len(seq_lens),
+        block_size=16,
+        num_kv_heads=3,
+        group=group,
+        head_dim=head_dim,
+        dtype=torch.float32,
+        seed=group,
+    )
+    args = (case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
+    assert_close(cpu.paged_decode_attention(*args), reference.paged_decode_attention(*args))
+
+
+def test_native_decode_reads_a_strided_layer_view(cpu_backend):
+    # the engine's caches are views of one [2, layers, blocks, ...] tensor
+    case = make_case(
+        [9, 30, 4],
+        [1, 1, 1],
+        block_size=8,
+        num_kv_heads=2,
+        group=3,
+        head_dim=64,
+        dtype=torch.float32,
+    )
+    both = torch.stack([case.k_cache, case.v_cache])  # [2, blocks, block_size, heads, D]
+    args = (case.query, both[0], both[1], case.block_tables, case.seq_lens, case.scale)
+    assert_close(cpu.paged_decode_attention(*args), reference.paged_decode_attention(*args))
+
+
+def test_native_decode_rejects_a_block_id_outside_the_cache():
+    case = _tiny_decode(head_dim=64)
+    case.block_tables[1, 0] = case.k_cache.shape[0] + 3
+    if native.library() is None:
+        pytest.fail(f"the native CPU kernel did not build: {native.unavailable_reason()}")
+    with pytest.raises(ValueError, match="block id"):
+        cpu.paged_decode_attention(
+            case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale
+        )
+
+
+def test_native_build_failure_leaves_the_torch_path(monkeypatch, tmp_path):
+    # a compiler that fails: no library, a reason, and the op still answers through torch
+    monkeypatch.setattr(
+        native, "_state", {"tried": False, "lib": None, "reason": None, "enabled": True}
+    )
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setenv("PAGECLI_CACHE_DIR", str(tmp_path))
+    assert native.library() is None
+    assert "failed" in native.unavailable_reason()
+    case = _tiny_decode(head_dim=64)
+    args = (case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
+    assert_close(cpu.paged_decode_attention(*args), reference.paged_decode_attention(*args))
+
+
+def test_native_kernel_can_be_turned_off(monkeypatch):
+    monkeypatch.setattr(
+        native, "_state", {"tried": False, "lib": None, "reason": None, "enabled": True}
+    )
+    monkeypatch.setenv("PAGECLI_NATIVE_KERNELS", "0")
+    assert native.library() is None
+    assert "PAGECLI_NATIVE_KERNELS=0" in native.unavailable_reason()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
