@@ -1,5 +1,7 @@
 """Time the fast CPU paged attention against the reference (a script, not a test).
 
+The fast path is timed as the engine runs it (decode through the native C kernel when it
+builds) and with the native kernel off (the torch gather + SDPA path).
 Decode: 32 sequences x 512 cached tokens. Prefill: 4 sequences x 256 new tokens over a
 256-token cached prefix. num_heads 9, num_kv_heads 3, head_dim 64, float32, block_size 16;
 median of several repetitions with 1 and 2 torch threads.
@@ -15,7 +17,7 @@ import time
 
 import torch
 
-from pagecli_kernels import cpu, reference
+from pagecli_kernels import cpu, native, reference
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
@@ -71,13 +73,24 @@ def main() -> None:
             prefill,
         ),
     ]
-    print(f"{'case':<26}{'threads':>8}{'cpu ms':>10}{'reference ms':>14}{'speed-up':>10}")
+    native_state = "on" if native.library() else f"unavailable ({native.unavailable_reason()})"
+    print(f"native decode kernel: {native_state}")
+    print(
+        f"{'case':<26}{'threads':>8}{'cpu ms':>10}{'torch-only ms':>15}{'reference ms':>14}"
+        f"{'speed-up':>10}"
+    )
     for threads in (1, 2):
         torch.set_num_threads(threads)
         for name, fast, ref, case_args in cases:
             fast_ms = _median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
+            native.set_enabled(False)
+            torch_ms = _median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
+            native.set_enabled(True)
             ref_ms = _median_ms(lambda f=ref, a=case_args: f(*a), args.reference_repeats)
-            print(f"{name:<26}{threads:>8}{fast_ms:>10.2f}{ref_ms:>14.1f}{ref_ms / fast_ms:>9.0f}x")
+            print(
+                f"{name:<26}{threads:>8}{fast_ms:>10.2f}{torch_ms:>15.2f}{ref_ms:>14.1f}"
+                f"{ref_ms / fast_ms:>9.0f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ PY
 }
 
 # SCENARIOS picks a subset (e.g. SCENARIOS="fp32 prefix" on a CPU whose bfloat16 matmul is slow).
-SCENARIOS=${SCENARIOS:-"fp32 bf16 prefix chat latency threads display"}
+SCENARIOS=${SCENARIOS:-"fp32 bf16 prefix chat latency threads display cpu_ops"}
 for name in $SCENARIOS; do
     case $name in
         fp32) run fp32 --compare hf --dtype float32 "$@" ;;
@@ -59,6 +59,12 @@ for name in $SCENARIOS; do
             cat "$TMP/threads-1.txt" "$TMP/threads-2.txt" > "$TMP/threads.txt"
             ;;
         display) display_cost "$@" ;;
+        cpu_ops)
+            echo "== benchmarks/cpu_attention.py, benchmarks/cpu_linear.py" >&2
+            { "$BIN/python" benchmarks/cpu_attention.py; echo
+              "$BIN/python" benchmarks/cpu_linear.py --threads 2; echo
+              "$BIN/python" benchmarks/cpu_linear.py --threads 1; } > "$TMP/cpu_ops.txt"
+            ;;
     esac
 done
 
@@ -80,6 +86,7 @@ done
             chat) title="Chat sessions sharing a system prompt (\`pagecli bench --scenario chat\`)" ;;
             latency) title="Latency, llama-bench style (\`pagecli bench --scenario latency\`)" ;;
             threads) title="Torch threads, 1 and 2 (\`--num-threads\`, 24 requests)" ;;
+            cpu_ops) title="CPU ops: paged attention and packed linear weights (\`benchmarks/cpu_*.py\`)" ;;
             display) title="Cost of the live block display (\`--display\` vs \`--no-display\` on a terminal)" ;;
         esac
         echo

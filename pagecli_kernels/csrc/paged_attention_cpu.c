@@ -33,7 +33,7 @@ static inline float hsum8(v8f v) {
 /* exp(x) for x <= 0 (a score minus its row maximum), vectorizable: 2^n * p(r) with
  * r = x - n ln2 in [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (about 1 ulp). */
 static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
+    x = fmaxf(x, -87.0f);
     const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
     float r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
@@ -44,11 +44,10 @@ static inline float exp_nonpositive(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } two_n = {.i = ((int32_t)n + 127) << 23};
-    return p * two_n.f;
+    const int32_t bits = ((int32_t)n + 127) << 23; /* 2^n as a float's bits */
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
 }
 
 #define TOKENS 4 /* cached tokens scored together: independent accumulation chains */
@@ -135,7 +134,8 @@ int pagecli_paged_decode_f32(const float *query, const float *k_cache, const flo
             for (int hq = 0; hq < num_heads; ++hq) {
                 float *sh = scores + hq * stride;
                 float m = -INFINITY;
-                for (int t = 0; t < len; ++t) m = sh[t] > m ? sh[t] : m;
+#pragma omp simd reduction(max : m)
+                for (int t = 0; t < len; ++t) m = fmaxf(m, sh[t]);
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                 for (int t = 0; t < len; ++t) {
