@@ -186,6 +186,11 @@ def bench(
         "version": __version__,
         "scenario": scenario.value,
     }
+    if engine.device.type == "cpu":
+        from pagecli_kernels import native
+
+        reason = native.unavailable_reason()
+        info["cpu_decode_attention"] = "native C kernel" if reason is None else f"torch ({reason})"
     rows: list[dict] = []
     comparison: dict = {}
     with LiveDisplay(enabled=show) as live:
