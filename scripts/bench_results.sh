@@ -23,24 +23,25 @@ PY
 
 display_cost() {  # the live display on and off, alternating, under a pseudo-terminal
     local args="--num-prompts 24 --output-len 16:128 $*"
-    for i in 1 2 3; do
+    local runs=${DISPLAY_RUNS:-5}
+    for i in $(seq "$runs"); do
         for mode in display no-display; do
             echo "== pagecli bench $args --$mode (under script(1), run $i)" >&2
             script -qec "$BIN/pagecli bench $args --$mode --json > $TMP/display-$mode-$i.json" \
                 /dev/null > /dev/null
         done
     done
-    "$BIN/python" - "$TMP" "$args" > "$TMP/display.txt" <<'PY'
+    "$BIN/python" - "$TMP" "$args" "$runs" > "$TMP/display.txt" <<'PY'
 import json, statistics, sys
-tmp, args = sys.argv[1], sys.argv[2]
+tmp, args, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rate = {}
 for mode in ("display", "no-display"):
-    runs = [json.load(open(f"{tmp}/display-{mode}-{i}.json"))["results"][0] for i in (1, 2, 3)]
+    runs = [json.load(open(f"{tmp}/display-{mode}-{i}.json"))["results"][0] for i in range(1, n + 1)]
     rate[mode] = [r["output_tokens_per_s"] for r in runs]
     print(f"--{mode:<11} output tok/s per run: " + ", ".join(f"{x:.1f}" for x in rate[mode])
           + f"; median {statistics.median(rate[mode]):.1f}")
 cost = 1 - statistics.median(rate["display"]) / statistics.median(rate["no-display"])
-print(f"display cost: {100 * cost:.1f}% of output tok/s (median of 3 alternating runs; {args})")
+print(f"display cost: {100 * cost:.1f}% of output tok/s (median of {n} alternating runs; {args})")
 PY
 }
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pagecli.engine.llm_engine import LLMEngine
 
 MIN_INTERVAL_S = 0.1  # at most 10 refreshes a second
-MAX_DUTY = 0.01  # and at most 1% of the time: a slow redraw pushes the next one further out
+MAX_DUTY = 0.005  # and at most 0.5% of the time: a slow redraw pushes the next one further out
 MAP_WIDTH = 64  # cells per row
 MAP_ROWS = 16  # rows before blocks are grouped into cells
 STATS_WIDTH = 46  # columns the numbers beside the map take
@@ -170,7 +170,7 @@ class LiveDisplay:
 
     def schedule(self, started: float) -> None:
         """After a redraw that began at `started`: the next one comes 0.1 s later, or later
-        still when the redraw was slow, so the display never takes over 1% of the time."""
+        still when the redraw was slow, so the display never takes over 0.5% of the time."""
         cost = time.perf_counter() - started
         self._next = started + max(MIN_INTERVAL_S, cost / MAX_DUTY)
 

@@ -147,7 +147,7 @@ def test_a_slow_redraw_pushes_the_next_one_out(monkeypatch):
     clock = iter([10.05])  # the redraw began at 10.0 and took 50 ms
     monkeypatch.setattr(display.time, "perf_counter", lambda: next(clock))
     live.schedule(10.0)
-    assert live._next == pytest.approx(10.0 + 0.05 / display.MAX_DUTY)  # 5 s: 1% of the time
+    assert live._next == pytest.approx(10.0 + 0.05 / display.MAX_DUTY)  # 10 s: 0.5% of the time
 
 
 def test_disabled_live_display_takes_no_snapshot():
