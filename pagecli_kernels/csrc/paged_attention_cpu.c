@@ -4,9 +4,9 @@
  *
  * The torch path (pagecli_kernels/cpu.py) first gathers every sequence's K/V into a padded
  * copy and then runs SDPA over it: the cache is read, written and read again. Decode
- * attention is bound by memory traffic, so this kernel reads each cached K and V row exactly
- * once, straight from its block. Work is split over (sequence, kv head) pairs with OpenMP;
- * the query heads of one kv head (the GQA group) share every K/V row that is loaded.
+ * attention is bound by memory traffic, so this kernel brings each cached K and V row in from
+ * memory once, straight from its block. Work is split over sequences with OpenMP; within a
+ * sequence, the query heads of one kv head (the GQA group) reuse its rows from the cache.
  *
  * Built at run time by pagecli_kernels/native.py (cc -O3 -march=native -fopenmp) and called
  * through ctypes; any failure to build leaves the torch path in charge.
