@@ -68,6 +68,9 @@ class ModelRunner:
             threads = config.num_threads or min(DEFAULT_CPU_THREADS, os.cpu_count() or 1)
             torch.set_num_threads(threads)
             keep_freed_memory()
+            from pagecli_kernels import native
+
+            native.library()  # build (once, ~1 s) or load the decode kernel now, not in step 1
         self.num_threads = torch.get_num_threads()
         self.model = self._load_model(hf_config, source, max_model_len)
         self.num_layers = hf_config.num_hidden_layers
