@@ -12,10 +12,9 @@ median of several repetitions with 1 and 2 torch threads.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from _timing import median_ms  # benchmarks/ is on sys.path when a script here runs
 
 from pagecli_kernels import cpu, native, reference
 
@@ -40,16 +39,6 @@ def _batch(seq_lens: list[int], query_lens: list[int]):
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
     query_start_loc = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
     return query, k_cache, v_cache, block_tables, seq_lens_t, query_start_loc
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -82,11 +71,11 @@ def main() -> None:
     for threads in (1, 2):
         torch.set_num_threads(threads)
         for name, fast, ref, case_args in cases:
-            fast_ms = _median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
+            fast_ms = median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
             native.set_enabled(False)
-            torch_ms = _median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
+            torch_ms = median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
             native.set_enabled(True)
-            ref_ms = _median_ms(lambda f=ref, a=case_args: f(*a), args.reference_repeats)
+            ref_ms = median_ms(lambda f=ref, a=case_args: f(*a), args.reference_repeats)
             print(
                 f"{name:<26}{threads:>8}{fast_ms:>10.2f}{torch_ms:>15.2f}{ref_ms:>14.1f}"
                 f"{ref_ms / fast_ms:>9.0f}x"

@@ -12,26 +12,15 @@ Median of several repetitions; rows are the tokens of the step (decode batch or 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from _timing import median_ms  # benchmarks/ is on sys.path when a script here runs
 
 from pagecli.layers.linear import PackedLinear
 
 HIDDEN, INTERMEDIATE, Q_KV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 SHAPES = [(Q_KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -58,8 +47,8 @@ def main() -> None:
             for p in packed:
                 p(inputs[p.in_features])
 
-        plain_ms = _median_ms(plain, args.repeats)
-        packed_ms = _median_ms(pack, args.repeats)
+        plain_ms = median_ms(plain, args.repeats)
+        packed_ms = median_ms(pack, args.repeats)
         rate = rows * flops_per_row / packed_ms / 1e6
         speedup = plain_ms / packed_ms
         print(f"{rows:>6}{plain_ms:>10.1f}{packed_ms:>11.1f}{speedup:>9.2f}x{rate:>16.1f}")

@@ -187,11 +187,16 @@ def test_native_decode_rejects_a_block_id_outside_the_cache():
         )
 
 
-def test_native_build_failure_leaves_the_torch_path(monkeypatch, tmp_path):
-    # a compiler that fails: no library, a reason, and the op still answers through torch
+@pytest.fixture
+def fresh_native(monkeypatch):
+    """The native module as if nothing had tried to build or load the kernel yet."""
     monkeypatch.setattr(
         native, "_state", {"tried": False, "lib": None, "reason": None, "enabled": True}
     )
+
+
+def test_native_build_failure_leaves_the_torch_path(fresh_native, monkeypatch, tmp_path):
+    # a compiler that fails: no library, a reason, and the op still answers through torch
     monkeypatch.setenv("CC", "false")
     monkeypatch.setenv("PAGECLI_CACHE_DIR", str(tmp_path))
     assert native.library() is None
@@ -201,10 +206,7 @@ def test_native_build_failure_leaves_the_torch_path(monkeypatch, tmp_path):
     assert_close(cpu.paged_decode_attention(*args), reference.paged_decode_attention(*args))
 
 
-def test_native_kernel_can_be_turned_off(monkeypatch):
-    monkeypatch.setattr(
-        native, "_state", {"tried": False, "lib": None, "reason": None, "enabled": True}
-    )
+def test_native_kernel_can_be_turned_off(fresh_native, monkeypatch):
     monkeypatch.setenv("PAGECLI_NATIVE_KERNELS", "0")
     assert native.library() is None
     assert "PAGECLI_NATIVE_KERNELS=0" in native.unavailable_reason()
