@@ -7,6 +7,15 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class TokenLogprob:
+    """The log-probability of one generated token and the most likely tokens at its place."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, log-probability), most likely first
+
+
+@dataclass
 class CompletionOutput:
     """One sample of a request. `delta` is the text added since the previous report."""
 
@@ -16,6 +25,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop", "length", "abort", "error"; None while running
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     delta: str = ""
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
     @property
     def finished(self) -> bool:

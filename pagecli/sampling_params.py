@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+MAX_LOGPROBS = 20  # most top alternatives per token (OpenAI's top_logprobs limit)
+
 
 @dataclass
 class SamplingParams:
@@ -27,6 +29,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     skip_special_tokens: bool = True
+    # None: no log-probabilities; K >= 0: each generated token's log-probability and the K
+    # most likely tokens at its position (log-softmax of the model's own logits).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -58,6 +63,12 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be > 0, got 0")
         _number("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
         _number("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, low=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(
+                    f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+                )
 
     @property
     def greedy(self) -> bool:

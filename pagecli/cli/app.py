@@ -17,6 +17,7 @@ from pagecli.cli.blocks import blocks
 from pagecli.cli.chat import chat
 from pagecli.cli.generate import generate
 from pagecli.cli.options import CliError, is_verbose
+from pagecli.cli.serve import serve
 
 app = typer.Typer(
     name="pagecli",
@@ -48,6 +49,7 @@ app.command("generate")(generate)
 app.command("bench")(bench)
 app.command("blocks")(blocks)
 app.command("chat")(chat)
+app.command("serve")(serve)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pagecli.outputs import RequestOutput
+from pagecli.outputs import RequestOutput, TokenLogprob
 from pagecli.sampling_params import SamplingParams
 
 Api = Literal["native", "chat", "completions"]  # chat/completions: an OpenAI batch line
@@ -185,6 +185,8 @@ def result_record(job: Job, output: RequestOutput, model: str) -> dict[str, Any]
         "usage": usage(output),
         "error": None,
     }
+    if output.outputs and output.outputs[0].logprobs is not None:
+        record["logprobs"] = logprobs_json(output.outputs[0].logprobs)
     if len(output.outputs) > 1:
         record["choices"] = [
             {
@@ -192,10 +194,23 @@ def result_record(job: Job, output: RequestOutput, model: str) -> dict[str, Any]
                 "text": c.text,
                 "token_ids": c.token_ids,
                 "finish_reason": c.finish_reason,
+                **({"logprobs": logprobs_json(c.logprobs)} if c.logprobs is not None else {}),
             }
             for c in output.outputs
         ]
     return record
+
+
+def logprobs_json(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """One object per generated token: its id and log-probability, and the most likely."""
+    return [
+        {
+            "token_id": e.token_id,
+            "logprob": e.logprob,
+            "top": [{"token_id": t, "logprob": lp} for t, lp in e.top],
+        }
+        for e in entries
+    ]
 
 
 def error_record(item: Job | BadLine, message: str, prompt_tokens: int = 0) -> dict[str, Any]:

@@ -127,6 +127,7 @@ SAMPLING_HELP = {
     "presence_penalty": "Penalty for tokens already present, in [-2, 2].",
     "frequency_penalty": "Penalty per occurrence of a token, in [-2, 2].",
     "skip_special_tokens": "Leave special tokens out of the text.",
+    "logprobs": "Report each token's log-probability and the K most likely (0..20).",
 }
 # Defaults of the CLI that differ from SamplingParams' own.
 SAMPLING_CLI_DEFAULTS = {"max_tokens": 256, "temperature": 0.7}
@@ -165,6 +166,7 @@ def _sampling_parameters() -> list[inspect.Parameter]:
         "stop": (Optional[list[str]], ()),
         "stop_token_ids": (Optional[list[int]], ()),
         "ignore_eos": (bool, ("--ignore-eos",)),
+        "logprobs": (Optional[int], ()),
     }
     params = []
     for f in dataclasses.fields(SamplingParams):
@@ -267,18 +269,25 @@ def load_llm(config: EngineConfig):
 
     try:
         return LLM(**dataclasses.asdict(config))
-    except ModelLoadError as exc:
-        raise CliError(str(exc), exit_code=2) from None
-    except ValueError as exc:
-        raise CliError(f"invalid engine option: {_first_line(exc)}", exit_code=2) from None
     except Exception as exc:
-        if _verbose:
+        if _verbose and not isinstance(exc, (ModelLoadError, ValueError)):
             raise
-        name = config.model or "the default model"
-        raise CliError(
-            f"{name}: cannot load the model ({type(exc).__name__}: {_first_line(exc)})",
-            exit_code=2,
-        ) from None
+        raise load_error(config, exc) from None
+
+
+def load_error(config: EngineConfig, exc: Exception) -> CliError:
+    """The one line (exit 2) for an engine that failed to load."""
+    from pagecli.loader.resolve import ModelLoadError
+
+    if isinstance(exc, ModelLoadError):
+        return CliError(str(exc), exit_code=2)
+    if isinstance(exc, ValueError):
+        return CliError(f"invalid engine option: {_first_line(exc)}", exit_code=2)
+    name = config.model or "the default model"
+    return CliError(
+        f"{name}: cannot load the model ({type(exc).__name__}: {_first_line(exc)})",
+        exit_code=2,
+    )
 
 
 def _first_line(exc: BaseException) -> str:

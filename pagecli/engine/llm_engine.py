@@ -134,26 +134,8 @@ class LLMEngine:
         duplicate id or bad token ids."""
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
+        max_tokens = self.check_request(prompt_token_ids, params)
         num_prompt = len(prompt_token_ids)
-        if num_prompt == 0:
-            raise RequestError("the prompt is empty")
-        vocab = self.hf_config.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        limit = min(self.max_model_len, self.capacity_tokens)
-        what = "max_model_len" if limit == self.max_model_len else "the KV cache"
-        if params.max_tokens is None:
-            if num_prompt >= limit:
-                raise RequestError(f"prompt of {num_prompt} tokens does not fit {what} ({limit})")
-            max_tokens = limit - num_prompt
-        else:
-            if num_prompt + params.max_tokens > limit:
-                raise RequestError(
-                    f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                    f"{what} ({limit} tokens)"
-                )
-            max_tokens = params.max_tokens
         generators: list[torch.Generator | None] = [None] * params.n
         if params.seed is not None and not params.greedy:
             generators = [
@@ -175,6 +157,29 @@ class LLMEngine:
         )
         self.scheduler.add(seq)
 
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """The request's resolved max_tokens; RequestError when it can never run. Reads only
+        settings fixed at start-up, so any thread may call it."""
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestError("the prompt is empty")
+        vocab = self.hf_config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        limit = min(self.max_model_len, self.capacity_tokens)
+        what = "max_model_len" if limit == self.max_model_len else "the KV cache"
+        if params.max_tokens is None:
+            if num_prompt >= limit:
+                raise RequestError(f"prompt of {num_prompt} tokens does not fit {what} ({limit})")
+            return limit - num_prompt
+        if num_prompt + params.max_tokens > limit:
+            raise RequestError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"{what} ({limit} tokens)"
+            )
+        return params.max_tokens
+
     def abort_request(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is None:
@@ -183,6 +188,11 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = FinishReason.ABORT
                 self.scheduler.finish(seq)
+
+    def abort_all(self) -> None:
+        """Abort every unfinished request."""
+        for request_id in list(self._requests):
+            self.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -202,7 +212,7 @@ class LLMEngine:
                     raise RuntimeError("the scheduler could not make progress")
                 return []
             sampled = self.runner.run(batch)
-            updated = self.scheduler.postprocess(batch, sampled)
+            updated = self.scheduler.postprocess(batch, sampled.token_ids, sampled.logprobs)
             record(batch)
         return self._outputs(updated)
 
@@ -265,6 +275,7 @@ class LLMEngine:
                     finish_reason=seq.finish_reason.value if seq.finish_reason else None,
                     stop_reason=seq.stop_reason,
                     delta=text[sent:],
+                    logprobs=seq.output_logprobs if request.params.logprobs is not None else None,
                 )
             )
         finished = len(request.seqs) == request.params.n and all(

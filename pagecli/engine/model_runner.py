@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from pagecli.config import EngineConfig
 from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
 from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import packing_supported
-from pagecli.layers.sampler import SamplingRow, sample
+from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
 from pagecli.loader.weights import check_fits, init_dummy_weights, iter_safetensors
 from pagecli.models.registry import model_class
+from pagecli.outputs import TokenLogprob
 
 # Measured on the 2-core CI machine (see benchmarks/RESULTS.md): both cores help.
 DEFAULT_CPU_THREADS = 2
@@ -44,6 +47,16 @@ def keep_freed_memory() -> bool:
     ok &= mallopt(m_trim_threshold, 2**31 - 1)  # never give the heap's top back
     ok &= mallopt(m_top_pad, 64 * 2**20)  # grow the heap in 64 MiB steps
     return bool(ok)
+
+
+@dataclass
+class RunOutput:
+    """What one step sampled, per scheduled sequence (decodes, then prefills): the drawn ids
+    (empty for a prefill chunk that does not finish its prompt) and, for requests that asked
+    for them, one TokenLogprob per drawn id."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprob] | None]
 
 
 class ModelRunner:
@@ -167,9 +180,9 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[list[int]]:
-        """Forward the whole mixed batch once; returns, per scheduled sequence (decodes then
-        prefills), the sampled ids (empty for a prefill chunk that does not finish its prompt)."""
+    def run(self, batch: ScheduledBatch) -> RunOutput:
+        """Forward the whole mixed batch once and sample the sequences that completed their
+        prompt."""
         self._copy_blocks(batch)
         items = batch.seqs
         input_ids, positions, meta, sample_index = self._prepare(batch)
@@ -189,11 +202,16 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, meta)  # [T, H]
         sampled = [s for s in items if s.completes_prefill]
         if not sampled:
-            return [[] for _ in items]
+            return RunOutput([[] for _ in items], [None] * len(items))
         logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
         rows = [self._sampling_row(s) for s in sampled]
-        drawn = iter(sample(logits, rows, self.generator))
-        return [next(drawn) if s.completes_prefill else [] for s in items]
+        drawn = sample(logits, rows, self.generator)
+        logprobs = compute_logprobs(logits, rows, drawn)
+        ids_iter, logprobs_iter = iter(drawn), iter(logprobs)
+        return RunOutput(
+            [next(ids_iter) if s.completes_prefill else [] for s in items],
+            [next(logprobs_iter) if s.completes_prefill else None for s in items],
+        )
 
     def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:
         seq = item.seq

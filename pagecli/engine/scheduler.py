@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pagecli.config import EngineConfig
 from pagecli.engine.block_manager import BlockManager
 from pagecli.engine.sequence import FinishReason, Sequence, SequenceStatus
+from pagecli.outputs import TokenLogprob
 
 # A waiting sequence whose prompt continues with at least this many blocks that another
 # sequence computes in this very step waits one step and finds them cached; fewer are
@@ -226,12 +227,20 @@ class Scheduler:
         self.block_manager.fork(parent, child)
         self.running.insert(self.running.index(parent) + 1, child)
 
-    def postprocess(self, batch: ScheduledBatch, sampled: list[list[int]]) -> list[Sequence]:
-        """Account for the computed tokens, append the sampled ones (forking n > 1 requests
-        after their prefill), finish sequences that hit a token-level stop condition and
-        release their blocks. Returns the sequences that received tokens."""
+    def postprocess(
+        self,
+        batch: ScheduledBatch,
+        sampled: list[list[int]],
+        logprobs: list[list[TokenLogprob] | None] | None = None,
+    ) -> list[Sequence]:
+        """Account for the computed tokens, append the sampled ones (and their logprobs, when
+        given, forking n > 1 requests after their prefill), finish sequences that hit a
+        token-level stop condition and release their blocks. Returns the sequences that
+        received tokens."""
         updated: list[Sequence] = []
-        for item, token_ids in zip(batch.seqs, sampled):
+        if logprobs is None:
+            logprobs = [None] * len(sampled)
+        for item, token_ids, token_logprobs in zip(batch.seqs, sampled, logprobs):
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.commit_full_blocks(seq)
@@ -245,8 +254,10 @@ class Scheduler:
                 for child in reversed(children):
                     self.add_fork(seq, child)
                 family += children
-            for member, token_id in zip(family, token_ids):
+            for i, (member, token_id) in enumerate(zip(family, token_ids)):
                 member.token_ids.append(token_id)
+                if token_logprobs is not None:
+                    member.output_logprobs.append(token_logprobs[i])
                 self._check_stop(member)
                 updated.append(member)
         return updated

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagecli.outputs import TokenLogprob
 from pagecli.sampling_params import SamplingParams
 
 
@@ -50,6 +51,7 @@ class Sequence:
     # unforked sequence holds all n; after the fork each sample keeps its own.
     generators: list[torch.Generator | None] = field(default_factory=lambda: [None])
     forked: bool = False  # True once the n samples exist (set at once when n == 1)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # when params ask
 
     @property
     def num_tokens(self) -> int:
@@ -94,4 +96,5 @@ class Sequence:
                 self.generators[sample_index] if sample_index < len(self.generators) else None
             ],
             forked=True,
+            output_logprobs=list(self.output_logprobs),
         )

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagecli.outputs import TokenLogprob
 from pagecli.sampling_params import SamplingParams
 
 
@@ -92,4 +93,31 @@ def sample(
     for row in rows:
         out.append(flat[start : start + len(row.generators)])
         start += len(row.generators)
+    return out
+
+
+def compute_logprobs(
+    logits: torch.Tensor, rows: list[SamplingRow], drawn: list[list[int]]
+) -> list[list[TokenLogprob] | None]:
+    """Per row, one TokenLogprob per drawn id (None for rows that did not ask for them).
+
+    They come from the log-softmax of the same logits row that was sampled, before penalties,
+    temperature and filtering: the model's own distribution, as vLLM reports it by default.
+    logits: [S, V] float32.
+    """
+    wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    out: list[list[TokenLogprob] | None] = [None] * len(rows)
+    if not wanted:
+        return out
+    index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
+    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)  # [W, V]
+    k = max(rows[i].params.logprobs for i in wanted)
+    top_vals, top_ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    ids = [torch.tensor(drawn[i], dtype=torch.long, device=logits.device) for i in wanted]
+    chosen = [logp[j].index_select(0, ids[j]).tolist() for j in range(len(wanted))]
+    top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    for j, i in enumerate(wanted):
+        num_top = rows[i].params.logprobs
+        top = list(zip(top_ids[j][:num_top], top_vals[j][:num_top]))
+        out[i] = [TokenLogprob(t, lp, top) for t, lp in zip(drawn[i], chosen[j])]
     return out

