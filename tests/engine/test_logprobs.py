@@ -38,7 +38,7 @@ def _check(hf, prompt: list[int], token_ids: list[int], logprobs) -> None:
         assert [lp for _, lp in entry.top] == pytest.approx(values.tolist(), abs=1e-4)
 
 
-@pytest.mark.parametrize("num_kv_blocks", [None, 40])
+@pytest.mark.parametrize("num_kv_blocks", [None, 60])
 def test_greedy_logprobs_equal_transformers(tiny, num_kv_blocks):
     path, hf = tiny
     llm = LLM(

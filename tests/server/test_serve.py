@@ -91,7 +91,7 @@ def test_concurrent_streams_get_what_they_get_alone(server):
         stop = asyncio.Event()
 
         async def watch() -> None:
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(timeout=120) as http:
                 while not stop.is_set():
                     text = (await http.get(f"{server.url}/metrics")).text
                     for line in text.splitlines():
