@@ -102,6 +102,7 @@ _pagecli() {
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 -o|--output) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
+                --max-line-bytes) COMPREPLY=(); return ;;
                 --system) COMPREPLY=(); return ;;
                 -n|--n) COMPREPLY=(); return ;;
                 --max-tokens) COMPREPLY=(); return ;;
@@ -131,7 +132,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli

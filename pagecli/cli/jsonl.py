@@ -67,7 +67,7 @@ def read_lines(
     a LongLine, after its bytes were read and dropped. Memory stays within about
     max_line_bytes + chunk_bytes whatever the input. Each read returns what has arrived
     (`read1`), so a producer that waits for an answer before writing more is served."""
-    read = getattr(source, "read1", source.read)
+    read = source.read1 if hasattr(source, "read1") else source.read
     parts: list[bytes] = []
     size = 0  # bytes of the current line so far, dropped ones included
 
