@@ -28,9 +28,7 @@ from pagecli.cli.jsonl import (
 from pagecli.outputs import CompletionOutput, RequestOutput
 
 DEFAULTS = {"max_tokens": 8, "temperature": 0.0}
-SETTINGS = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # JSON values as Python's json module reads them (NaN and Infinity included: it accepts them).
 json_scalars = (
@@ -57,8 +55,20 @@ messages = st.lists(
 )
 batch_bodies = st.dictionaries(
     st.sampled_from(
-        ["messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "n",
-         "stream", "logprobs", "model", "seed", "stop", "tools"]
+        [
+            "messages",
+            "prompt",
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "n",
+            "stream",
+            "logprobs",
+            "model",
+            "seed",
+            "stop",
+            "tools",
+        ]
     )
     | st.text(max_size=6),
     json_values | messages,
@@ -68,8 +78,7 @@ batch_objects = st.fixed_dictionaries(
     {"custom_id": json_values | st.text(max_size=6), "body": batch_bodies | json_values},
     optional={
         "method": st.sampled_from(["POST", "GET"]) | json_values,
-        "url": st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/x"])
-        | json_values,
+        "url": st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/x"]) | json_values,
         "extra": json_values,
     },
 )
