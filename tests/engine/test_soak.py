@@ -36,6 +36,7 @@ ABORT_PROBABILITY = 0.01  # per step: abort one random unfinished request
 BLOCK_SIZE = 4
 NUM_KV_BLOCKS = 48  # 192 tokens: a few requests at once, so preemption is the rule
 NUM_SWAP_BLOCKS = 40
+BLOCK_BYTES = 2 * 2 * BLOCK_SIZE * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16, float32
 STOPS = [["e"], ["an", "or"], ["the"], ["\n"], ["in", "at", "on"]]
 
 
@@ -130,7 +131,7 @@ def soak(model: str, mode: str, num_requests: int, seed: int) -> SoakResult:
         max_model_len=256,
         preemption_mode=mode,
         num_threads=1,  # ops this small only pay for threads, more so on a loaded machine
-        swap_space=NUM_SWAP_BLOCKS * 2 * 2 * BLOCK_SIZE * 2 * 16 * 4 / 2**30 if mode == "swap" else 0,
+        swap_space=NUM_SWAP_BLOCKS * BLOCK_BYTES / 2**30 if mode == "swap" else 0,
         seed=seed,
     )
     engine = LLMEngine(config)
