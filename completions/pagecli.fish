@@ -116,6 +116,7 @@ complete -c pagecli -n '__fish_seen_subcommand_from chat' -s h -l help -d 'Show 
 complete -c pagecli -n '__fish_seen_subcommand_from generate' -s i -l input -r -F -d 'Read JSONL from FILE (default: stdin).'
 complete -c pagecli -n '__fish_seen_subcommand_from generate' -s o -l output -r -F -d 'Write JSONL to FILE (default: stdout).'
 complete -c pagecli -n '__fish_seen_subcommand_from generate' -l resume -d 'With -o FILE: skip ids FILE already answers without error, append the rest.'
+complete -c pagecli -n '__fish_seen_subcommand_from generate' -l max-line-bytes -x -d 'Longest input line; a longer one is skipped unread and answered by an error.'
 complete -c pagecli -n '__fish_seen_subcommand_from generate' -l unordered -d 'Write each record as soon as it finishes, not in input order.'
 complete -c pagecli -n '__fish_seen_subcommand_from generate' -l fail-fast -d 'Stop at the first error record (exit 1).'
 complete -c pagecli -n '__fish_seen_subcommand_from generate' -l progress -d 'Progress on stderr (default: when stderr is a terminal).'

@@ -11,6 +11,7 @@ from pagecli.config import EngineConfig
 from pagecli.engine.llm_engine import LLMEngine, RequestError
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import SamplingParams
+from pagecli.tokenizer import PromptTooLongError
 
 # A prompt: raw text, a list of chat messages, or {"prompt_token_ids": [...]}.
 Prompt = Union[str, list[dict[str, Any]], dict[str, Any]]
@@ -34,8 +35,16 @@ class LLM:
 
     # ---- prompts -------------------------------------------------------------------------
 
+    def prompt_limit(self) -> tuple[int, str]:
+        """The most tokens a prompt can have and what sets it ("max_model_len" or "the KV
+        cache")."""
+        engine = self.engine
+        limit = min(engine.max_model_len, engine.capacity_tokens)
+        return limit, "max_model_len" if limit == engine.max_model_len else "the KV cache"
+
     def encode_prompt(self, prompt: Prompt) -> tuple[list[int], str | None]:
-        """Token ids (and text, when known) of a prompt in any accepted form."""
+        """Token ids (and text, when known) of a prompt in any accepted form. Text that cannot
+        fit raises RequestError after tokenizing at most a bounded prefix of it."""
         if isinstance(prompt, dict):
             ids = prompt.get("prompt_token_ids")
             if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
@@ -46,11 +55,21 @@ class LLM:
                 f"{self.engine.source.name} has no tokenizer: give prompt_token_ids instead"
             )
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt), prompt
+            return self.encode_text(prompt), prompt
         if isinstance(prompt, list):
             text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
-            return self.tokenizer.encode_chat(prompt), text
+            # The template already holds any BOS: no special tokens are added again.
+            return self.encode_text(text, add_special_tokens=False), text
         raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
+
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text, or RequestError when it has more tokens than any prompt can
+        (decided from a prefix: a 50 MB line costs as much as one that just fits)."""
+        limit, what = self.prompt_limit()
+        try:
+            return self.tokenizer.encode(text, limit, add_special_tokens)
+        except PromptTooLongError as exc:
+            raise RequestError(f"{exc}: it does not fit {what} ({limit} tokens)") from None
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -85,8 +104,9 @@ class LLM:
         for prompt, params in zip(prompts, params_list):
             request_id = f"req-{next(self._ids)}"
             order.append(request_id)
-            ids, text = self.encode_prompt(prompt)
+            ids, text = [], prompt if isinstance(prompt, str) else None
             try:
+                ids, text = self.encode_prompt(prompt)
                 self.engine.add_request(request_id, ids, params, prompt=text)
             except RequestError as exc:
                 results[request_id] = RequestOutput(
@@ -152,12 +172,19 @@ class ChatSession:
         messages = self.messages + [{"role": "user", "content": user_text}]
         full_text = tok.apply_chat_template(messages, add_generation_prompt=True)
         if not self.token_ids:
-            return tok.encode_chat(messages)
+            return self.llm.encode_text(full_text, add_special_tokens=False)
         kept_text = tok.decode(self.token_ids, skip_special_tokens=False)
         if full_text.startswith(kept_text):
-            return self.token_ids + tok.hf.encode(
-                full_text[len(kept_text) :], add_special_tokens=False
-            )
+            new_text = full_text[len(kept_text) :]
+            limit, what = self.llm.prompt_limit()
+            room = limit - len(self.token_ids)
+            try:
+                return self.token_ids + tok.encode(new_text, room, add_special_tokens=False)
+            except PromptTooLongError:
+                raise RequestError(
+                    f"message of {len(user_text)} characters has more than the {room} tokens "
+                    f"left in {what} ({limit} tokens)"
+                ) from None
         turn = sum(1 for m in self.messages if m["role"] == "assistant")
         warning = (
             f"session {self.name!r}: the chat template renders turn {turn} differently from "
@@ -166,7 +193,7 @@ class ChatSession:
         )
         self.warnings.append(warning)
         warnings.warn(warning, stacklevel=3)
-        return tok.encode_chat(messages)
+        return self.llm.encode_text(full_text, add_special_tokens=False)
 
     def record(self, user_text: str, prompt_ids: list[int], output: RequestOutput) -> None:
         """Remember a finished turn: its prompt ids, the generated ids and the reply text."""

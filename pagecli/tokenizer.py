@@ -16,6 +16,23 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 
+# Text that may not fit is tokenized in growing prefixes first: the first holds this many
+# characters per allowed token (more than most text has), each next one twice as many, so the
+# work done on text too long to fit is proportional to the limit, not to the text.
+PREFIX_CHARS_PER_TOKEN = 4
+# Tokens that cutting a prefix can add over the same characters inside the whole text (the
+# word at the cut tokenized in two parts).
+CUT_TOKENS = 16
+
+
+class PromptTooLongError(ValueError):
+    """Text with more tokens than allowed, found by tokenizing a prefix of it."""
+
+    def __init__(self, num_chars: int, max_tokens: int) -> None:
+        super().__init__(f"prompt of {num_chars} characters has more than {max_tokens} tokens")
+        self.num_chars = num_chars
+        self.max_tokens = max_tokens
+
 
 class Tokenizer:
     """A transformers tokenizer with the chat template resolved once."""
@@ -50,8 +67,24 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.hf)
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=True)
+    def encode(
+        self, text: str, max_tokens: int | None = None, add_special_tokens: bool = True
+    ) -> list[int]:
+        """Token ids of `text`. With `max_tokens`, text that has more raises PromptTooLongError,
+        found from prefixes of it: the cost is bounded by the limit, whatever the text's size."""
+        if max_tokens is not None:
+            self.check_length(text, max_tokens, add_special_tokens)
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def check_length(self, text: str, max_tokens: int, add_special_tokens: bool = True) -> None:
+        """Raise PromptTooLongError when a prefix of `text` already has more than `max_tokens`
+        tokens; text short enough to be tokenized whole passes unchecked."""
+        size = PREFIX_CHARS_PER_TOKEN * (max(max_tokens, 0) + CUT_TOKENS)
+        while size < len(text):
+            num_tokens = len(self.hf.encode(text[:size], add_special_tokens=add_special_tokens))
+            if num_tokens > max_tokens + CUT_TOKENS:
+                raise PromptTooLongError(len(text), max_tokens)
+            size *= 2
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -61,11 +94,16 @@ class Tokenizer:
             messages, add_generation_prompt=add_generation_prompt, tokenize=False
         )
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        max_tokens: int | None = None,
+    ) -> list[int]:
         """Token ids of the rendered conversation. The template already holds any BOS, so no
-        special tokens are added again."""
+        special tokens are added again. `max_tokens` bounds the work as in `encode`."""
         text = self.apply_chat_template(messages, add_generation_prompt)
-        return self.hf.encode(text, add_special_tokens=False)
+        return self.encode(text, max_tokens, add_special_tokens=False)
 
     @property
     def eos_token_id(self) -> int | None:

@@ -14,7 +14,7 @@ import typer
 
 from pagecli.cli.display import generate_progress
 from pagecli.cli.generate_run import GenerateRun, RecordWriter
-from pagecli.cli.jsonl import answered_ids
+from pagecli.cli.jsonl import DEFAULT_MAX_LINE_BYTES, read_resume_state
 from pagecli.cli.options import (
     CliError,
     VerboseOption,
@@ -62,6 +62,14 @@ def generate(
             rich_help_panel=IO_PANEL,
         ),
     ] = False,
+    max_line_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-line-bytes",
+            help="Longest input line; a longer one is skipped unread and answered by an error.",
+            rich_help_panel=IO_PANEL,
+        ),
+    ] = DEFAULT_MAX_LINE_BYTES,
     unordered: Annotated[
         bool,
         typer.Option(
@@ -114,9 +122,11 @@ def generate(
     set_verbose(verbose)
     if resume and output is None:
         raise CliError("--resume needs -o FILE (the output of the run to resume)", exit_code=2)
+    if max_line_bytes < 1:
+        raise CliError(f"--max-line-bytes must be >= 1, got {max_line_bytes}", exit_code=2)
     done_before: set[str] = set()
     if resume and output.is_file():
-        done_before = answered_ids(output)
+        done_before = _read_previous_run(output, max_line_bytes)
     source = _open_input(input)
     out_fd = _open_output(output, append=resume)
     show = progress if progress is not None else sys.stderr.isatty()
@@ -134,6 +144,7 @@ def generate(
         ordered=not unordered,
         fail_fast=fail_fast,
         done_before=done_before,
+        max_line_bytes=max_line_bytes,
     )
     code = run.run(source)
     if run.reading:
@@ -142,6 +153,23 @@ def generate(
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _read_previous_run(path: Path, max_line_bytes: int) -> set[str]:
+    """The ids `path` already answers; one warning per line of it that is not a record (kept
+    in the file, and answering no id)."""
+    try:
+        state = read_resume_state(path, max_line_bytes)
+    except OSError as exc:
+        raise CliError(
+            f"{path}: cannot read output to resume ({exc.strerror})", exit_code=2
+        ) from None
+    for line, why in state.bad_lines:
+        print(
+            f"pagecli: {path}:{line}: not a record ({why}); kept, its id is not counted as done",
+            file=sys.stderr,
+        )
+    return state.done
 
 
 def _open_input(path: Path | None) -> BinaryIO:

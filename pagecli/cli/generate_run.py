@@ -17,12 +17,16 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from pagecli.cli.jsonl import (
+    DEFAULT_MAX_LINE_BYTES,
     BadLine,
     Job,
+    LongLine,
     encode_record,
     error_record,
     id_key,
+    long_line,
     parse_line,
+    read_lines,
     result_record,
 )
 from pagecli.cli.options import CliError
@@ -68,10 +72,12 @@ class GenerateRun:
         ordered: bool,
         fail_fast: bool,
         done_before: set[str],
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
         self.llm, self.engine, self.writer, self.display = llm, llm.engine, writer, display
         self.defaults, self.system = defaults, system
         self.ordered, self.fail_fast, self.done_before = ordered, fail_fast, done_before
+        self.max_line_bytes = max_line_bytes
         self.model_name = llm.engine.source.name
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
         self.max_in_flight = 2 * llm.config.max_num_seqs
@@ -151,10 +157,14 @@ class GenerateRun:
             self._handle(item)
 
     def _read(self, source: BinaryIO) -> None:
-        """The reader thread: parse every line onto the queue, then the end marker."""
+        """The reader thread: parse every line onto the queue, then the end marker. A line
+        over max_line_bytes is dropped as it is read and answered by an error record."""
         try:
-            for line, raw in enumerate(source, start=1):
-                item = parse_line(raw, line, self.defaults, self.system)
+            for line, raw in enumerate(read_lines(source, self.max_line_bytes), start=1):
+                if isinstance(raw, LongLine):
+                    item = long_line(line, raw.num_bytes, self.max_line_bytes)
+                else:
+                    item = parse_line(raw, line, self.defaults, self.system)
                 if item is not None:
                     self.queue.put(item)
         except OSError as exc:
@@ -187,6 +197,9 @@ class GenerateRun:
         self.seen[key] = item.line
         try:
             token_ids, text = self.llm.encode_prompt(item.prompt)
+        except RequestError as exc:  # too long, found before tokenizing all of it
+            self._emit_error(item, str(exc))
+            return
         except Exception as exc:  # a chat template can reject a conversation in any way
             self._emit_error(item, f"cannot build the prompt: {_first_line(exc)}")
             return

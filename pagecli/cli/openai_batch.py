@@ -38,18 +38,25 @@ def parse(
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str):
         return BadLine(line, line, "custom_id must be a string")
-    api = URLS.get(obj.get("url"))
+    url = obj.get("url")
+    api = URLS.get(url) if isinstance(url, str) else None
     try:
         unknown = sorted(set(obj) - LINE_FIELDS)
         if unknown:
             raise RecordError(f"unknown field {unknown[0]!r}")
         if obj.get("method", "POST") != "POST":
-            raise RecordError(f"method must be POST, got {obj.get('method')!r}")
+            raise RecordError(f"method must be POST, got {_short(obj.get('method'))}")
         if api is None:
-            raise RecordError(f"url must be one of {', '.join(URLS)}, got {obj.get('url')!r}")
+            raise RecordError(f"url must be one of {', '.join(URLS)}, got {_short(url)}")
         return _job(obj["body"], line, custom_id, api, defaults, system)
     except RecordError as exc:
         return BadLine(line, custom_id, str(exc), api or "chat")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value for an error message, cut short: an input value can be megabytes long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _job(body: Any, line: int, custom_id: str, api: str, defaults, system) -> Job:

@@ -12,7 +12,13 @@ from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import packing_supported
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
-from pagecli.loader.weights import check_fits, init_dummy_weights, iter_safetensors
+from pagecli.loader.weights import (
+    KVCacheMemoryError,
+    check_fits,
+    check_kv_fits,
+    init_dummy_weights,
+    iter_safetensors,
+)
 from pagecli.models.registry import model_class
 from pagecli.outputs import TokenLogprob
 
@@ -164,17 +170,36 @@ class ModelRunner:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def _num_blocks(self) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        if self.device.type == "cuda":
+        """KV blocks from the memory budget, checked against the memory really available
+        (device memory for the cache, host memory for the swap space) before anything is
+        allocated: KVCacheMemoryError, one line naming the flag to change."""
+        config = self.config
+        swap_bytes = int(config.swap_space * 2**30)
+        if config.num_kv_blocks is not None:
+            num_blocks = config.num_kv_blocks
+            flag, value = "--num-kv-blocks", str(num_blocks)
+        elif self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            headroom = (1 - self.config.gpu_memory_utilization) * total + 2**30  # activations
-            budget = free - headroom
+            headroom = (1 - config.gpu_memory_utilization) * total + 2**30  # activations
+            num_blocks = int((free - headroom) // self.block_bytes)
+            if num_blocks < 1:
+                util = config.gpu_memory_utilization
+                raise KVCacheMemoryError(
+                    f"no room for the KV cache: --gpu-memory-utilization {util} of "
+                    f"{total / 2**30:.1f} GiB, less 1 GiB for activations, leaves "
+                    f"{(free - headroom) / 2**30:.1f} GiB of the {free / 2**30:.1f} GiB free; "
+                    "raise --gpu-memory-utilization"
+                )
+            flag, value = "--gpu-memory-utilization", str(config.gpu_memory_utilization)
         else:
-            budget = self.config.kv_cache_memory * 2**30
-        num_blocks = int(budget // self.block_bytes)
-        if num_blocks < 1:
-            raise ModelLoadError("no memory left for the KV cache; lower the model size or dtype")
+            num_blocks = int(config.kv_cache_memory * 2**30 // self.block_bytes)
+            flag, value = "--kv-cache-memory", f"{config.kv_cache_memory:g}"
+            if num_blocks < 1:
+                raise KVCacheMemoryError(
+                    f"--kv-cache-memory {value} GiB is less than one KV block "
+                    f"({self.block_bytes / 2**20:.2f} MiB); raise --kv-cache-memory"
+                )
+        check_kv_fits(num_blocks * self.block_bytes, swap_bytes, self.device, flag, value)
         return num_blocks
 
     # ---- one step ------------------------------------------------------------------------

@@ -73,6 +73,43 @@ def check_fits(config, dtype: torch.dtype, device: torch.device, name: str) -> N
         )
 
 
+class KVCacheMemoryError(ValueError):
+    """The KV cache (and swap space) asked for does not fit the memory that is available."""
+
+
+def check_kv_fits(
+    kv_bytes: int, swap_bytes: int, device: torch.device, flag: str, value: str
+) -> None:
+    """Refuse, before allocating, a KV cache of `kv_bytes` on `device` plus `swap_bytes` of
+    host swap space that cannot fit in the memory available. `flag` and `value` name the
+    option that set the size. The message is one line: requested and available GiB."""
+    gib = 2**30
+    host = torch.device("cpu")
+    if device.type == "cpu":
+        free = available_memory(host)
+        if kv_bytes + swap_bytes > free:
+            swap = f" plus {swap_bytes / gib:.1f} GiB of --swap-space" if swap_bytes else ""
+            raise KVCacheMemoryError(
+                f"a KV cache of {kv_bytes / gib:.1f} GiB ({flag} {value}){swap} does not fit "
+                f"the {free / gib:.1f} GiB of memory available; lower {flag}"
+                + (" or --swap-space" if swap_bytes else "")
+            )
+        return
+    free = available_memory(device)
+    if kv_bytes > free:
+        raise KVCacheMemoryError(
+            f"a KV cache of {kv_bytes / gib:.1f} GiB ({flag} {value}) does not fit the "
+            f"{free / gib:.1f} GiB free on {device.type}; lower {flag}"
+        )
+    if swap_bytes:
+        free = available_memory(host)
+        if swap_bytes > free:
+            raise KVCacheMemoryError(
+                f"a swap space of {swap_bytes / gib:.1f} GiB (--swap-space) does not fit the "
+                f"{free / gib:.1f} GiB of host memory available; lower --swap-space"
+            )
+
+
 def iter_safetensors(folder: Path, name: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of every *.safetensors file in the folder."""
     from safetensors import safe_open

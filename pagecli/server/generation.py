@@ -36,6 +36,7 @@ from pagecli.server.errors import APIError
 from pagecli.server.metrics import ServerMetrics
 from pagecli.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagecli.server.responses import ChoiceState, ResponseFormat
+from pagecli.tokenizer import PromptTooLongError
 
 logger = logging.getLogger("pagecli.server")
 RETRY_AFTER_S = "1"
@@ -90,7 +91,11 @@ class GenerationHandler:
             raise APIError(400, "this model has no tokenizer: use /v1/completions with token ids")
         messages = [m.as_template_message() for m in body.messages]
         try:
-            ids = await self._in_worker(self.tokenizer.encode_chat, messages)
+            ids = await self._in_worker(
+                self.tokenizer.encode_chat, messages, True, self._prompt_limit()
+            )
+        except PromptTooLongError as exc:
+            raise _too_long(exc, "messages") from None
         except Exception as exc:  # a template that rejects the conversation
             raise APIError(
                 400, f"messages: the chat template failed: {exc}", param="messages"
@@ -114,7 +119,11 @@ class GenerationHandler:
             if isinstance(raw, str):
                 if self.tokenizer is None:
                     raise APIError(400, "this model has no tokenizer: send token ids", "prompt")
-                prompts.append(_Prompt(await self._in_worker(self.tokenizer.encode, raw), raw))
+                try:
+                    ids = await self._in_worker(self.tokenizer.encode, raw, self._prompt_limit())
+                except PromptTooLongError as exc:
+                    raise _too_long(exc, "prompt") from None
+                prompts.append(_Prompt(ids, raw))
             else:
                 prompts.append(_Prompt(list(raw), None))
         fmt = ResponseFormat(
@@ -148,6 +157,11 @@ class GenerationHandler:
             message = str(exc)
             param = message.split()[0] if message else None
             raise APIError(400, message, param=param) from None
+
+    def _prompt_limit(self) -> int:
+        """The most tokens a prompt can have: text past it is refused from a prefix."""
+        core = self.engine.engine
+        return min(core.max_model_len, core.capacity_tokens)
 
     async def _in_worker(self, func: Callable, *args: Any):
         return await asyncio.get_running_loop().run_in_executor(self._tokenize, func, *args)
@@ -285,6 +299,12 @@ class GenerationHandler:
             for task in pumps:
                 task.cancel()
             self._abort(run)
+
+
+def _too_long(exc: PromptTooLongError, param: str) -> APIError:
+    return APIError(
+        400, f"{exc}: it does not fit the context", param=param, code="context_length_exceeded"
+    )
 
 
 def _usage(run: _Run) -> dict[str, Any]:

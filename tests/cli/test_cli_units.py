@@ -11,7 +11,7 @@ import typer
 
 from pagecli.cli.app import app
 from pagecli.cli.completions import render_all
-from pagecli.cli.jsonl import BadLine, Job, answered_ids, id_key, parse_line
+from pagecli.cli.jsonl import BadLine, Job, id_key, parse_line, read_resume_state
 from pagecli.cli.progress import ProgressState, progress_text, summary_text
 from pagecli.config import EngineConfig
 from pagecli.sampling_params import SamplingParams
@@ -107,14 +107,36 @@ def test_ids_compare_as_json_values():
     assert len({id_key(1), id_key("1"), id_key(1.0)}) == 3
 
 
-def test_answered_ids_skips_errors_and_trims_a_torn_line(tmp_path):
+def test_resume_state_skips_errors_and_trims_a_torn_line(tmp_path):
     path = tmp_path / "out.jsonl"
     path.write_text(
         '{"id": 1, "error": null}\n{"id": 2, "error": {"message": "x", "line": 2}}\n'
         '{"id": "r", "custom_id": "c", "response": {}, "error": null}\n{"id": 3, "te'
     )
-    assert answered_ids(path) == {id_key(1), id_key("c")}
+    state = read_resume_state(path)
+    assert state.done == {id_key(1), id_key("c")} and state.bad_lines == []
     assert path.read_text().endswith("null}\n")
+
+
+def test_resume_state_lists_lines_that_are_not_records(tmp_path):
+    """They are kept in the file, and an id on such a line is not counted as answered."""
+    lines = [
+        '{"id": 1, "error": null}',
+        "not json {",
+        "",
+        "[1, 2]",
+        '{"id": 2, "prompt": "an input line, not an answer"}',
+        '{"id": [3], "error": null}',
+        "x" * 100,
+        '{"id": 4, "error": null}',
+    ]
+    path = tmp_path / "out.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    state = read_resume_state(path, max_line_bytes=50)
+    assert state.done == {id_key(1), id_key(4)}
+    assert [line for line, _ in state.bad_lines] == [2, 3, 4, 5, 6, 7]
+    assert "JSON" in state.bad_lines[0][1] and "100 bytes" in state.bad_lines[5][1]
+    assert path.read_text() == "\n".join(lines) + "\n"
 
 
 def test_progress_text():

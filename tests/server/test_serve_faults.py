@@ -90,6 +90,23 @@ def test_too_long_prompt_and_unknown_route(server):
         ),
         400,
     )
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert "8192 tokens" in error["message"]
+    # 6 MB of text, under the body limit: refused from a prefix, so in seconds.
+    start = time.monotonic()
+    huge = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "a " * 3_000_000}]},
+    )
+    assert _envelope(huge, 400)["code"] == "context_length_exceeded"
+    assert time.monotonic() - start < 5
+    error = _envelope(
+        httpx.post(
+            f"{server.url}/v1/completions", timeout=60, json={"prompt": "Hi", "max_tokens": 8190}
+        ),
+        400,
+    )
     assert "exceeds" in error["message"] and error["code"] == "context_length_exceeded"
     _envelope(httpx.get(f"{server.url}/v1/nothing-here"), 404)
     _still_serves(server.url)

@@ -27,6 +27,12 @@ from pagecli import EngineConfig, SamplingParams
         ("ignore_eos", "yes"),
         ("temperature", float("nan")),
         ("max_tokens", True),
+        # Hostile values that used to break a whole batch (NaN probabilities, a generator
+        # that cannot take the seed, n samples allocated at once).
+        ("temperature", 1e-300),
+        ("repetition_penalty", 1e-300),
+        ("seed", 2**64 + 5),
+        ("n", 10**9),
     ],
 )
 def test_sampling_params_reject(field, value):
