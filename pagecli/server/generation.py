@@ -166,13 +166,13 @@ class GenerationHandler:
     async def _in_worker(self, func: Callable, *args: Any):
         return await asyncio.get_running_loop().run_in_executor(self._tokenize, func, *args)
 
-    def _start(self, prompts: list[_Prompt], params, request_id: str) -> _Run:
+    def _start(self, prompts: list[_Prompt], params, fmt: ResponseFormat) -> _Run:
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(
                     self.engine.add_request(
-                        f"{request_id}-{i}", prompt.token_ids, params, prompt.text
+                        f"{fmt.response_id}-{i}", prompt.token_ids, params, prompt.text
                     )
                 )
         except BaseException as exc:
@@ -182,7 +182,7 @@ class GenerationHandler:
                 raise APIError(
                     400,
                     str(exc),
-                    param="messages" if len(prompts) == 1 else "prompt",
+                    param="messages" if fmt.kind == "chat" else "prompt",
                     code="context_length_exceeded",
                 ) from None
             if isinstance(exc, QueueFull):
@@ -220,11 +220,11 @@ class GenerationHandler:
         self, body, request: Request, prompts: list[_Prompt], params, fmt: ResponseFormat
     ) -> Response:
         if body.stream:
-            run = self._start(prompts, params, fmt.response_id)
+            run = self._start(prompts, params, fmt)
             return _DisconnectAwareStream(
                 self._sse(run, body, request, params.n, fmt), media_type="text/event-stream"
             )
-        run = self._start(prompts, params, fmt.response_id)
+        run = self._start(prompts, params, fmt)
         try:
             await _unless_disconnected(request, self._collect(run))
         finally:

@@ -103,7 +103,7 @@ def test_too_long_prompt_and_unknown_route(server):
     assert time.monotonic() - start < 5
     error = _envelope(
         httpx.post(
-            f"{server.url}/v1/completions", timeout=60, json={"prompt": "Hi", "max_tokens": 8190}
+            f"{server.url}/v1/completions", timeout=60, json={"prompt": "Hi", "max_tokens": 8192}
         ),
         400,
     )
