@@ -268,3 +268,56 @@ def test_a_taken_port_is_one_line():
     assert done.returncode == 2
     assert done.stderr.decode().strip().startswith(f"pagecli: cannot listen on 127.0.0.1:{port}")
     assert done.stdout == b""
+
+
+def test_on_a_terminal_stderr_shows_the_block_display(tiny_server_args):
+    import os
+    import pty
+    import select
+    import subprocess
+
+    from tests.cli.helpers import PAGECLI, env
+    from tests.server.conftest import free_port
+
+    port = free_port()
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [*PAGECLI, "serve", "--port", str(port), *tiny_server_args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        env={**env(), "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"},
+    )
+    os.close(follower)
+    screen = b""
+
+    def read(seconds: float) -> None:
+        nonlocal screen
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.2)
+            if ready:
+                try:
+                    screen += os.read(leader, 65536)
+                except OSError:
+                    return
+
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while b"Ctrl-C stops" not in screen:
+        assert time.monotonic() < deadline and proc.poll() is None, screen[-2000:]
+        read(0.5)
+    reply = httpx.post(
+        f"{url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 20}, timeout=60
+    )
+    assert reply.status_code == 200
+    read(1.5)
+    proc.send_signal(signal.SIGINT)
+    read(3)
+    code = proc.wait(30)
+    os.close(leader)
+    text = screen.decode(errors="replace")
+    assert code == 0, text[-2000:]
+    assert "blocks in use" in text and "requests in flight" in text
+    assert "POST /v1/completions" not in text  # no access lines under the display
+    assert proc.stdout.read() == b""
