@@ -40,6 +40,7 @@ from pagecli.tokenizer import PromptTooLongError
 
 logger = logging.getLogger("pagecli.server")
 RETRY_AFTER_S = "1"
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the answer
 
 
 @dataclass
@@ -219,16 +220,19 @@ class GenerationHandler:
     async def _respond(
         self, body, request: Request, prompts: list[_Prompt], params, fmt: ResponseFormat
     ) -> Response:
-        if body.stream:
-            run = self._start(prompts, params, fmt)
-            return _DisconnectAwareStream(
-                self._sse(run, body, request, params.n, fmt), media_type="text/event-stream"
-            )
         run = self._start(prompts, params, fmt)
+        if body.stream:
+            return _DisconnectAwareStream(
+                self._sse(run, body, request, params.n, fmt),
+                on_close=lambda: self._abort(run),
+                media_type="text/event-stream",
+            )
         try:
-            await _unless_disconnected(request, self._collect(run))
+            finished = await _unless_disconnected(request, self._collect(run))
         finally:
             self._abort(run)
+        if not finished:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is there to read it
         usage = self._record(request, run)
         choices = []
         for i in range(len(prompts)):
@@ -324,9 +328,9 @@ def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[None]) -> None:
-    """Await `work`; if the client closes the connection first, cancel it (the caller's
-    `finally` aborts the engine requests)."""
+async def _unless_disconnected(request: Request, work: Awaitable[None]) -> bool:
+    """Await `work`; if the client closes the connection first, cancel it and return False
+    (the caller's `finally` aborts the engine requests)."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(request))
     try:
@@ -339,8 +343,8 @@ async def _unless_disconnected(request: Request, work: Awaitable[None]) -> None:
                 await task
     if task in done:
         task.result()
-    else:
-        raise asyncio.CancelledError("the client disconnected")
+        return True
+    return False
 
 
 async def _disconnected(request: Request) -> None:
@@ -352,16 +356,24 @@ async def _disconnected(request: Request) -> None:
 
 class _DisconnectAwareStream(StreamingResponse):
     """A streaming response that always watches for the client going away, and then cancels
-    the body iterator at once (so its `finally` aborts the request)."""
+    the body iterator at once; `on_close` runs however it ends (even if the client left
+    before the first chunk, when the iterator's own `finally` never runs)."""
+
+    def __init__(self, content, on_close: Callable[[], None], **kw) -> None:
+        super().__init__(content, **kw)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def stream() -> None:
-                with contextlib.suppress(OSError):
-                    await self.stream_response(send)
+                async def stream() -> None:
+                    with contextlib.suppress(OSError):
+                        await self.stream_response(send)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
                 tg.cancel_scope.cancel()
-
-            tg.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            tg.cancel_scope.cancel()
+        finally:
+            self.on_close()

@@ -150,6 +150,7 @@ def test_a_stream_closed_after_a_few_chunks_is_aborted(server):
     _wait_idle(server)
     reply = client.completions.create(model=SEED_MODEL, prompt="Hello", max_tokens=2)
     assert reply.choices[0].text
+    assert "Traceback" not in server.stderr()
 
 
 def test_a_non_streaming_request_that_times_out_is_aborted(server):
@@ -167,6 +168,8 @@ def test_a_non_streaming_request_that_times_out_is_aborted(server):
     _wait_idle(server)
     reply = server.client().completions.create(model=SEED_MODEL, prompt="Hi", max_tokens=2)
     assert reply.choices[0].text
+    assert "POST /v1/completions 499" in server.stderr()  # the timed-out one, in the log
+    assert "Traceback" not in server.stderr()
 
 
 def test_include_usage_yields_the_usage_chunk(server):
