@@ -14,7 +14,7 @@ import typer
 
 from pagecli.cli.display import generate_progress
 from pagecli.cli.generate_run import GenerateRun, RecordWriter
-from pagecli.cli.jsonl import DEFAULT_MAX_LINE_BYTES, read_resume_state
+from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, read_resume_state
 from pagecli.cli.options import (
     CliError,
     VerboseOption,

@@ -17,18 +17,16 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from pagecli.cli.jsonl import (
-    DEFAULT_MAX_LINE_BYTES,
     BadLine,
     Job,
-    LongLine,
     encode_record,
     error_record,
     id_key,
     long_line,
     parse_line,
-    read_lines,
     result_record,
 )
+from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, LongLine, read_lines
 from pagecli.cli.options import CliError
 from pagecli.cli.progress import GenerateProgress
 from pagecli.engine.llm_engine import RequestError

@@ -11,7 +11,8 @@ import typer
 
 from pagecli.cli.app import app
 from pagecli.cli.completions import render_all
-from pagecli.cli.jsonl import BadLine, Job, id_key, parse_line, read_resume_state
+from pagecli.cli.jsonl import BadLine, Job, id_key, parse_line
+from pagecli.cli.jsonl_io import read_resume_state
 from pagecli.cli.progress import ProgressState, progress_text, summary_text
 from pagecli.config import EngineConfig
 from pagecli.sampling_params import SamplingParams

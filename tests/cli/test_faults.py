@@ -175,8 +175,16 @@ def test_bad_model_is_one_line_exit_2(bad_models):
         (["--block-size", "3"], "block_size"),
         (["--temperature", "-1"], "temperature"),
         (["--resume"], "-o FILE"),
+        (["--max-line-bytes", "0"], "--max-line-bytes"),
     ],
-    ids=["unknown flag", "bad choice", "bad engine value", "bad sampling value", "resume no -o"],
+    ids=[
+        "unknown flag",
+        "bad choice",
+        "bad engine value",
+        "bad sampling value",
+        "resume no -o",
+        "max line bytes",
+    ],
 )
 def test_bad_flags_are_one_line_exit_2(args, word, capsys):
     """Caught before the model loads, so in-process through the console script's main()."""

@@ -19,12 +19,11 @@ from pagecli.cli.jsonl import (
     KNOWN_FIELDS,
     BadLine,
     Job,
-    LongLine,
     encode_record,
     error_record,
     parse_line,
-    read_lines,
 )
+from pagecli.cli.jsonl_io import LongLine, read_lines
 from pagecli.outputs import CompletionOutput, RequestOutput
 
 DEFAULTS = {"max_tokens": 8, "temperature": 0.0}
