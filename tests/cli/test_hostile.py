@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,12 @@ def wait_rusage(proc: subprocess.Popen) -> tuple[int, int]:
     return proc.returncode, usage.ru_maxrss * 1024  # Linux reports KiB
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def huge_prompt_line(num_bytes: int, record_id: str) -> bytes:
     head = json.dumps({"id": record_id, "prompt": ""})[:-2].encode()  # up to the open quote
     return head + b"a " * ((num_bytes - len(head) - 2) // 2) + b'"}'
@@ -32,9 +39,9 @@ def huge_prompt_line(num_bytes: int, record_id: str) -> bytes:
 
 def test_huge_lines_are_answered_fast_in_bounded_memory():
     """A 50 MB prompt is refused from a bounded prefix (not 25 million tokens), a 70 MB line
-    over --max-line-bytes is skipped as it streams by; both in seconds and the process stays
-    under 2 GB. The records around them, with line separators in their ids, read back whole
-    with splitlines()."""
+    over --max-line-bytes is skipped as it streams by; both in under 5 s of CPU and the
+    process stays under 2 GB. The records around them, with line separators in their ids,
+    read back whole with splitlines()."""
     proc = start(["generate", *FAST, "--max-line-bytes", str(60 * 2**20)])
     out = LineReader(proc.stdout)
     try:
@@ -44,12 +51,12 @@ def test_huge_lines_are_answered_fast_in_bounded_memory():
         out.next()  # the engine is loaded and warm
         fifty = huge_prompt_line(50 * 2**20, "fifty") + b"\n"
         seventy = huge_prompt_line(70 * 2**20, "seventy") + b"\n"
-        start_s = time.monotonic()
+        start_s, start_cpu = time.monotonic(), cpu_seconds(proc.pid)
         proc.stdin.write(fifty + seventy)
         proc.stdin.flush()
         out.next()
         out.next()
-        elapsed = time.monotonic() - start_s
+        elapsed, cpu = time.monotonic() - start_s, cpu_seconds(proc.pid) - start_cpu
         proc.stdin.write(jsonl({"id": "after", "prompt": "Hi"}))
         proc.stdin.flush()
         out.next()
@@ -59,8 +66,14 @@ def test_huge_lines_are_answered_fast_in_bounded_memory():
         proc.kill()
     no_traceback(proc.stderr.read())
     assert code == 0
-    print(f"two huge lines answered in {elapsed:.2f} s, peak RSS {peak_rss / 2**30:.2f} GiB")
-    assert elapsed < 5, elapsed
+    print(
+        f"two huge lines answered in {elapsed:.2f} s ({cpu:.2f} s of CPU), "
+        f"peak RSS {peak_rss / 2**30:.2f} GiB"
+    )
+    # The bound is on the work done (0.4 s on an idle 2-core machine); the wall clock also
+    # counts other processes on a shared machine, so it gets a looser sanity bound.
+    assert cpu < 5, cpu
+    assert elapsed < 30, elapsed
     assert peak_rss < 2 * 2**30, peak_rss
     lines = b"".join(out.seen).decode().splitlines()
     assert len(lines) == 4
