@@ -1,21 +1,31 @@
 /*
- * Paged decode attention for the CPU, float32: one new query token per sequence attends over
- * the sequence's cached tokens, read in place through its block table.
+ * Paged attention for the CPU: decode tokens and prefill chunks over a cached prefix, for
+ * float32, bfloat16 and float16 caches, reading every K/V row in place through the block
+ * table (no gathered copy) and accumulating in float32.
  *
- * The torch path (pagecli_kernels/cpu.py) first gathers every sequence's K/V into a padded
- * copy and then runs SDPA over it: the cache is read, written and read again. Decode
- * attention is bound by memory traffic, so this kernel brings each cached K and V row in from
- * memory once, straight from its block. Work is split over sequences with OpenMP; within a
- * sequence, the query heads of one kv head (the GQA group) reuse its rows from the cache.
+ * One entry point serves both phases: sequence s has q_len = query_start_loc[s + 1] -
+ * query_start_loc[s] new tokens, the last of its seq_lens[s] cached ones, so new token j sits
+ * at position seq_len - q_len + j and attends to positions 0..that one (bottom-right aligned
+ * causal mask). A decode is the q_len == 1 case.
  *
- * Built at run time by pagecli_kernels/native.py (cc -O3 -march=native -fopenmp) and called
- * through ctypes; any failure to build leaves the torch path in charge.
+ * Work is cut into items: (sequence, kv head, tile of query tokens, context split). An item's
+ * query rows are its tokens times the kv head's GQA group, so each cached K/V row is brought
+ * in once per item and used by every row. Context tokens go by in chunks of TC with an online
+ * softmax (running max and sum per row). With split_tokens > 0 a sequence's context is also
+ * cut into splits of that many tokens (split-K), each item keeps its unnormalised partial
+ * result, and a second pass combines them: one long sequence then keeps every thread busy.
+ * Items are shared among OpenMP threads dynamically.
+ *
+ * The item body is compiled three times: for AVX-512 and AVX2 (per-function target
+ * attributes) and for the baseline of the architecture (the portable path, plain C on vector
+ * extensions). pagecli_isa_supported() says which ones this CPU runs; the caller picks one.
  *
  * Layouts (element strides; the last dimension of the caches is contiguous):
- *   query, out     [num_seqs, num_heads, head_dim], contiguous
- *   k/v cache      [num_blocks, block_size, num_kv_heads, head_dim]
+ *   query, out     [num_tokens, num_heads, head_dim] float32, contiguous
+ *   k/v cache      [num_blocks, block_size, num_kv_heads, head_dim], same strides, kv_dtype
  *   block_tables   [num_seqs, table_stride] int32
- *   seq_lens       [num_seqs] int32, 1 <= seq_lens[i] <= table width * block_size
+ *   seq_lens       [num_seqs] int32, 1 <= seq_lens[s] <= table width * block_size
+ *   query_start_loc [num_seqs + 1] int32, 1 <= q_len <= seq_len
  * Returns 0, -1 when a block id is outside [0, num_blocks), -2 when out of memory.
  */
 #include <math.h>
@@ -23,18 +33,57 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 8 floats; aligned(4) makes loads and stores through it unaligned-safe (GCC and Clang). */
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
-static inline float hsum8(v8f v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+#define TC 16       /* context tokens per chunk */
+#define MAX_ROWS 32 /* query rows per item (tile tokens x group), at least one token */
+#define INLINE static inline __attribute__((always_inline))
+
+/* 16 floats; aligned(4) makes loads and stores through it unaligned-safe (GCC and Clang). */
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t v16u __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
+
+typedef struct {
+    const float *query;
+    const char *k_cache, *v_cache; /* bytes */
+    int64_t num_blocks, stride_block, stride_slot, stride_head;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int32_t *seq_lens, *query_start_loc;
+    float *out;
+    float *partial; /* split-K: [num_tokens, num_heads, max_splits, dp + 2] */
+    int num_heads, num_kv_heads, head_dim, dp, block_size, group, kv_dtype, elem_size;
+    int tile_tokens, split_tokens, max_splits;
+    float scale;
+} Problem;
+
+typedef struct {
+    int seq, kv_head, q_begin, q_end, split; /* q_* index the sequence's new tokens */
+} Item;
+
+typedef struct {
+    float *q;     /* [rows, dp], query rows (zero padded to dp) */
+    float *acc;   /* [rows, dp] */
+    float *m, *l; /* [rows]: running max and sum */
+    float *s;     /* [rows, TC]: scores, then probabilities */
+    float *kt;    /* [TC, dp]: converted K rows */
+    float *vt;    /* [TC, dp] */
+} Scratch;
+
+INLINE float hsum16(v16f v) {
+    float a = 0.0f;
+    for (int i = 0; i < 8; ++i) a += v[i] + v[i + 8];
+    return a;
 }
 
-/* exp(x) for x <= 0 (a score minus its row maximum), vectorizable: 2^n * p(r) with
- * r = x - n ln2 in [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (about 1 ulp). */
-static inline float exp_nonpositive(float x) {
-    x = fmaxf(x, -87.0f);
-    const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+/* exp(x) for x <= 0 (a score minus its row maximum): 2^n * p(r) with r = x - n ln2 in
+ * [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (about 1 ulp); vectorizes. */
+INLINE float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float y = x * 1.44269504088896341f;
+    const float n = (y + 12582912.0f) - 12582912.0f; /* round to nearest, |y| < 2^22 */
     float r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -50,128 +99,363 @@ static inline float exp_nonpositive(float x) {
     return p * two_n;
 }
 
-#define TOKENS 4 /* cached tokens scored together: independent accumulation chains */
+INLINE float bf16_to_f32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
 
-int pagecli_paged_decode_f32(const float *query, const float *k_cache, const float *v_cache,
-                             int64_t num_blocks, int64_t block_stride, int64_t slot_stride,
-                             int64_t head_stride, const int32_t *block_tables,
-                             int64_t table_stride, const int32_t *seq_lens, float *out,
-                             int num_seqs, int num_heads, int num_kv_heads, int head_dim,
-                             int block_size, float scale, int num_threads) {
-    const int group = num_heads / num_kv_heads;
-    const int vec = head_dim % 8 == 0; /* 64, 80, 96, 128: whole 8-float chunks */
-    int max_len = 0;
-    for (int s = 0; s < num_seqs; ++s)
-        if (seq_lens[s] > max_len) max_len = seq_lens[s];
-    int status = 0;
+/* IEEE half to float, exact for every input (normals, subnormals, inf, NaN), branch free:
+ * move exponent and mantissa into place and rebias by multiplying by 2^112. */
+INLINE float f16_to_f32(uint16_t h) {
+    const uint32_t em = (uint32_t)(h & 0x7fff) << 13;
+    float f;
+    memcpy(&f, &em, sizeof f);
+    f *= 0x1p112f;
+    uint32_t w;
+    memcpy(&w, &f, sizeof w);
+    if (em >= (0x7c00u << 13)) w |= 0x7f800000u; /* inf or NaN stays inf or NaN */
+    w |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
 
-#pragma omp parallel num_threads(num_threads)
-    {
-        /* scores[hq * stride + t]: a head's scores, then their exponentials */
-        float *scores = malloc(sizeof(float) * (size_t)num_heads * (size_t)(max_len + TOKENS));
-        float *acc = malloc(sizeof(float) * (size_t)num_heads * (size_t)head_dim);
-        float *inv_sum = malloc(sizeof(float) * (size_t)num_heads);
-        const float **rows = malloc(sizeof(float *) * (size_t)(max_len + TOKENS));
-        const int ok = scores && acc && inv_sum && rows;
-        if (!ok) {
-#pragma omp atomic write
-            status = -2;
+INLINE v16f bf16x16_to_f32(const uint16_t *p) {
+    const v16h h = *(const v16h *)p;
+    const v16u w = __builtin_convertvector(h, v16u) << 16;
+    return (v16f)w;
+}
+
+INLINE v16f f16x16_to_f32(const uint16_t *p) {
+    const v16u h = __builtin_convertvector(*(const v16h *)p, v16u);
+    const v16u em = (h & 0x7fff) << 13;
+    const v16f f = (v16f)em * 0x1p112f;
+    const v16u inf_nan = (v16u)(em >= (0x7c00u << 13)); /* all ones where true */
+    const v16u w = (v16u)f | (inf_nan & 0x7f800000u) | ((h & 0x8000) << 16);
+    return (v16f)w;
+}
+
+/* One cached row (head_dim elements of kv_dtype) as dp floats, zero padded. */
+INLINE void load_row(float *dst, const char *src, int head_dim, int dp, int kv_dtype) {
+    if (head_dim % 16 == 0) {
+        for (int d = 0; d < head_dim; d += 16) {
+            v16f v;
+            if (kv_dtype == KV_F32)
+                v = *(const v16f *)((const float *)src + d);
+            else if (kv_dtype == KV_BF16)
+                v = bf16x16_to_f32((const uint16_t *)src + d);
+            else
+                v = f16x16_to_f32((const uint16_t *)src + d);
+            *(v16f *)(dst + d) = v;
         }
-        const int64_t stride = max_len + TOKENS;
+        return;
+    }
+    for (int d = 0; d < head_dim; ++d) {
+        if (kv_dtype == KV_F32)
+            dst[d] = ((const float *)src)[d];
+        else if (kv_dtype == KV_BF16)
+            dst[d] = bf16_to_f32(((const uint16_t *)src)[d]);
+        else
+            dst[d] = f16_to_f32(((const uint16_t *)src)[d]);
+    }
+    for (int d = head_dim; d < dp; ++d) dst[d] = 0.0f;
+}
 
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (!ok) continue;
-            const int len = seq_lens[s];
-            const int32_t *table = block_tables + s * table_stride;
-            int bad_block = 0;
+/* Byte offset of token t's cached row for this item's kv head. */
+INLINE int64_t row_offset(const Problem *p, const int32_t *table, int t, int64_t head_off) {
+    const int64_t block = table[t / p->block_size];
+    const int64_t elem = block * p->stride_block + (int64_t)(t % p->block_size) * p->stride_slot;
+    return (elem + head_off) * p->elem_size;
+}
 
-            /* where each cached token's K row (all kv heads) lives; V is at the same offset */
-            for (int t = 0; t < len; ++t) {
-                const int32_t block = table[t / block_size];
-                if (block < 0 || block >= num_blocks) {
-                    bad_block = 1;
-                    break;
-                }
-                rows[t] = k_cache + block * block_stride + (int64_t)(t % block_size) * slot_stride;
+INLINE void process_item(const Problem *p, const Item *it, const Scratch *w) {
+    const int dp = p->dp, group = p->group, kv_dtype = p->kv_dtype;
+    const int seq_len = p->seq_lens[it->seq];
+    const int q_start = p->query_start_loc[it->seq];
+    const int q_len = p->query_start_loc[it->seq + 1] - q_start;
+    const int first_pos = seq_len - q_len; /* position of new token 0 */
+    const int num_rows = (it->q_end - it->q_begin) * group;
+    const int32_t *table = p->block_tables + (int64_t)it->seq * p->table_stride;
+    const int64_t head_off = (int64_t)it->kv_head * p->stride_head;
+    /* direct pointers into the cache when no conversion or padding is needed */
+    const int direct = kv_dtype == KV_F32 && p->head_dim % 16 == 0;
+
+    for (int r = 0; r < num_rows; ++r) {
+        const int token = q_start + it->q_begin + r / group;
+        const int head = it->kv_head * group + r % group;
+        const float *src = p->query + ((int64_t)token * p->num_heads + head) * p->head_dim;
+        float *dst = w->q + (int64_t)r * dp;
+        memcpy(dst, src, sizeof(float) * (size_t)p->head_dim);
+        for (int d = p->head_dim; d < dp; ++d) dst[d] = 0.0f;
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.0f;
+    }
+    memset(w->acc, 0, sizeof(float) * (size_t)num_rows * (size_t)dp);
+
+    /* context of this item: its split, cut at the last row's causal limit */
+    int c_begin = 0, c_end = first_pos + it->q_end; /* last token's position + 1 */
+    if (p->split_tokens > 0) {
+        c_begin = it->split * p->split_tokens;
+        if (c_begin + p->split_tokens < c_end) c_end = c_begin + p->split_tokens;
+    }
+
+    const float *krow[TC], *vrow[TC];
+    for (int t0 = c_begin; t0 < c_end; t0 += TC) {
+        const int n = c_end - t0 < TC ? c_end - t0 : TC;
+        for (int j = 0; j < n; ++j) {
+            const int64_t off = row_offset(p, table, t0 + j, head_off);
+            if (direct) {
+                krow[j] = (const float *)(p->k_cache + off);
+                vrow[j] = (const float *)(p->v_cache + off);
+            } else {
+                load_row(w->kt + (int64_t)j * dp, p->k_cache + off, p->head_dim, dp, kv_dtype);
+                load_row(w->vt + (int64_t)j * dp, p->v_cache + off, p->head_dim, dp, kv_dtype);
+                krow[j] = w->kt + (int64_t)j * dp;
+                vrow[j] = w->vt + (int64_t)j * dp;
             }
-            if (bad_block) {
-#pragma omp atomic write
-                status = -1;
+        }
+        /* scores; a row's token j is masked when it lies past the row's position */
+        for (int r = 0; r < num_rows; ++r) {
+            const float *q = w->q + (int64_t)r * dp;
+            const int limit = first_pos + it->q_begin + r / group - t0; /* last valid j */
+            float *s = w->s + r * TC;
+            for (int j = 0; j < n; ++j) {
+                if (j > limit) {
+                    s[j] = -INFINITY;
+                    continue;
+                }
+                v16f a = {0};
+                for (int d = 0; d < dp; d += 16)
+                    a += *(const v16f *)(q + d) * *(const v16f *)(krow[j] + d);
+                s[j] = hsum16(a) * p->scale;
+            }
+        }
+        /* online softmax, then the probability-weighted V rows */
+        for (int r = 0; r < num_rows; ++r) {
+            float *s = w->s + r * TC;
+            float cm = -INFINITY;
+            for (int j = 0; j < n; ++j) cm = s[j] > cm ? s[j] : cm;
+            if (cm == -INFINITY) {
+                for (int j = 0; j < n; ++j) s[j] = 0.0f;
                 continue;
             }
-            for (int t = len; t < len + TOKENS; ++t) rows[t] = rows[len - 1]; /* tail padding */
-
-            /* pass 1: scaled scores q . k, TOKENS cached tokens at a time, every head */
-            for (int t = 0; t < len; t += TOKENS) {
-                for (int hq = 0; hq < num_heads; ++hq) {
-                    const float *qh = query + (s * num_heads + hq) * head_dim;
-                    const int64_t koff = (int64_t)(hq / group) * head_stride;
-                    float *sh = scores + hq * stride;
-                    if (vec) {
-                        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-                        for (int d = 0; d < head_dim; d += 8) {
-                            const v8f qv = *(const v8f *)(qh + d);
-                            a0 += qv * *(const v8f *)(rows[t] + koff + d);
-                            a1 += qv * *(const v8f *)(rows[t + 1] + koff + d);
-                            a2 += qv * *(const v8f *)(rows[t + 2] + koff + d);
-                            a3 += qv * *(const v8f *)(rows[t + 3] + koff + d);
-                        }
-                        sh[t] = hsum8(a0) * scale;
-                        sh[t + 1] = hsum8(a1) * scale;
-                        sh[t + 2] = hsum8(a2) * scale;
-                        sh[t + 3] = hsum8(a3) * scale;
-                    } else {
-                        for (int j = 0; j < TOKENS; ++j) {
-                            float dot = 0.0f;
-                            for (int d = 0; d < head_dim; ++d) dot += qh[d] * rows[t + j][koff + d];
-                            sh[t + j] = dot * scale;
-                        }
-                    }
-                }
+            const float m_old = w->m[r];
+            const float m_new = cm > m_old ? cm : m_old;
+            if (m_new > m_old && m_old != -INFINITY) {
+                const float alpha = exp_nonpositive(m_old - m_new);
+                w->l[r] *= alpha;
+                float *a = w->acc + (int64_t)r * dp;
+                for (int d = 0; d < dp; d += 16) *(v16f *)(a + d) *= alpha;
             }
-            /* softmax numerators and 1 / their sum, per query head */
-            for (int hq = 0; hq < num_heads; ++hq) {
-                float *sh = scores + hq * stride;
-                float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-                for (int t = 0; t < len; ++t) m = fmaxf(m, sh[t]);
-                float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                for (int t = 0; t < len; ++t) {
-                    sh[t] = exp_nonpositive(sh[t] - m);
-                    sum += sh[t];
-                }
-                inv_sum[hq] = 1.0f / sum;
+            w->m[r] = m_new;
+            float sum = 0.0f;
+            for (int j = 0; j < n; ++j) {
+                const float e = exp_nonpositive(s[j] - m_new);
+                s[j] = s[j] == -INFINITY ? 0.0f : e;
+                sum += s[j];
             }
-
-            /* pass 2: the probability-weighted sum of the value rows */
-            memset(acc, 0, sizeof(float) * (size_t)num_heads * (size_t)head_dim);
-            const int64_t v_offset = v_cache - k_cache;
-            for (int t = 0; t < len; ++t) {
-                const float *v_row = rows[t] + v_offset;
-                for (int hq = 0; hq < num_heads; ++hq) {
-                    const float p = scores[hq * stride + t];
-                    const float *v = v_row + (int64_t)(hq / group) * head_stride;
-                    float *ah = acc + (int64_t)hq * head_dim;
-                    if (vec) {
-                        for (int d = 0; d < head_dim; d += 8)
-                            *(v8f *)(ah + d) += p * *(const v8f *)(v + d);
-                    } else {
-                        for (int d = 0; d < head_dim; ++d) ah[d] += p * v[d];
-                    }
-                }
-            }
-            for (int hq = 0; hq < num_heads; ++hq) {
-                float *o = out + (s * num_heads + hq) * head_dim;
-                const float *ah = acc + (int64_t)hq * head_dim;
-                for (int d = 0; d < head_dim; ++d) o[d] = ah[d] * inv_sum[hq];
+            w->l[r] += sum;
+        }
+        for (int j = 0; j < n; ++j) {
+            const float *v = vrow[j];
+            for (int r = 0; r < num_rows; ++r) {
+                const float pj = w->s[r * TC + j];
+                if (pj == 0.0f) continue;
+                float *a = w->acc + (int64_t)r * dp;
+                for (int d = 0; d < dp; d += 16) *(v16f *)(a + d) += pj * *(const v16f *)(v + d);
             }
         }
-        free(scores);
-        free(acc);
-        free(inv_sum);
-        free((void *)rows);
     }
+
+    for (int r = 0; r < num_rows; ++r) {
+        const int token = q_start + it->q_begin + r / group;
+        const int head = it->kv_head * group + r % group;
+        const float *a = w->acc + (int64_t)r * dp;
+        if (p->split_tokens > 0) {
+            float *dst = p->partial +
+                         (((int64_t)token * p->num_heads + head) * p->max_splits + it->split) *
+                             (dp + 2);
+            dst[0] = w->m[r];
+            dst[1] = w->l[r];
+            memcpy(dst + 2, a, sizeof(float) * (size_t)p->head_dim);
+        } else {
+            float *o = p->out + ((int64_t)token * p->num_heads + head) * p->head_dim;
+            const float inv = 1.0f / w->l[r];
+            for (int d = 0; d < p->head_dim; ++d) o[d] = a[d] * inv;
+        }
+    }
+}
+
+typedef void (*ItemFn)(const Problem *, const Item *, const Scratch *);
+
+static void item_portable(const Problem *p, const Item *it, const Scratch *w) {
+    process_item(p, it, w);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2,fma"))) static void item_avx2(const Problem *p, const Item *it,
+                                                          const Scratch *w) {
+    process_item(p, it, w);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) static void item_avx512(
+    const Problem *p, const Item *it, const Scratch *w) {
+    process_item(p, it, w);
+}
+#endif
+
+/* 1 when this CPU (and its OS) runs the given path. */
+int pagecli_isa_supported(int isa) {
+    if (isa == ISA_PORTABLE) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (isa == ISA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa == ISA_AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+    return 0;
+}
+
+static ItemFn item_fn(int isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == ISA_AVX512) return item_avx512;
+    if (isa == ISA_AVX2) return item_avx2;
+#endif
+    return item_portable;
+}
+
+/* Combine the splits of every (token, head): out = sum_k e^(m_k - M) acc_k / sum_k e^(m_k - M) l_k. */
+static void combine_splits(const Problem *p, int num_tokens, const int *token_splits,
+                           int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t th = 0; th < (int64_t)num_tokens * p->num_heads; ++th) {
+        const float *part = p->partial + th * p->max_splits * (p->dp + 2);
+        const int splits = token_splits[th / p->num_heads];
+        float big = -INFINITY;
+        for (int k = 0; k < splits; ++k) {
+            const float m = part[k * (p->dp + 2)];
+            big = m > big ? m : big;
+        }
+        float *o = p->out + th * p->head_dim;
+        for (int d = 0; d < p->head_dim; ++d) o[d] = 0.0f;
+        float sum = 0.0f;
+        for (int k = 0; k < splits; ++k) {
+            const float *pk = part + k * (p->dp + 2);
+            if (pk[0] == -INFINITY) continue; /* a split wholly past this token's position */
+            const float wgt = exp_nonpositive(pk[0] - big);
+            sum += wgt * pk[1];
+            for (int d = 0; d < p->head_dim; ++d) o[d] += wgt * pk[2 + d];
+        }
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < p->head_dim; ++d) o[d] *= inv;
+    }
+}
+
+int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const void *k_cache,
+                            const void *v_cache, int64_t num_blocks, int64_t stride_block,
+                            int64_t stride_slot, int64_t stride_head, const int32_t *block_tables,
+                            int64_t table_stride, const int32_t *seq_lens,
+                            const int32_t *query_start_loc, float *out, int num_seqs,
+                            int num_heads, int num_kv_heads, int head_dim, int block_size,
+                            float scale, int split_tokens, int num_threads) {
+    Problem p = {0};
+    p.query = query;
+    p.k_cache = k_cache;
+    p.v_cache = v_cache;
+    p.num_blocks = num_blocks;
+    p.stride_block = stride_block;
+    p.stride_slot = stride_slot;
+    p.stride_head = stride_head;
+    p.block_tables = block_tables;
+    p.table_stride = table_stride;
+    p.seq_lens = seq_lens;
+    p.query_start_loc = query_start_loc;
+    p.out = out;
+    p.num_heads = num_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.dp = (head_dim + 15) / 16 * 16;
+    p.block_size = block_size;
+    p.group = num_heads / num_kv_heads;
+    p.kv_dtype = kv_dtype;
+    p.elem_size = kv_dtype == KV_F32 ? 4 : 2;
+    p.tile_tokens = p.group >= MAX_ROWS ? 1 : MAX_ROWS / p.group;
+    p.split_tokens = split_tokens;
+    p.scale = scale;
+    const int rows = p.tile_tokens * p.group;
+    const int num_tokens = query_start_loc[num_seqs];
+
+    /* validate the block ids every item will read, and count the items */
+    int64_t num_items = 0;
+    int max_splits = 1;
+    for (int s = 0; s < num_seqs; ++s) {
+        const int32_t *table = block_tables + (int64_t)s * table_stride;
+        for (int b = 0; b < (seq_lens[s] + block_size - 1) / block_size; ++b)
+            if (table[b] < 0 || table[b] >= num_blocks) return -1;
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
+        if (splits > max_splits) max_splits = splits;
+        num_items += (int64_t)num_kv_heads * ((q_len + p.tile_tokens - 1) / p.tile_tokens) * splits;
+    }
+    p.max_splits = max_splits;
+    Item *items = malloc(sizeof(Item) * (size_t)(num_items > 0 ? num_items : 1));
+    int *token_splits = NULL;
+    if (split_tokens > 0) {
+        p.partial = malloc(sizeof(float) * (size_t)num_tokens * (size_t)num_heads *
+                           (size_t)max_splits * (size_t)(p.dp + 2));
+        token_splits = malloc(sizeof(int) * (size_t)(num_tokens > 0 ? num_tokens : 1));
+    }
+    if (!items || (split_tokens > 0 && (!p.partial || !token_splits))) {
+        free(items);
+        free(p.partial);
+        free(token_splits);
+        return -2;
+    }
+    int64_t i = 0;
+    for (int s = 0; s < num_seqs; ++s) {
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
+        for (int q = query_start_loc[s]; token_splits && q < query_start_loc[s + 1]; ++q)
+            token_splits[q] = splits;
+        for (int q0 = 0; q0 < q_len; q0 += p.tile_tokens)
+            for (int h = 0; h < num_kv_heads; ++h)
+                for (int k = 0; k < splits; ++k) {
+                    const int q1 = q0 + p.tile_tokens < q_len ? q0 + p.tile_tokens : q_len;
+                    items[i++] = (Item){s, h, q0, q1, k};
+                }
+    }
+
+    const ItemFn fn = item_fn(isa);
+    int status = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        Scratch w;
+        const size_t row_floats = (size_t)rows * (size_t)p.dp;
+        float *buf = malloc(sizeof(float) *
+                            (2 * row_floats + 2 * (size_t)rows + (size_t)rows * TC +
+                             2 * (size_t)TC * (size_t)p.dp));
+        if (!buf) {
+#pragma omp atomic write
+            status = -2;
+        } else {
+            w.q = buf;
+            w.acc = w.q + row_floats;
+            w.m = w.acc + row_floats;
+            w.l = w.m + rows;
+            w.s = w.l + rows;
+            w.kt = w.s + (size_t)rows * TC;
+            w.vt = w.kt + (size_t)TC * p.dp;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t k = 0; k < num_items; ++k)
+            if (buf) fn(&p, &items[k], &w);
+        free(buf);
+    }
+    if (status == 0 && split_tokens > 0) combine_splits(&p, num_tokens, token_splits, num_threads);
+    free(items);
+    free(p.partial);
+    free(token_splits);
     return status;
 }
