@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
+HEADERS = [SOURCE.with_name("paged_attention_cpu_body.h")]  # included by SOURCE
 FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 ISAS = ("portable", "avx2", "avx512")  # the C enum's order
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -125,7 +126,15 @@ def _load() -> ctypes.CDLL:
     except (OSError, subprocess.SubprocessError) as exc:
         raise _Unavailable(f"{compiler} --version failed: {exc}") from None
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_flags()]).encode()
+        "\0".join(
+            [
+                SOURCE.read_text(),
+                *(h.read_text() for h in HEADERS),
+                version,
+                " ".join(FLAGS),
+                _cpu_flags(),
+            ]
+        ).encode()
     ).hexdigest()[:16]
     folder = _cache_dir()
     path = folder / f"paged_attention_cpu-{key}.so"

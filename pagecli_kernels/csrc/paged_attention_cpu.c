@@ -37,13 +37,9 @@ enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 #define TC 16       /* context tokens per chunk */
-#define MAX_ROWS 32 /* query rows per item (tile tokens x group), at least one token */
+#define MAX_ROWS 64 /* query rows per item (tile tokens x group), at least one token */
+#define TRANSPOSE_MIN_ROWS 8 /* from this many rows on, scores go through K transposed */
 #define INLINE static inline __attribute__((always_inline))
-
-/* 16 floats; aligned(4) makes loads and stores through it unaligned-safe (GCC and Clang). */
-typedef float v16f __attribute__((vector_size(64), aligned(4)));
-typedef uint32_t v16u __attribute__((vector_size(64), aligned(4)));
-typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
 
 typedef struct {
     const float *query;
@@ -64,19 +60,14 @@ typedef struct {
 } Item;
 
 typedef struct {
-    float *q;     /* [rows, dp], query rows (zero padded to dp) */
+    float *q;     /* [rows, dp], query rows times scale (zero padded to dp) */
     float *acc;   /* [rows, dp] */
     float *m, *l; /* [rows]: running max and sum */
     float *s;     /* [rows, TC]: scores, then probabilities */
-    float *kt;    /* [TC, dp]: converted K rows */
-    float *vt;    /* [TC, dp] */
+    float *kr;    /* [TC, dp]: K rows converted to float32 */
+    float *vr;    /* [TC, dp]: V rows converted */
+    float *kt;    /* [dp, TC]: K transposed */
 } Scratch;
-
-INLINE float hsum16(v16f v) {
-    float a = 0.0f;
-    for (int i = 0; i < 8; ++i) a += v[i] + v[i + 8];
-    return a;
-}
 
 /* exp(x) for x <= 0 (a score minus its row maximum): 2^n * p(r) with r = x - n ln2 in
  * [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (about 1 ulp); vectorizes. */
@@ -121,188 +112,33 @@ INLINE float f16_to_f32(uint16_t h) {
     return f;
 }
 
-INLINE v16f bf16x16_to_f32(const uint16_t *p) {
-    const v16h h = *(const v16h *)p;
-    const v16u w = __builtin_convertvector(h, v16u) << 16;
-    return (v16f)w;
-}
-
-INLINE v16f f16x16_to_f32(const uint16_t *p) {
-    const v16u h = __builtin_convertvector(*(const v16h *)p, v16u);
-    const v16u em = (h & 0x7fff) << 13;
-    const v16f f = (v16f)em * 0x1p112f;
-    const v16u inf_nan = (v16u)(em >= (0x7c00u << 13)); /* all ones where true */
-    const v16u w = (v16u)f | (inf_nan & 0x7f800000u) | ((h & 0x8000) << 16);
-    return (v16f)w;
-}
-
-/* One cached row (head_dim elements of kv_dtype) as dp floats, zero padded. */
-INLINE void load_row(float *dst, const char *src, int head_dim, int dp, int kv_dtype) {
-    if (head_dim % 16 == 0) {
-        for (int d = 0; d < head_dim; d += 16) {
-            v16f v;
-            if (kv_dtype == KV_F32)
-                v = *(const v16f *)((const float *)src + d);
-            else if (kv_dtype == KV_BF16)
-                v = bf16x16_to_f32((const uint16_t *)src + d);
-            else
-                v = f16x16_to_f32((const uint16_t *)src + d);
-            *(v16f *)(dst + d) = v;
-        }
-        return;
-    }
-    for (int d = 0; d < head_dim; ++d) {
-        if (kv_dtype == KV_F32)
-            dst[d] = ((const float *)src)[d];
-        else if (kv_dtype == KV_BF16)
-            dst[d] = bf16_to_f32(((const uint16_t *)src)[d]);
-        else
-            dst[d] = f16_to_f32(((const uint16_t *)src)[d]);
-    }
-    for (int d = head_dim; d < dp; ++d) dst[d] = 0.0f;
-}
-
-/* Byte offset of token t's cached row for this item's kv head. */
-INLINE int64_t row_offset(const Problem *p, const int32_t *table, int t, int64_t head_off) {
-    const int64_t block = table[t / p->block_size];
-    const int64_t elem = block * p->stride_block + (int64_t)(t % p->block_size) * p->stride_slot;
-    return (elem + head_off) * p->elem_size;
-}
-
-INLINE void process_item(const Problem *p, const Item *it, const Scratch *w) {
-    const int dp = p->dp, group = p->group, kv_dtype = p->kv_dtype;
-    const int seq_len = p->seq_lens[it->seq];
-    const int q_start = p->query_start_loc[it->seq];
-    const int q_len = p->query_start_loc[it->seq + 1] - q_start;
-    const int first_pos = seq_len - q_len; /* position of new token 0 */
-    const int num_rows = (it->q_end - it->q_begin) * group;
-    const int32_t *table = p->block_tables + (int64_t)it->seq * p->table_stride;
-    const int64_t head_off = (int64_t)it->kv_head * p->stride_head;
-    /* direct pointers into the cache when no conversion or padding is needed */
-    const int direct = kv_dtype == KV_F32 && p->head_dim % 16 == 0;
-
-    for (int r = 0; r < num_rows; ++r) {
-        const int token = q_start + it->q_begin + r / group;
-        const int head = it->kv_head * group + r % group;
-        const float *src = p->query + ((int64_t)token * p->num_heads + head) * p->head_dim;
-        float *dst = w->q + (int64_t)r * dp;
-        memcpy(dst, src, sizeof(float) * (size_t)p->head_dim);
-        for (int d = p->head_dim; d < dp; ++d) dst[d] = 0.0f;
-        w->m[r] = -INFINITY;
-        w->l[r] = 0.0f;
-    }
-    memset(w->acc, 0, sizeof(float) * (size_t)num_rows * (size_t)dp);
-
-    /* context of this item: its split, cut at the last row's causal limit */
-    int c_begin = 0, c_end = first_pos + it->q_end; /* last token's position + 1 */
-    if (p->split_tokens > 0) {
-        c_begin = it->split * p->split_tokens;
-        if (c_begin + p->split_tokens < c_end) c_end = c_begin + p->split_tokens;
-    }
-
-    const float *krow[TC], *vrow[TC];
-    for (int t0 = c_begin; t0 < c_end; t0 += TC) {
-        const int n = c_end - t0 < TC ? c_end - t0 : TC;
-        for (int j = 0; j < n; ++j) {
-            const int64_t off = row_offset(p, table, t0 + j, head_off);
-            if (direct) {
-                krow[j] = (const float *)(p->k_cache + off);
-                vrow[j] = (const float *)(p->v_cache + off);
-            } else {
-                load_row(w->kt + (int64_t)j * dp, p->k_cache + off, p->head_dim, dp, kv_dtype);
-                load_row(w->vt + (int64_t)j * dp, p->v_cache + off, p->head_dim, dp, kv_dtype);
-                krow[j] = w->kt + (int64_t)j * dp;
-                vrow[j] = w->vt + (int64_t)j * dp;
-            }
-        }
-        /* scores; a row's token j is masked when it lies past the row's position */
-        for (int r = 0; r < num_rows; ++r) {
-            const float *q = w->q + (int64_t)r * dp;
-            const int limit = first_pos + it->q_begin + r / group - t0; /* last valid j */
-            float *s = w->s + r * TC;
-            for (int j = 0; j < n; ++j) {
-                if (j > limit) {
-                    s[j] = -INFINITY;
-                    continue;
-                }
-                v16f a = {0};
-                for (int d = 0; d < dp; d += 16)
-                    a += *(const v16f *)(q + d) * *(const v16f *)(krow[j] + d);
-                s[j] = hsum16(a) * p->scale;
-            }
-        }
-        /* online softmax, then the probability-weighted V rows */
-        for (int r = 0; r < num_rows; ++r) {
-            float *s = w->s + r * TC;
-            float cm = -INFINITY;
-            for (int j = 0; j < n; ++j) cm = s[j] > cm ? s[j] : cm;
-            if (cm == -INFINITY) {
-                for (int j = 0; j < n; ++j) s[j] = 0.0f;
-                continue;
-            }
-            const float m_old = w->m[r];
-            const float m_new = cm > m_old ? cm : m_old;
-            if (m_new > m_old && m_old != -INFINITY) {
-                const float alpha = exp_nonpositive(m_old - m_new);
-                w->l[r] *= alpha;
-                float *a = w->acc + (int64_t)r * dp;
-                for (int d = 0; d < dp; d += 16) *(v16f *)(a + d) *= alpha;
-            }
-            w->m[r] = m_new;
-            float sum = 0.0f;
-            for (int j = 0; j < n; ++j) {
-                const float e = exp_nonpositive(s[j] - m_new);
-                s[j] = s[j] == -INFINITY ? 0.0f : e;
-                sum += s[j];
-            }
-            w->l[r] += sum;
-        }
-        for (int j = 0; j < n; ++j) {
-            const float *v = vrow[j];
-            for (int r = 0; r < num_rows; ++r) {
-                const float pj = w->s[r * TC + j];
-                if (pj == 0.0f) continue;
-                float *a = w->acc + (int64_t)r * dp;
-                for (int d = 0; d < dp; d += 16) *(v16f *)(a + d) += pj * *(const v16f *)(v + d);
-            }
-        }
-    }
-
-    for (int r = 0; r < num_rows; ++r) {
-        const int token = q_start + it->q_begin + r / group;
-        const int head = it->kv_head * group + r % group;
-        const float *a = w->acc + (int64_t)r * dp;
-        if (p->split_tokens > 0) {
-            float *dst = p->partial +
-                         (((int64_t)token * p->num_heads + head) * p->max_splits + it->split) *
-                             (dp + 2);
-            dst[0] = w->m[r];
-            dst[1] = w->l[r];
-            memcpy(dst + 2, a, sizeof(float) * (size_t)p->head_dim);
-        } else {
-            float *o = p->out + ((int64_t)token * p->num_heads + head) * p->head_dim;
-            const float inv = 1.0f / w->l[r];
-            for (int d = 0; d < p->head_dim; ++d) o[d] = a[d] * inv;
-        }
-    }
-}
-
 typedef void (*ItemFn)(const Problem *, const Item *, const Scratch *);
 
-static void item_portable(const Problem *p, const Item *it, const Scratch *w) {
-    process_item(p, it, w);
-}
+/* The item body, once per instruction-set path (see paged_attention_cpu_body.h). */
+#define PA_SUFFIX portable
+#define PA_TARGET
+#define PA_W 4
+#include "paged_attention_cpu_body.h"
+#undef PA_W
+#undef PA_TARGET
+#undef PA_SUFFIX
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2,fma"))) static void item_avx2(const Problem *p, const Item *it,
-                                                          const Scratch *w) {
-    process_item(p, it, w);
-}
+#define PA_SUFFIX avx2
+#define PA_TARGET __attribute__((target("avx2,fma")))
+#define PA_W 8
+#include "paged_attention_cpu_body.h"
+#undef PA_W
+#undef PA_TARGET
+#undef PA_SUFFIX
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) static void item_avx512(
-    const Problem *p, const Item *it, const Scratch *w) {
-    process_item(p, it, w);
-}
+#define PA_SUFFIX avx512
+#define PA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define PA_W 16
+#include "paged_attention_cpu_body.h"
+#undef PA_W
+#undef PA_TARGET
+#undef PA_SUFFIX
 #endif
 
 /* 1 when this CPU (and its OS) runs the given path. */
@@ -381,7 +217,9 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
     p.group = num_heads / num_kv_heads;
     p.kv_dtype = kv_dtype;
     p.elem_size = kv_dtype == KV_F32 ? 4 : 2;
-    p.tile_tokens = p.group >= MAX_ROWS ? 1 : MAX_ROWS / p.group;
+    /* a power of two of query tokens per item (16 at most), so rows come in multiples of 8 */
+    p.tile_tokens = 16;
+    while (p.tile_tokens > 1 && p.tile_tokens * p.group > MAX_ROWS) p.tile_tokens /= 2;
     p.split_tokens = split_tokens;
     p.scale = scale;
     const int rows = p.tile_tokens * p.group;
@@ -435,7 +273,7 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
         const size_t row_floats = (size_t)rows * (size_t)p.dp;
         float *buf = malloc(sizeof(float) *
                             (2 * row_floats + 2 * (size_t)rows + (size_t)rows * TC +
-                             2 * (size_t)TC * (size_t)p.dp));
+                             3 * (size_t)TC * (size_t)p.dp));
         if (!buf) {
 #pragma omp atomic write
             status = -2;
@@ -445,8 +283,9 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
             w.m = w.acc + row_floats;
             w.l = w.m + rows;
             w.s = w.l + rows;
-            w.kt = w.s + (size_t)rows * TC;
-            w.vt = w.kt + (size_t)TC * p.dp;
+            w.kr = w.s + (size_t)rows * TC;
+            w.vr = w.kr + (size_t)TC * p.dp;
+            w.kt = w.vr + (size_t)TC * p.dp;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < num_items; ++k)
