@@ -64,7 +64,11 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
     ),
     "dtype": (
         DTypeChoice,
-        _opt(MODEL_PANEL, "Weight and KV dtype (auto: bf16 on CUDA, else fp32)."),
+        _opt(
+            MODEL_PANEL,
+            "Weight and KV dtype (auto: bf16 on CUDA and on CPUs that multiply bf16 natively, "
+            "AMX or AVX512_BF16; else fp32).",
+        ),
     ),
     "device": (DeviceChoice, _opt(MODEL_PANEL, "Where to run (auto: CUDA when available).")),
     "load_format": (LoadFormatChoice, _opt(MODEL_PANEL, "Weight format; dummy = random weights.")),
