@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional, get_args
 
 import typer
 
-from pagecli.config import Device, DType, EngineConfig, LoadFormat, PreemptionMode
+from pagecli.config import AttentionImpl, Device, DType, EngineConfig, LoadFormat, PreemptionMode
 from pagecli.sampling_params import SamplingParams
 
 MODEL_PANEL = "Model"
@@ -43,6 +43,7 @@ DTypeChoice = _choices("DTypeChoice", DType)
 DeviceChoice = _choices("DeviceChoice", Device)
 LoadFormatChoice = _choices("LoadFormatChoice", LoadFormat)
 PreemptionModeChoice = _choices("PreemptionModeChoice", PreemptionMode)
+AttentionImplChoice = _choices("AttentionImplChoice", AttentionImpl)
 
 
 def _opt(panel: str, help: str, *decls: str, **kw: Any) -> typer.models.OptionInfo:
@@ -104,6 +105,14 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
     "preemption_mode": (PreemptionModeChoice, _opt(ENGINE_PANEL, "What preemption does.")),
     "swap_space": (float, _opt(ENGINE_PANEL, "GiB of host memory for swapped-out blocks.")),
     "enforce_eager": (bool, _opt(ENGINE_PANEL, "Disable CUDA graphs.", "--enforce-eager")),
+    "attention_impl": (
+        AttentionImplChoice,
+        _opt(
+            ENGINE_PANEL,
+            "Paged attention kernels (auto: Triton on CUDA, native C on the CPU; triton on the "
+            "CPU needs TRITON_INTERPRET=1).",
+        ),
+    ),
     "num_threads": (
         Optional[int],
         _opt(ENGINE_PANEL, "CPU threads for torch (default: measured best).", show_default=False),

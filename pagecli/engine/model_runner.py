@@ -73,6 +73,7 @@ class ModelRunner:
             native.library()  # build (once, ~1 s) or load the decode kernel now, not in step 1
         self.num_threads = torch.get_num_threads()
         self.model = self._load_model(hf_config, source, max_model_len)
+        self._set_attention_impl(config.attention_impl)
         self.num_layers = hf_config.num_hidden_layers
         attn = self.model.attention_layers[0]
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
@@ -107,7 +108,9 @@ class ModelRunner:
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.graphs = None
-        if device.type == "cuda" and not config.enforce_eager:
+        # CUDA graphs capture the Triton kernels; the other paths read lengths on the host
+        graphable = config.attention_impl in ("auto", "triton")
+        if device.type == "cuda" and not config.enforce_eager and graphable:
             from pagecli.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(
@@ -144,6 +147,28 @@ class ModelRunner:
         if packing_supported(self.dtype, self.device):
             model.pack_weights()
         return model.eval()
+
+    def _set_attention_impl(self, impl: str) -> None:
+        """Point every attention layer at the kernels of `attention_impl`."""
+        import os
+
+        if impl == "triton" and self.device.type == "cpu":
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError(
+                    "attention_impl triton on the CPU runs Triton's interpreter: set "
+                    "TRITON_INTERPRET=1 (it is for tests: slow)"
+                )
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                raise ValueError("attention_impl triton needs the triton package") from None
+        if impl == "triton" or (impl == "auto" and self.device.type == "cuda"):
+            from pagecli_kernels._triton_utils import check_triton_support
+
+            head_dim = self.model.attention_layers[0].head_dim
+            check_triton_support(head_dim, self.block_size)  # fail at start, not in step 1
+        for layer in self.model.attention_layers:
+            layer.impl = impl
 
     @property
     def block_bytes(self) -> int:
