@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagecli_kernels import native
+from pagecli_kernels import fused_cpu, native
 from pagecli_kernels._checks import check_attention, check_lengths_host, check_store_kv
 
 
@@ -37,6 +37,8 @@ def store_kv(
     cache = check_store_kv(key, value, k_cache, v_cache, slot_mapping)
     if slot_mapping.numel() == 0:
         return
+    if fused_cpu.store_kv(key, value, k_cache, v_cache, slot_mapping):
+        return  # one native row copy per token
     num_slots = cache.num_blocks * cache.block_size
     if int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot_mapping has a slot past the cache's {num_slots} slots")

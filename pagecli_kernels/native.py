@@ -30,6 +30,8 @@ import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
 HEADERS = [SOURCE.with_name("paged_attention_cpu_body.h")]  # included by SOURCE
+# built into the same library: the fused small ops of pagecli_kernels/fused_cpu.py
+EXTRA_SOURCES = [SOURCE.with_name("cpu_ops.c")]
 FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 ISAS = ("portable", "avx2", "avx512")  # the C enum's order
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -129,7 +131,7 @@ def _load() -> ctypes.CDLL:
         "\0".join(
             [
                 SOURCE.read_text(),
-                *(h.read_text() for h in HEADERS),
+                *(f.read_text() for f in HEADERS + EXTRA_SOURCES),
                 version,
                 " ".join(FLAGS),
                 _cpu_flags(),
@@ -144,7 +146,15 @@ def _load() -> ctypes.CDLL:
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 built = Path(tmp) / path.name
                 result = subprocess.run(
-                    [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                    [
+                        compiler,
+                        *FLAGS,
+                        str(SOURCE),
+                        *map(str, EXTRA_SOURCES),
+                        "-o",
+                        str(built),
+                        "-lm",
+                    ],
                     capture_output=True,
                     text=True,
                     timeout=BUILD_TIMEOUT_S,
