@@ -76,24 +76,39 @@ int pagecli_store_kv(const void *key, const void *value, int64_t stride_key, int
     return 0;
 }
 
-void pagecli_argmax_f32(const float *logits, int64_t num_rows, int64_t num_cols, int64_t stride,
-                        int64_t *out, int num_threads) {
+/* one pass in chunks of 64: a chunk's maximum (vectorized) is only searched for its index when
+ * it beats the best so far */
+__attribute__((target_clones("avx512f", "avx2", "default"))) void pagecli_argmax_f32(
+    const float *logits, int64_t num_rows, int64_t num_cols, int64_t stride, int64_t *out,
+    int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows > 1)
     for (int64_t r = 0; r < num_rows; ++r) {
         const float *x = logits + r * stride;
         float best = -INFINITY;
-        int nan = 0;
-#pragma omp simd reduction(max : best) reduction(| : nan)
-        for (int64_t c = 0; c < num_cols; ++c) {
-            best = x[c] > best ? x[c] : best;
-            nan |= x[c] != x[c];
-        }
         int64_t index = 0;
-        for (int64_t c = 0; c < num_cols; ++c)
-            if (nan ? x[c] != x[c] : x[c] == best) {
-                index = c;
+        for (int64_t c0 = 0; c0 < num_cols; c0 += 64) {
+            const int64_t n = num_cols - c0 < 64 ? num_cols - c0 : 64;
+            const float *xc = x + c0;
+            float chunk = -INFINITY;
+            int nan = 0;
+#pragma omp simd reduction(max : chunk) reduction(| : nan)
+            for (int64_t c = 0; c < n; ++c) {
+                chunk = xc[c] > chunk ? xc[c] : chunk;
+                nan |= xc[c] != xc[c];
+            }
+            if (nan) { /* the first NaN wins, as in torch.argmax */
+                int64_t c = 0;
+                while (xc[c] == xc[c]) ++c;
+                index = c0 + c;
                 break;
             }
+            if (chunk > best) {
+                int64_t c = 0;
+                while (xc[c] != chunk) ++c;
+                best = chunk;
+                index = c0 + c;
+            }
+        }
         out[r] = index;
     }
 }
