@@ -1,7 +1,8 @@
 """bfloat16 correctness as agreement with transformers in float32 (a script, not a test).
 
 Over the 24 parity prompts of tests/engine/test_parity_default.py (1 to 500 tokens, default
-model): transformers in float32 generates 32 greedy tokens per prompt, the reference. Then,
+model): transformers in float32 generates 32 greedy tokens per prompt (its own generate), the
+reference. Then,
 teacher-forced on prompt + reference, each model's top-1 prediction at those 32 positions is
 compared with the reference token:
 
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pagecli import LLM  # noqa: E402
 from pagecli.layers.attention import AttentionMetadata  # noqa: E402
 from tests.engine.test_parity_default import NEW_TOKENS, PROMPT_LENGTHS, TEXT  # noqa: E402
+from tests.oracle import hf_generate  # noqa: E402
 
 
 def note(text: str) -> None:
@@ -44,15 +46,9 @@ def parity_prompts(tokenizer_dir: Path) -> list[list[int]]:
     return [ids[(7 * i) % 97 : (7 * i) % 97 + n] for i, n in enumerate(PROMPT_LENGTHS)]
 
 
-@torch.inference_mode()
 def hf_reference(hf, prompt: list[int]) -> list[int]:
-    """transformers' greedy continuation of NEW_TOKENS tokens (one token at a time, full
-    forward passes: no cache subtleties)."""
-    ids = list(prompt)
-    for _ in range(NEW_TOKENS):
-        logits = hf(input_ids=torch.tensor([ids])).logits[0, -1]
-        ids.append(int(logits.argmax()))
-    return ids[len(prompt) :]
+    """transformers' own greedy continuation of NEW_TOKENS tokens (generate, KV cache)."""
+    return hf_generate(hf, prompt, NEW_TOKENS)
 
 
 @torch.inference_mode()
