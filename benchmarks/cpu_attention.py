@@ -1,12 +1,14 @@
-"""Time the fast CPU paged attention against the reference (a script, not a test).
+"""Time the CPU paged attention paths (a script, not a test).
 
-The fast path is timed as the engine runs it (decode through the native C kernel when it
-builds) and with the native kernel off (the torch gather + SDPA path).
-Decode: 32 sequences x 512 cached tokens. Prefill: 4 sequences x 256 new tokens over a
-256-token cached prefix. num_heads 9, num_kv_heads 3, head_dim 64, float32, block_size 16;
-median of several repetitions with 1 and 2 torch threads.
+For each KV dtype (float32, bfloat16, float16) and each case, the native C kernel on every
+instruction-set path this CPU runs (portable, AVX2, AVX-512), the torch gather + SDPA path
+(native kernel off), and for the single long sequence the kernel with split-K off, so the
+split's gain is measured. Cases: decode 64 x 300 cached tokens (the engine's 64-sequence step),
+decode 1 x 4096, prefill 4 x 256 new tokens over a 256-token prefix. num_heads 9,
+num_kv_heads 3, head_dim 64 (the default model), block_size 16; median of several repetitions
+at the engine's thread count (2).
 
-    .venv/bin/python benchmarks/cpu_attention.py [--repeats 5]
+    .venv/bin/python benchmarks/cpu_attention.py [--repeats 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import argparse
 import torch
 from _timing import median_ms  # benchmarks/ is on sys.path when a script here runs
 
-from pagecli_kernels import cpu, native, reference
+from pagecli_kernels import cpu, native
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
@@ -44,42 +46,50 @@ def _batch(seq_lens: list[int], query_lens: list[int]):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--reference-repeats", type=int, default=1, help="the reference is slow")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     scale = HEAD_DIM**-0.5
-
-    q, k, v, bt, lens, _ = _batch([512] * 32, [1] * 32)
-    decode = (q, k, v, bt, lens, scale)
-    q, k, v, bt, lens, qsl = _batch([512] * 4, [256] * 4)
-    prefill = (q, k, v, bt, lens, qsl, scale)
-
     cases = [
-        ("decode 32 x 512", cpu.paged_decode_attention, reference.paged_decode_attention, decode),
-        (
-            "prefill 4 x 256 over 256",
-            cpu.paged_prefill_attention,
-            reference.paged_prefill_attention,
-            prefill,
-        ),
+        ("decode 64 x 300", [300] * 64, [1] * 64),
+        ("decode 1 x 4096", [4096], [1]),
+        ("prefill 4 x 256 over 256", [512] * 4, [256] * 4),
     ]
-    native_state = "on" if native.library() else f"unavailable ({native.unavailable_reason()})"
-    print(f"native decode kernel: {native_state}")
-    print(
-        f"{'case':<26}{'threads':>8}{'cpu ms':>10}{'torch-only ms':>15}{'reference ms':>14}"
-        f"{'speed-up':>10}"
-    )
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        for name, fast, ref, case_args in cases:
-            fast_ms = median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
+    state = f"on, paths {native.supported_isas()}" if native.library() else "unavailable"
+    print(f"native kernel: {state}; {torch.get_num_threads()} threads")
+    print(f"{'case':<26}{'dtype':<10}{'path':<18}{'ms':>9}{'KV GB/s':>9}")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for name, seq_lens, query_lens in cases:
+            q, k, v, bt, lens, qsl = _batch(seq_lens, query_lens)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+            kv_bytes = 2 * sum(seq_lens) * NUM_KV_HEADS * HEAD_DIM * k.element_size()
+
+            def run(q=q, k=k, v=v, bt=bt, lens=lens, qsl=qsl):
+                return cpu.paged_prefill_attention(q, k, v, bt, lens, qsl, scale)
+
+            timings = []
+            for isa in native.supported_isas():
+                native.set_isa(isa)
+                timings.append((f"native {isa}", median_ms(run, args.repeats)))
+            native.set_isa(None)
+            if len(seq_lens) == 1:
+                max_len = max(seq_lens)
+
+                def unsplit(q=q, k=k, v=v, bt=bt, lens=lens, qsl=qsl, m=max_len):
+                    return native.paged_attention(
+                        q, k, v, bt, lens, qsl, scale, max_seq_len=m, split_tokens=0
+                    )
+
+                timings.append((f"{native.isa()} no split", median_ms(unsplit, args.repeats)))
             native.set_enabled(False)
-            torch_ms = median_ms(lambda f=fast, a=case_args: f(*a), args.repeats)
+            timings.append(("torch", median_ms(run, args.repeats)))
             native.set_enabled(True)
-            ref_ms = median_ms(lambda f=ref, a=case_args: f(*a), args.reference_repeats)
-            print(
-                f"{name:<26}{threads:>8}{fast_ms:>10.2f}{torch_ms:>15.2f}{ref_ms:>14.1f}"
-                f"{ref_ms / fast_ms:>9.0f}x"
-            )
+            for path, ms in timings:
+                gbps = kv_bytes / (ms / 1e3) / 1e9
+                print(
+                    f"{name:<26}{str(dtype).removeprefix('torch.'):<10}{path:<18}{ms:>9.2f}"
+                    f"{gbps:>9.1f}"
+                )
 
 
 if __name__ == "__main__":

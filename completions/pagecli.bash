@@ -3,11 +3,11 @@ _pagecli() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
     local cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
-        case "${COMP_WORDS[i]}" in bench|blocks|chat|generate) cmd="${COMP_WORDS[i]}"; break ;; esac
+        case "${COMP_WORDS[i]}" in bench|blocks|chat|generate|serve) cmd="${COMP_WORDS[i]}"; break ;; esac
     done
     case "$cmd" in
         "")
-            COMPREPLY=($(compgen -W "--version -h --help bench blocks chat generate" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--version -h --help bench blocks chat generate serve" -- "$cur")) ;;
         bench)
             case "$prev" in
                 --scenario) COMPREPLY=($(compgen -W "throughput prefix chat latency" -- "$cur")); return ;;
@@ -39,10 +39,11 @@ _pagecli() {
                 --num-kv-blocks) COMPREPLY=(); return ;;
                 --preemption-mode) COMPREPLY=($(compgen -W "recompute swap" -- "$cur")); return ;;
                 --swap-space) COMPREPLY=(); return ;;
+                --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         blocks)
             case "$prev" in
                 --svg) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -60,10 +61,11 @@ _pagecli() {
                 --num-kv-blocks) COMPREPLY=(); return ;;
                 --preemption-mode) COMPREPLY=($(compgen -W "recompute swap" -- "$cur")); return ;;
                 --swap-space) COMPREPLY=(); return ;;
+                --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         chat)
             case "$prev" in
                 -s|--system) COMPREPLY=(); return ;;
@@ -80,6 +82,7 @@ _pagecli() {
                 --repetition-penalty) COMPREPLY=(); return ;;
                 --presence-penalty) COMPREPLY=(); return ;;
                 --frequency-penalty) COMPREPLY=(); return ;;
+                --logprobs) COMPREPLY=(); return ;;
                 -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
@@ -94,10 +97,11 @@ _pagecli() {
                 --num-kv-blocks) COMPREPLY=(); return ;;
                 --preemption-mode) COMPREPLY=($(compgen -W "recompute swap" -- "$cur")); return ;;
                 --swap-space) COMPREPLY=(); return ;;
+                --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         generate)
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -115,6 +119,7 @@ _pagecli() {
                 --repetition-penalty) COMPREPLY=(); return ;;
                 --presence-penalty) COMPREPLY=(); return ;;
                 --frequency-penalty) COMPREPLY=(); return ;;
+                --logprobs) COMPREPLY=(); return ;;
                 -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
@@ -129,10 +134,40 @@ _pagecli() {
                 --num-kv-blocks) COMPREPLY=(); return ;;
                 --preemption-mode) COMPREPLY=($(compgen -W "recompute swap" -- "$cur")); return ;;
                 --swap-space) COMPREPLY=(); return ;;
+                --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+        serve)
+            case "$prev" in
+                --host) COMPREPLY=(); return ;;
+                --port) COMPREPLY=(); return ;;
+                --api-key) COMPREPLY=(); return ;;
+                --served-model-name) COMPREPLY=(); return ;;
+                --max-request-bytes) COMPREPLY=(); return ;;
+                --max-queued-requests) COMPREPLY=(); return ;;
+                --shutdown-timeout) COMPREPLY=(); return ;;
+                --allowed-origins) COMPREPLY=(); return ;;
+                -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
+                --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
+                --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
+                --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
+                --block-size) COMPREPLY=(); return ;;
+                --max-num-seqs) COMPREPLY=(); return ;;
+                --max-num-batched-tokens) COMPREPLY=(); return ;;
+                --max-model-len) COMPREPLY=(); return ;;
+                --kv-cache-memory) COMPREPLY=(); return ;;
+                --gpu-memory-utilization) COMPREPLY=(); return ;;
+                --num-kv-blocks) COMPREPLY=(); return ;;
+                --preemption-mode) COMPREPLY=($(compgen -W "recompute swap" -- "$cur")); return ;;
+                --swap-space) COMPREPLY=(); return ;;
+                --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
+                --num-threads) COMPREPLY=(); return ;;
+                --seed) COMPREPLY=(); return ;;
+            esac
+            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli

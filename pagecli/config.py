@@ -9,11 +9,13 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 PreemptionMode = Literal["recompute", "swap"]
+AttentionImpl = Literal["auto", "triton", "cpu", "reference"]
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 _PREEMPTION_MODES = ("recompute", "swap")
+_ATTENTION_IMPLS = ("auto", "triton", "cpu", "reference")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class EngineConfig:
     preemption_mode: PreemptionMode = "recompute"
     swap_space: float = 0.0  # GiB of host memory for swapped-out blocks
     enforce_eager: bool = False
+    # the paged attention kernels: auto = Triton on CUDA, the native CPU path on the CPU;
+    # triton on the CPU runs Triton's interpreter (TRITON_INTERPRET=1; tests)
+    attention_impl: AttentionImpl = "auto"
     num_threads: int | None = None  # torch CPU threads; None: the measured default
     seed: int = 0
 
@@ -47,6 +52,7 @@ class EngineConfig:
         _choice("device", self.device, _DEVICES)
         _choice("load_format", self.load_format, _LOAD_FORMATS)
         _choice("preemption_mode", self.preemption_mode, _PREEMPTION_MODES)
+        _choice("attention_impl", self.attention_impl, _ATTENTION_IMPLS)
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(
                 f"block_size must be a power of two from 1 to 128, got {self.block_size}"

@@ -1,11 +1,11 @@
 """Fast versions of the paged ops, the ones the engine runs on the CPU.
 
-Decode attention (one new token per sequence, also the single-token sequences of a prefill
-batch) runs the native C kernel of pagecli_kernels/native.py, which reads the cache in place,
-when it is built and the cache is float32. Otherwise, and for multi-token prefill chunks, each
-call gathers the context K/V through the block tables with one index_select per cache and runs
-torch's scaled_dot_product_attention (grouped-query heads via enable_gqa). Context slots past
-a sequence's length are redirected to the sequence's first slot, which it owns, so a
+Decode attention and prefill chunks run the native C kernel of pagecli_kernels/native.py,
+which reads the cache in place, for float32, bfloat16 and float16 caches. Only where the
+kernel cannot be built (no C compiler, PAGECLI_NATIVE_KERNELS=0) does each call gather the
+context K/V through the block tables with one index_select per cache and run torch's
+scaled_dot_product_attention (grouped-query heads via enable_gqa). Context slots past a
+sequence's length are redirected to the sequence's first slot, which it owns, so a
 masked-out slot can never bring NaN or garbage into the result (0 * NaN would).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagecli_kernels import native
+from pagecli_kernels import fused_cpu, native
 from pagecli_kernels._checks import check_attention, check_lengths_host, check_store_kv
 
 
@@ -37,6 +37,8 @@ def store_kv(
     cache = check_store_kv(key, value, k_cache, v_cache, slot_mapping)
     if slot_mapping.numel() == 0:
         return
+    if fused_cpu.store_kv(key, value, k_cache, v_cache, slot_mapping):
+        return  # one native row copy per token
     num_slots = cache.num_blocks * cache.block_size
     if int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot_mapping has a slot past the cache's {num_slots} slots")
@@ -76,7 +78,18 @@ def _decode(
 ) -> torch.Tensor:
     """Decode attention for checked inputs; query [num_seqs, num_heads, D]."""
     if native.supports(query, k_cache, v_cache):
-        return native.paged_decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
+        num_seqs = query.shape[0]
+        query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32)  # one token each
+        return native.paged_attention(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            max_seq_len=max_len,
+        )
     num_seqs = query.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     slots, valid = _padded_slots(block_tables, seq_lens, max_len, block_size)
@@ -119,13 +132,27 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens, the last of its seq_lens, over its cache.
 
-    Sequences with a single new token run together as one decode batch; the others run one
-    SDPA call each, over a context gathered for all of them at once.
+    The native kernel takes the whole batch in one call. On the torch path, sequences with a
+    single new token run together as one decode batch; the others run one SDPA call each,
+    over a context gathered for all of them at once.
     """
     cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     lens, query_lens = check_lengths_host(
         query, block_tables, seq_lens, cache.block_size, query_start_loc
     )
+    if native.supports(query, k_cache, v_cache):
+        if not lens:
+            return torch.empty_like(query)
+        return native.paged_attention(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            max_seq_len=max(lens),
+        )
     out = torch.empty_like(query)  # [num_tokens, num_heads, D]
     starts = query_start_loc.tolist()
     single = [i for i, n in enumerate(query_lens) if n == 1]

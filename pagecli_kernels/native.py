@@ -1,9 +1,13 @@
-"""The CPU's native decode-attention kernel (csrc/paged_attention_cpu.c): build, load, call.
+"""The CPU's native paged-attention kernel (csrc/paged_attention_cpu.c): build, load, call.
 
-The C source is compiled on first use with the system C compiler (`$CC`, else `cc`) for this
-CPU (`-O3 -march=native -fopenmp`) into the user cache, keyed by the source, the compiler and
+The C source is compiled on first use with the system C compiler (`$CC`, else `cc`) for the
+architecture's baseline (`-O3 -fopenmp`, no -march=native: the AVX2 and AVX-512 versions are
+per-function target attributes) into the user cache, keyed by the source, the compiler and
 the CPU's flags, and loaded with ctypes. It shares torch's OpenMP runtime (the library is
 loaded after torch's libgomp, under the same soname).
+
+The instruction-set path is chosen once at load time, the widest this CPU runs (`isa()`);
+`set_isa()` forces another one that `supported_isas()` lists (tests run them all).
 
 Nothing here is required: without a compiler, on a C library without OpenMP, or with
 PAGECLI_NATIVE_KERNELS=0, `library()` returns None, `unavailable_reason()` says why, and
@@ -25,11 +29,16 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+HEADERS = [SOURCE.with_name("paged_attention_cpu_body.h")]  # included by SOURCE
+# built into the same library: the fused small ops of pagecli_kernels/fused_cpu.py
+EXTRA_SOURCES = [SOURCE.with_name("cpu_ops.c")]
+FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
+ISAS = ("portable", "avx2", "avx512")  # the C enum's order
+KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 BUILD_TIMEOUT_S = 120
 
 _lock = threading.Lock()
-_state: dict = {"tried": False, "lib": None, "reason": None, "enabled": True}
+_state: dict = {"tried": False, "lib": None, "reason": None, "enabled": True, "isa": None}
 
 
 def set_enabled(enabled: bool) -> None:
@@ -38,7 +47,31 @@ def set_enabled(enabled: bool) -> None:
 
 
 def enabled() -> bool:
+    """Whether the native kernel is built and turned on."""
     return _state["enabled"] and library() is not None
+
+
+def supported_isas() -> list[str]:
+    """The instruction-set paths this CPU runs, narrowest first ([] without the library)."""
+    lib = library()
+    if lib is None:
+        return []
+    return [name for i, name in enumerate(ISAS) if lib.pagecli_isa_supported(i)]
+
+
+def isa() -> str | None:
+    """The path the kernel runs: the widest supported unless `set_isa()` chose another."""
+    if _state["isa"] is None:
+        found = supported_isas()
+        _state["isa"] = found[-1] if found else None
+    return _state["isa"]
+
+
+def set_isa(name: str | None) -> None:
+    """Force one path of `supported_isas()` (tests, benchmarks); None: back to the widest."""
+    if name is not None and name not in supported_isas():
+        raise ValueError(f"ISA path {name!r} is not supported here: {supported_isas()}")
+    _state["isa"] = name
 
 
 def unavailable_reason() -> str | None:
@@ -95,7 +128,15 @@ def _load() -> ctypes.CDLL:
     except (OSError, subprocess.SubprocessError) as exc:
         raise _Unavailable(f"{compiler} --version failed: {exc}") from None
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_flags()]).encode()
+        "\0".join(
+            [
+                SOURCE.read_text(),
+                *(f.read_text() for f in HEADERS + EXTRA_SOURCES),
+                version,
+                " ".join(FLAGS),
+                _cpu_flags(),
+            ]
+        ).encode()
     ).hexdigest()[:16]
     folder = _cache_dir()
     path = folder / f"paged_attention_cpu-{key}.so"
@@ -105,7 +146,15 @@ def _load() -> ctypes.CDLL:
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 built = Path(tmp) / path.name
                 result = subprocess.run(
-                    [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                    [
+                        compiler,
+                        *FLAGS,
+                        str(SOURCE),
+                        *map(str, EXTRA_SOURCES),
+                        "-o",
+                        str(built),
+                        "-lm",
+                    ],
                     capture_output=True,
                     text=True,
                     timeout=BUILD_TIMEOUT_S,
@@ -120,47 +169,77 @@ def _load() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise _Unavailable(f"loading {path} failed: {exc}") from None
-    fn = lib.pagecli_paged_decode_f32
+    fn = lib.pagecli_paged_attention
     i64, i32 = ctypes.c_int64, ctypes.c_int
     ptr = ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ptr, i64, ptr, ptr]
-    fn.argtypes += [i32, i32, i32, i32, i32, ctypes.c_float, i32]
+    fn.argtypes = [i32, i32, ptr, ptr, ptr, i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr]
+    fn.argtypes += [i32, i32, i32, i32, i32, ctypes.c_float, i32, i32]
     fn.restype = i32
+    lib.pagecli_isa_supported.argtypes = [i32]
+    lib.pagecli_isa_supported.restype = i32
     return lib
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the native kernel takes these (checked) inputs: float32 CPU caches with the
-    same strides and a contiguous last dimension."""
+    """Whether the native kernel takes these (checked) inputs: float32, bfloat16 or float16
+    CPU caches with the same strides and a contiguous last dimension."""
     return (
         query.device.type == "cpu"
-        and query.dtype == torch.float32
+        and k_cache.dtype in KV_DTYPES
         and k_cache.stride() == v_cache.stride()
         and k_cache.stride(-1) == 1
         and enabled()
     )
 
 
-def paged_decode_attention(
+# Split-K: cut contexts into pieces of this many tokens when the batch has too few
+# (sequence, kv head) items to keep every thread busy (see benchmarks/cpu_attention.py).
+SPLIT_TOKENS = 256
+SPLIT_MIN_CONTEXT = 512
+
+
+def choose_split_tokens(num_items: int, max_seq_len: int, num_threads: int) -> int:
+    """Context tokens per split (0: no split-K) for a call with `num_items` natural items."""
+    if num_threads > 1 and num_items < 4 * num_threads and max_seq_len >= SPLIT_MIN_CONTEXT:
+        return SPLIT_TOKENS
+    return 0
+
+
+def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    max_seq_len: int,
+    split_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention through the C kernel; inputs already checked, `supports()` true."""
+    """Causal paged attention through the C kernel (decodes are 1-token queries); inputs
+    already checked, `supports()` true. query [num_tokens, num_heads, D] -> same shape.
+
+    split_tokens None lets `choose_split_tokens` decide; 0 turns split-K off.
+    """
     lib = library()
     assert lib is not None
-    num_seqs, num_heads, head_dim = query.shape
+    num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
-    query = query.contiguous()
+    num_seqs = seq_lens.shape[0]
+    threads = torch.get_num_threads()
+    if split_tokens is None:
+        split_tokens = choose_split_tokens(num_seqs * num_kv_heads, max_seq_len, threads)
+    query32 = query.to(torch.float32).contiguous()  # [T, H, D], converted once (small)
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
     seq_lens = seq_lens.contiguous()
-    out = torch.empty_like(query)
-    status = lib.pagecli_paged_decode_f32(
-        query.data_ptr(),
+    query_start_loc = query_start_loc.contiguous()
+    out = torch.empty_like(query32)  # [T, H, D] float32
+    status = lib.pagecli_paged_attention(
+        ISAS.index(isa()),
+        KV_DTYPES[k_cache.dtype],
+        query32.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         num_blocks,
@@ -170,6 +249,7 @@ def paged_decode_attention(
         block_tables.data_ptr(),
         block_tables.stride(0),
         seq_lens.data_ptr(),
+        query_start_loc.data_ptr(),
         out.data_ptr(),
         num_seqs,
         num_heads,
@@ -177,10 +257,11 @@ def paged_decode_attention(
         head_dim,
         block_size,
         scale,
-        torch.get_num_threads(),
+        split_tokens,
+        threads,
     )
     if status == -1:
         raise ValueError(f"block_tables holds a block id outside [0, {num_blocks})")
     if status != 0:
-        raise MemoryError("paged decode attention: out of memory for its score buffers")
-    return out
+        raise MemoryError("paged attention: out of memory for its work buffers")
+    return out if query.dtype == torch.float32 else out.to(query.dtype)

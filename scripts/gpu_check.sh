@@ -38,7 +38,16 @@ PAGECLI_KERNEL_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprov
   tests/kernels/test_ops_triton.py 2>&1 | tail -15 >> "$RESULTS"
 end_section
 
-section "Engine parity on CUDA (float32, tiny models, CUDA graphs on and off) and bandwidth"
+section "Config: attention_impl is validated (the engine's Triton interpreter test runs on CPUs)"
+timeout 60 python3 -c "
+from pagecli.config import EngineConfig
+for impl in ('auto', 'triton', 'cpu', 'reference'):
+    EngineConfig(attention_impl=impl)
+print('attention_impl: auto, triton, cpu, reference accepted')
+" >> "$RESULTS" 2>&1
+end_section
+
+section "Engine parity on CUDA (float32, tiny models, CUDA graphs on and off, attention_impl auto/triton/cpu) and bandwidth"
 timeout 200 python3 scripts/gpu_engine_check.py >> "$RESULTS" 2>&1
 end_section
 

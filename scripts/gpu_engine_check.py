@@ -1,8 +1,9 @@
 """GPU part of scripts/gpu_check.sh: engine parity on CUDA and decode-attention bandwidth.
 
 1. Tiny random-weight Llama-3 and Qwen3 checkpoints (head dims the Triton kernels support):
-   greedy ids of the engine on CUDA in float32, with CUDA graphs and eagerly, checked token by
-   token against transformers (tests/oracle.py).
+   greedy ids of the engine on CUDA in float32, with CUDA graphs and eagerly, and with
+   attention_impl triton (named, not auto) and cpu (the torch gather + SDPA path on CUDA
+   tensors), checked token by token against transformers (tests/oracle.py).
 2. paged_decode_attention timed at several batch sizes and context lengths; bytes of K/V read
    per second as a fraction of a device-to-device copy measured in the same run.
 """
@@ -79,7 +80,8 @@ def parity(root: Path) -> None:
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     for name, path in tiny_checkpoints(root).items():
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-        for eager in (False, True):
+        modes = [("auto", False), ("auto", True), ("triton", False), ("cpu", True)]
+        for impl, eager in modes:
             llm = LLM(
                 str(path),
                 device="cuda",
@@ -87,14 +89,15 @@ def parity(root: Path) -> None:
                 block_size=16,
                 max_num_batched_tokens=256,
                 enforce_eager=eager,
+                attention_impl=impl,
             )
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
             notes = []
             for p, o in zip(prompts, outs):
                 notes += check_greedy(hf, p, o.token_ids)
-            mode = "eager" if eager else "cuda graphs"
+            mode = f"{impl:6s} " + ("eager" if eager else "cuda graphs")
             print(
-                f"parity {name:7s} {mode:11s}: OK ({len(prompts)} prompts, near-ties: {len(notes)})"
+                f"parity {name:7s} {mode:18s}: OK ({len(prompts)} prompts, near-ties: {len(notes)})"
             )
             del llm
             torch.cuda.empty_cache()

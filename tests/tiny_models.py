@@ -38,6 +38,20 @@ def tiny_configs():
                 "original_max_position_embeddings": 64,
             },
         ),
+        # head_dim 64, the smallest the Triton kernels take (tests/engine/test_triton_engine.py)
+        "llama3_hd64": LlamaConfig(
+            **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
+            head_dim=64,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
         "mistral": MistralConfig(**COMMON, sliding_window=None, tie_word_embeddings=False),
         "qwen2": Qwen2Config(**COMMON, tie_word_embeddings=True),
         "qwen3": Qwen3Config(

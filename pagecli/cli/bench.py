@@ -181,6 +181,7 @@ def bench(
         "machine": machine(),
         "model": engine.source.name,
         "dtype": str(engine.dtype).removeprefix("torch."),
+        "dtype_reason": engine.dtype_choice.reason,
         "device": str(engine.device),
         "threads": None,
         "version": __version__,
@@ -190,7 +191,9 @@ def bench(
         from pagecli_kernels import native
 
         reason = native.unavailable_reason()
-        info["cpu_decode_attention"] = "native C kernel" if reason is None else f"torch ({reason})"
+        info["cpu_attention"] = (
+            f"native C kernel ({native.isa()})" if reason is None else f"torch ({reason})"
+        )
     rows: list[dict] = []
     comparison: dict = {}
     with LiveDisplay(enabled=show) as live:

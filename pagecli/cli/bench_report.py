@@ -66,7 +66,7 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
         f"pagecli bench · {report['scenario']} · {report['model']} · {report['dtype']} · "
         f"{report['device']} · {report['threads']} threads"
     )
-    table = Table(title=title)
+    table = Table(title=title, caption=report.get("dtype_reason"))
     for header, _, _ in used:
         table.add_column(header, justify="left" if header in ("engine", "test") else "right")
     for row in rows:

@@ -91,12 +91,13 @@ class SlashCompleter(Completer):
 
 
 def toolbar_text(chat: Chat) -> str:
-    """model │ session, turns, tokens │ KV blocks in use / total, shared, cached."""
+    """model, dtype │ session, turns, tokens │ KV blocks in use / total, shared, cached."""
     state = chat.state
     conversation = state.current
     stats = state.llm.engine.stats()
     return (
-        f" {state.model_name} │ session {conversation.name}: {turns_text(conversation.num_turns)}, "
+        f" {state.model_name} · {state.llm.engine.dtype_choice.name} │ session "
+        f"{conversation.name}: {turns_text(conversation.num_turns)}, "
         f"{len(conversation.session.token_ids)} tokens │ KV blocks {stats.blocks_in_use}"
         f"/{stats.num_blocks} in use, {stats.blocks_shared} shared, "
         f"{stats.blocks_cached_free} cached │ /help "
@@ -143,7 +144,8 @@ class Repl:
     def run(self) -> int:
         chat = self.chat
         chat.info(
-            f"pagecli chat · {chat.state.model_name} · /help lists commands · "
+            f"pagecli chat · {chat.state.model_name} · "
+            f"{chat.state.llm.engine.dtype_choice.reason} · /help lists commands · "
             "Esc Enter adds a line · Ctrl-D exits",
             style="dim",
         )

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional, get_args
 
 import typer
 
-from pagecli.config import Device, DType, EngineConfig, LoadFormat, PreemptionMode
+from pagecli.config import AttentionImpl, Device, DType, EngineConfig, LoadFormat, PreemptionMode
 from pagecli.sampling_params import SamplingParams
 
 MODEL_PANEL = "Model"
@@ -43,6 +43,7 @@ DTypeChoice = _choices("DTypeChoice", DType)
 DeviceChoice = _choices("DeviceChoice", Device)
 LoadFormatChoice = _choices("LoadFormatChoice", LoadFormat)
 PreemptionModeChoice = _choices("PreemptionModeChoice", PreemptionMode)
+AttentionImplChoice = _choices("AttentionImplChoice", AttentionImpl)
 
 
 def _opt(panel: str, help: str, *decls: str, **kw: Any) -> typer.models.OptionInfo:
@@ -64,7 +65,11 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
     ),
     "dtype": (
         DTypeChoice,
-        _opt(MODEL_PANEL, "Weight and KV dtype (auto: bf16 on CUDA, else fp32)."),
+        _opt(
+            MODEL_PANEL,
+            "Weight and KV dtype (auto: bf16 on CUDA and on CPUs that multiply bf16 natively, "
+            "AMX or AVX512_BF16; else fp32).",
+        ),
     ),
     "device": (DeviceChoice, _opt(MODEL_PANEL, "Where to run (auto: CUDA when available).")),
     "load_format": (LoadFormatChoice, _opt(MODEL_PANEL, "Weight format; dummy = random weights.")),
@@ -100,6 +105,14 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
     "preemption_mode": (PreemptionModeChoice, _opt(ENGINE_PANEL, "What preemption does.")),
     "swap_space": (float, _opt(ENGINE_PANEL, "GiB of host memory for swapped-out blocks.")),
     "enforce_eager": (bool, _opt(ENGINE_PANEL, "Disable CUDA graphs.", "--enforce-eager")),
+    "attention_impl": (
+        AttentionImplChoice,
+        _opt(
+            ENGINE_PANEL,
+            "Paged attention kernels (auto: Triton on CUDA, native C on the CPU; triton on the "
+            "CPU needs TRITON_INTERPRET=1).",
+        ),
+    ),
     "num_threads": (
         Optional[int],
         _opt(ENGINE_PANEL, "CPU threads for torch (default: measured best).", show_default=False),

@@ -9,12 +9,13 @@ import torch
 
 from pagecli.config import EngineConfig
 from pagecli.engine.block_manager import BlockManager
+from pagecli.engine.dtype_choice import choose_dtype
 from pagecli.engine.model_runner import ModelRunner
 from pagecli.engine.scheduler import Scheduler
 from pagecli.engine.sequence import FinishReason, Sequence
 from pagecli.engine.stats import EngineStats, StepTimer
 from pagecli.loader.resolve import ModelLoadError, resolve_model
-from pagecli.loader.weights import DTYPES, load_hf_config
+from pagecli.loader.weights import load_hf_config
 from pagecli.models.registry import model_class
 from pagecli.outputs import CompletionOutput, RequestOutput
 from pagecli.sampling_params import SamplingParams
@@ -46,12 +47,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[dtype]
-
-
 class LLMEngine:
     """The in-process engine: continuous batching over a paged KV cache."""
 
@@ -61,7 +56,8 @@ class LLMEngine:
         self.hf_config = load_hf_config(self.source)
         model_class(self.hf_config)  # an unsupported architecture fails before any loading
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype_choice = choose_dtype(config.dtype, self.device)  # the dtype and why
+        self.dtype = self.dtype_choice.dtype
         self.max_model_len = self._max_model_len()
         self.tokenizer = (
             Tokenizer(self.source.path, self.source.name, config.chat_template)

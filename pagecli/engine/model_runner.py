@@ -92,6 +92,7 @@ class ModelRunner:
             native.library()  # build (once, ~1 s) or load the decode kernel now, not in step 1
         self.num_threads = torch.get_num_threads()
         self.model = self._load_model(hf_config, source, max_model_len)
+        self._set_attention_impl(config.attention_impl)
         self.num_layers = hf_config.num_hidden_layers
         attn = self.model.attention_layers[0]
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
@@ -125,8 +126,11 @@ class ModelRunner:
             )
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self._buffers: dict | None = None  # the CPU's step metadata buffers, made on first use
         self.graphs = None
-        if device.type == "cuda" and not config.enforce_eager:
+        # CUDA graphs capture the Triton kernels; the other paths read lengths on the host
+        graphable = config.attention_impl in ("auto", "triton")
+        if device.type == "cuda" and not config.enforce_eager and graphable:
             from pagecli.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(
@@ -163,6 +167,28 @@ class ModelRunner:
         if packing_supported(self.dtype, self.device):
             model.pack_weights()
         return model.eval()
+
+    def _set_attention_impl(self, impl: str) -> None:
+        """Point every attention layer at the kernels of `attention_impl`."""
+        import os
+
+        if impl == "triton" and self.device.type == "cpu":
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError(
+                    "attention_impl triton on the CPU runs Triton's interpreter: set "
+                    "TRITON_INTERPRET=1 (it is for tests: slow)"
+                )
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                raise ValueError("attention_impl triton needs the triton package") from None
+        if impl == "triton" or (impl == "auto" and self.device.type == "cuda"):
+            from pagecli_kernels._triton_utils import check_triton_support
+
+            head_dim = self.model.attention_layers[0].head_dim
+            check_triton_support(head_dim, self.block_size)  # fail at start, not in step 1
+        for layer in self.model.attention_layers:
+            layer.impl = impl
 
     @property
     def block_bytes(self) -> int:
@@ -247,6 +273,104 @@ class ModelRunner:
         )
 
     def _prepare(self, batch: ScheduledBatch):
+        if self.device.type == "cpu":
+            return self._prepare_host(batch)
+        return self._prepare_lists(batch)
+
+    def _host_buffers(self) -> dict:
+        """Step metadata buffers, allocated once (CPU): numpy views that the step fills and
+        torch tensors over the same memory that the model reads. A step's tensors are
+        slices of these, valid until the next step."""
+        import numpy as np
+
+        num_tokens = self.config.max_num_batched_tokens
+        num_seqs = self.config.max_num_seqs
+        shapes = {
+            "input_ids": ((num_tokens,), np.int64),
+            "positions": ((num_tokens,), np.int64),
+            "slots": ((num_tokens,), np.int64),
+            "sample_index": ((num_seqs,), np.int64),
+            "decode_tables": ((num_seqs, self.max_blocks_per_seq), np.int32),
+            "decode_lens": ((num_seqs,), np.int32),
+            "prefill_tables": ((num_seqs, self.max_blocks_per_seq), np.int32),
+            "prefill_lens": ((num_seqs,), np.int32),
+            "query_start": ((num_seqs + 1,), np.int32),
+        }
+        return {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
+
+    def _prepare_host(self, batch: ScheduledBatch):
+        """The step's flat tensors, written into the persistent host buffers."""
+        import numpy as np
+
+        if self._buffers is None:
+            self._buffers = self._host_buffers()
+        buf, bs = self._buffers, self.block_size
+        input_ids, positions, slots = buf["input_ids"], buf["positions"], buf["slots"]
+        num_decodes = len(batch.decodes)
+        for i, item in enumerate(batch.decodes):  # one token each: plain stores are cheapest
+            seq = item.seq
+            pos = seq.num_computed_tokens
+            input_ids[i] = seq.token_ids[pos]
+            positions[i] = pos
+            slots[i] = seq.block_table[pos // bs] * bs + pos % bs
+        num_tokens = num_decodes
+        starts = buf["query_start"]
+        starts[0] = 0
+        for j, item in enumerate(batch.prefills):
+            seq = item.seq
+            start, n = seq.num_computed_tokens, item.num_new_tokens
+            end = num_tokens + n
+            input_ids[num_tokens:end] = seq.token_ids[start : start + n]
+            pos = np.arange(start, start + n)
+            positions[num_tokens:end] = pos
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            slots[num_tokens:end] = table[pos // bs] * bs + pos % bs
+            starts[j + 1] = starts[j] + n
+            num_tokens = end
+        sample_index = buf["sample_index"]
+        num_sampled = 0
+        offset = 0
+        for item in batch.seqs:  # decodes first, then prefills, as laid out above
+            offset += item.num_new_tokens
+            if item.completes_prefill:
+                sample_index[num_sampled] = offset - 1
+                num_sampled += 1
+
+        def tables(kind: str, items) -> tuple[torch.Tensor, torch.Tensor]:
+            table_buf, lens = buf[f"{kind}_tables"], buf[f"{kind}_lens"]
+            width = max(len(item.seq.block_table) for item in items)
+            for i, item in enumerate(items):
+                block_table = item.seq.block_table
+                table_buf[i, : len(block_table)] = block_table
+                table_buf[i, len(block_table) : width] = 0
+                lens[i] = item.seq.num_computed_tokens + item.num_new_tokens
+            n = len(items)
+            return torch.from_numpy(table_buf[:n, :width]), torch.from_numpy(lens[:n])
+
+        decode_tables = decode_lens = prefill_tables = prefill_lens = query_start = None
+        if batch.decodes:
+            decode_tables, decode_lens = tables("decode", batch.decodes)  # [D, width], [D]
+        if batch.prefills:
+            prefill_tables, prefill_lens = tables("prefill", batch.prefills)  # [P, width], [P]
+            query_start = torch.from_numpy(starts[: len(batch.prefills) + 1])  # [P + 1]
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slots[:num_tokens]),  # [T]
+            num_decode_tokens=num_decodes,
+            decode_block_tables=decode_tables,
+            decode_seq_lens=decode_lens,
+            prefill_block_tables=prefill_tables,
+            prefill_seq_lens=prefill_lens,
+            prefill_query_start_loc=query_start,
+        )
+        return (
+            torch.from_numpy(input_ids[:num_tokens]),  # [T]
+            torch.from_numpy(positions[:num_tokens]),  # [T]
+            meta,
+            torch.from_numpy(sample_index[:num_sampled]),  # [S]
+        )
+
+    def _prepare_lists(self, batch: ScheduledBatch):
+        """The step's flat tensors from Python lists (CUDA: through pinned memory)."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []

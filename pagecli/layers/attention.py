@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import pagecli_kernels as kernels
+from pagecli_kernels.ops import Impl
 
 
 @dataclass
@@ -35,12 +36,14 @@ class PagedAttention(nn.Module):
         self.scale = scale
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hk, D]
         self.v_cache: torch.Tensor | None = None
+        self.impl: Impl = "auto"  # set by the model runner (attention_impl)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hk, D]
-        kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        impl = self.impl
+        kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, impl=impl)
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
             return kernels.paged_decode_attention(
@@ -50,6 +53,7 @@ class PagedAttention(nn.Module):
                 meta.decode_block_tables,
                 meta.decode_seq_lens,
                 self.scale,
+                impl=impl,
             )
         if num_decode == 0:
             return kernels.paged_prefill_attention(
@@ -60,6 +64,7 @@ class PagedAttention(nn.Module):
                 meta.prefill_seq_lens,
                 meta.prefill_query_start_loc,
                 self.scale,
+                impl=impl,
             )
         out = torch.empty_like(q)
         out[:num_decode] = kernels.paged_decode_attention(
@@ -69,6 +74,7 @@ class PagedAttention(nn.Module):
             meta.decode_block_tables,
             meta.decode_seq_lens,
             self.scale,
+            impl=impl,
         )
         out[num_decode:] = kernels.paged_prefill_attention(
             q[num_decode:],
@@ -78,5 +84,6 @@ class PagedAttention(nn.Module):
             meta.prefill_seq_lens,
             meta.prefill_query_start_loc,
             self.scale,
+            impl=impl,
         )
         return out

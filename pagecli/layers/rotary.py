@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagecli_kernels import fused_cpu
+
 
 def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling for `config`'s RoPE type, computed by
@@ -54,7 +56,11 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, Hq, D], k: [T, Hk, D], cos/sin: [T, 1, D]."""
+    """q: [T, Hq, D], k: [T, Hk, D], cos/sin: [T, 1, D]. On the CPU q and k are rotated in
+    place by one native call (they are views of the step's fresh qkv projection)."""
+    if fused_cpu.rotary_supported(q, k) and cos.dtype == q.dtype and cos.is_contiguous():
+        fused_cpu.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))
+        return q, k
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

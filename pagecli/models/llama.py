@@ -18,6 +18,7 @@ from pagecli.layers.attention import AttentionMetadata, PagedAttention
 from pagecli.layers.linear import PackedLinear, pack_linears
 from pagecli.layers.norm import RMSNorm
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
+from pagecli_kernels import fused_cpu
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
 
@@ -72,7 +73,10 @@ class LlamaMLP(nn.Module):
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r} (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)  # [T, 2 * I]
+        if fused_cpu.available(gate_up) and gate_up.stride(-1) == 1:
+            return self.down_proj(fused_cpu.silu_mul(gate_up))  # one native call on the CPU
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -86,8 +90,11 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, rope: Rope, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         # The residual additions mirror transformers' order so float32 results agree closely.
-        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        # hidden is this step's own tensor: the first residual add goes in place, fused with
+        # the norm that follows it.
+        attn_out = self.self_attn(rope, self.input_layernorm(hidden), meta)  # [T, H]
+        normed = self.post_attention_layernorm.add_forward(hidden, attn_out)  # hidden += attn
+        return hidden + self.mlp(normed)
 
 
 class LlamaForCausalLM(nn.Module):

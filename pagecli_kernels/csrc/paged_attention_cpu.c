@@ -1,21 +1,31 @@
 /*
- * Paged decode attention for the CPU, float32: one new query token per sequence attends over
- * the sequence's cached tokens, read in place through its block table.
+ * Paged attention for the CPU: decode tokens and prefill chunks over a cached prefix, for
+ * float32, bfloat16 and float16 caches, reading every K/V row in place through the block
+ * table (no gathered copy) and accumulating in float32.
  *
- * The torch path (pagecli_kernels/cpu.py) first gathers every sequence's K/V into a padded
- * copy and then runs SDPA over it: the cache is read, written and read again. Decode
- * attention is bound by memory traffic, so this kernel brings each cached K and V row in from
- * memory once, straight from its block. Work is split over sequences with OpenMP; within a
- * sequence, the query heads of one kv head (the GQA group) reuse its rows from the cache.
+ * One entry point serves both phases: sequence s has q_len = query_start_loc[s + 1] -
+ * query_start_loc[s] new tokens, the last of its seq_lens[s] cached ones, so new token j sits
+ * at position seq_len - q_len + j and attends to positions 0..that one (bottom-right aligned
+ * causal mask). A decode is the q_len == 1 case.
  *
- * Built at run time by pagecli_kernels/native.py (cc -O3 -march=native -fopenmp) and called
- * through ctypes; any failure to build leaves the torch path in charge.
+ * Work is cut into items: (sequence, kv head, tile of query tokens, context split). An item's
+ * query rows are its tokens times the kv head's GQA group, so each cached K/V row is brought
+ * in once per item and used by every row. Context tokens go by in chunks of TC with an online
+ * softmax (running max and sum per row). With split_tokens > 0 a sequence's context is also
+ * cut into splits of that many tokens (split-K), each item keeps its unnormalised partial
+ * result, and a second pass combines them: one long sequence then keeps every thread busy.
+ * Items are shared among OpenMP threads dynamically.
+ *
+ * The item body is compiled three times: for AVX-512 and AVX2 (per-function target
+ * attributes) and for the baseline of the architecture (the portable path, plain C on vector
+ * extensions). pagecli_isa_supported() says which ones this CPU runs; the caller picks one.
  *
  * Layouts (element strides; the last dimension of the caches is contiguous):
- *   query, out     [num_seqs, num_heads, head_dim], contiguous
- *   k/v cache      [num_blocks, block_size, num_kv_heads, head_dim]
+ *   query, out     [num_tokens, num_heads, head_dim] float32, contiguous
+ *   k/v cache      [num_blocks, block_size, num_kv_heads, head_dim], same strides, kv_dtype
  *   block_tables   [num_seqs, table_stride] int32
- *   seq_lens       [num_seqs] int32, 1 <= seq_lens[i] <= table width * block_size
+ *   seq_lens       [num_seqs] int32, 1 <= seq_lens[s] <= table width * block_size
+ *   query_start_loc [num_seqs + 1] int32, 1 <= q_len <= seq_len
  * Returns 0, -1 when a block id is outside [0, num_blocks), -2 when out of memory.
  */
 #include <math.h>
@@ -23,18 +33,48 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 8 floats; aligned(4) makes loads and stores through it unaligned-safe (GCC and Clang). */
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
-static inline float hsum8(v8f v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+#define TC 16       /* context tokens per chunk */
+#define MAX_ROWS 64 /* query rows per item (tile tokens x group), at least one token */
+#define TRANSPOSE_MIN_ROWS 8 /* from this many rows on, scores go through K transposed */
+#define INLINE static inline __attribute__((always_inline))
 
-/* exp(x) for x <= 0 (a score minus its row maximum), vectorizable: 2^n * p(r) with
- * r = x - n ln2 in [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (about 1 ulp). */
-static inline float exp_nonpositive(float x) {
-    x = fmaxf(x, -87.0f);
-    const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+typedef struct {
+    const float *query;
+    const char *k_cache, *v_cache; /* bytes */
+    int64_t num_blocks, stride_block, stride_slot, stride_head;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int32_t *seq_lens, *query_start_loc;
+    float *out;
+    float *partial; /* split-K: [num_tokens, num_heads, max_splits, dp + 2] */
+    int num_heads, num_kv_heads, head_dim, dp, block_size, group, kv_dtype, elem_size;
+    int tile_tokens, split_tokens, max_splits;
+    float scale;
+} Problem;
+
+typedef struct {
+    int seq, kv_head, q_begin, q_end, split; /* q_* index the sequence's new tokens */
+} Item;
+
+typedef struct {
+    float *q;     /* [rows, dp], query rows times scale (zero padded to dp) */
+    float *acc;   /* [rows, dp] */
+    float *m, *l; /* [rows]: running max and sum */
+    float *s;     /* [rows, TC]: scores, then probabilities */
+    float *kr;    /* [TC, dp]: K rows converted to float32 */
+    float *vr;    /* [TC, dp]: V rows converted */
+    float *kt;    /* [dp, TC]: K transposed */
+} Scratch;
+
+/* exp(x) for x <= 0 (a score minus its row maximum): 2^n * p(r) with r = x - n ln2 in
+ * [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (about 1 ulp); vectorizes. */
+INLINE float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float y = x * 1.44269504088896341f;
+    const float n = (y + 12582912.0f) - 12582912.0f; /* round to nearest, |y| < 2^22 */
     float r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -50,128 +90,211 @@ static inline float exp_nonpositive(float x) {
     return p * two_n;
 }
 
-#define TOKENS 4 /* cached tokens scored together: independent accumulation chains */
+INLINE float bf16_to_f32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
 
-int pagecli_paged_decode_f32(const float *query, const float *k_cache, const float *v_cache,
-                             int64_t num_blocks, int64_t block_stride, int64_t slot_stride,
-                             int64_t head_stride, const int32_t *block_tables,
-                             int64_t table_stride, const int32_t *seq_lens, float *out,
-                             int num_seqs, int num_heads, int num_kv_heads, int head_dim,
-                             int block_size, float scale, int num_threads) {
-    const int group = num_heads / num_kv_heads;
-    const int vec = head_dim % 8 == 0; /* 64, 80, 96, 128: whole 8-float chunks */
-    int max_len = 0;
-    for (int s = 0; s < num_seqs; ++s)
-        if (seq_lens[s] > max_len) max_len = seq_lens[s];
+/* IEEE half to float, exact for every input (normals, subnormals, inf, NaN), branch free:
+ * move exponent and mantissa into place and rebias by multiplying by 2^112. */
+INLINE float f16_to_f32(uint16_t h) {
+    const uint32_t em = (uint32_t)(h & 0x7fff) << 13;
+    float f;
+    memcpy(&f, &em, sizeof f);
+    f *= 0x1p112f;
+    uint32_t w;
+    memcpy(&w, &f, sizeof w);
+    if (em >= (0x7c00u << 13)) w |= 0x7f800000u; /* inf or NaN stays inf or NaN */
+    w |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+
+typedef void (*ItemFn)(const Problem *, const Item *, const Scratch *);
+
+/* The item body, once per instruction-set path (see paged_attention_cpu_body.h). */
+#define PA_SUFFIX portable
+#define PA_TARGET
+#define PA_W 4
+#include "paged_attention_cpu_body.h"
+#undef PA_W
+#undef PA_TARGET
+#undef PA_SUFFIX
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PA_SUFFIX avx2
+#define PA_TARGET __attribute__((target("avx2,fma")))
+#define PA_W 8
+#include "paged_attention_cpu_body.h"
+#undef PA_W
+#undef PA_TARGET
+#undef PA_SUFFIX
+
+#define PA_SUFFIX avx512
+#define PA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define PA_W 16
+#include "paged_attention_cpu_body.h"
+#undef PA_W
+#undef PA_TARGET
+#undef PA_SUFFIX
+#endif
+
+/* 1 when this CPU (and its OS) runs the given path. */
+int pagecli_isa_supported(int isa) {
+    if (isa == ISA_PORTABLE) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (isa == ISA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa == ISA_AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+    return 0;
+}
+
+static ItemFn item_fn(int isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == ISA_AVX512) return item_avx512;
+    if (isa == ISA_AVX2) return item_avx2;
+#endif
+    return item_portable;
+}
+
+/* Combine the splits of every (token, head): out = sum_k e^(m_k - M) acc_k / sum_k e^(m_k - M) l_k. */
+static void combine_splits(const Problem *p, int num_tokens, const int *token_splits,
+                           int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t th = 0; th < (int64_t)num_tokens * p->num_heads; ++th) {
+        const float *part = p->partial + th * p->max_splits * (p->dp + 2);
+        const int splits = token_splits[th / p->num_heads];
+        float big = -INFINITY;
+        for (int k = 0; k < splits; ++k) {
+            const float m = part[k * (p->dp + 2)];
+            big = m > big ? m : big;
+        }
+        float *o = p->out + th * p->head_dim;
+        for (int d = 0; d < p->head_dim; ++d) o[d] = 0.0f;
+        float sum = 0.0f;
+        for (int k = 0; k < splits; ++k) {
+            const float *pk = part + k * (p->dp + 2);
+            if (pk[0] == -INFINITY) continue; /* a split wholly past this token's position */
+            const float wgt = exp_nonpositive(pk[0] - big);
+            sum += wgt * pk[1];
+            for (int d = 0; d < p->head_dim; ++d) o[d] += wgt * pk[2 + d];
+        }
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < p->head_dim; ++d) o[d] *= inv;
+    }
+}
+
+int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const void *k_cache,
+                            const void *v_cache, int64_t num_blocks, int64_t stride_block,
+                            int64_t stride_slot, int64_t stride_head, const int32_t *block_tables,
+                            int64_t table_stride, const int32_t *seq_lens,
+                            const int32_t *query_start_loc, float *out, int num_seqs,
+                            int num_heads, int num_kv_heads, int head_dim, int block_size,
+                            float scale, int split_tokens, int num_threads) {
+    Problem p = {0};
+    p.query = query;
+    p.k_cache = k_cache;
+    p.v_cache = v_cache;
+    p.num_blocks = num_blocks;
+    p.stride_block = stride_block;
+    p.stride_slot = stride_slot;
+    p.stride_head = stride_head;
+    p.block_tables = block_tables;
+    p.table_stride = table_stride;
+    p.seq_lens = seq_lens;
+    p.query_start_loc = query_start_loc;
+    p.out = out;
+    p.num_heads = num_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.dp = (head_dim + 15) / 16 * 16;
+    p.block_size = block_size;
+    p.group = num_heads / num_kv_heads;
+    p.kv_dtype = kv_dtype;
+    p.elem_size = kv_dtype == KV_F32 ? 4 : 2;
+    /* a power of two of query tokens per item (16 at most), so rows come in multiples of 8 */
+    p.tile_tokens = 16;
+    while (p.tile_tokens > 1 && p.tile_tokens * p.group > MAX_ROWS) p.tile_tokens /= 2;
+    p.split_tokens = split_tokens;
+    p.scale = scale;
+    const int rows = p.tile_tokens * p.group;
+    const int num_tokens = query_start_loc[num_seqs];
+
+    /* validate the block ids every item will read, and count the items */
+    int64_t num_items = 0;
+    int max_splits = 1;
+    for (int s = 0; s < num_seqs; ++s) {
+        const int32_t *table = block_tables + (int64_t)s * table_stride;
+        for (int b = 0; b < (seq_lens[s] + block_size - 1) / block_size; ++b)
+            if (table[b] < 0 || table[b] >= num_blocks) return -1;
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
+        if (splits > max_splits) max_splits = splits;
+        num_items += (int64_t)num_kv_heads * ((q_len + p.tile_tokens - 1) / p.tile_tokens) * splits;
+    }
+    p.max_splits = max_splits;
+    Item *items = malloc(sizeof(Item) * (size_t)(num_items > 0 ? num_items : 1));
+    int *token_splits = NULL;
+    if (split_tokens > 0) {
+        p.partial = malloc(sizeof(float) * (size_t)num_tokens * (size_t)num_heads *
+                           (size_t)max_splits * (size_t)(p.dp + 2));
+        token_splits = malloc(sizeof(int) * (size_t)(num_tokens > 0 ? num_tokens : 1));
+    }
+    if (!items || (split_tokens > 0 && (!p.partial || !token_splits))) {
+        free(items);
+        free(p.partial);
+        free(token_splits);
+        return -2;
+    }
+    int64_t i = 0;
+    for (int s = 0; s < num_seqs; ++s) {
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
+        for (int q = query_start_loc[s]; token_splits && q < query_start_loc[s + 1]; ++q)
+            token_splits[q] = splits;
+        for (int q0 = 0; q0 < q_len; q0 += p.tile_tokens)
+            for (int h = 0; h < num_kv_heads; ++h)
+                for (int k = 0; k < splits; ++k) {
+                    const int q1 = q0 + p.tile_tokens < q_len ? q0 + p.tile_tokens : q_len;
+                    items[i++] = (Item){s, h, q0, q1, k};
+                }
+    }
+
+    const ItemFn fn = item_fn(isa);
     int status = 0;
-
 #pragma omp parallel num_threads(num_threads)
     {
-        /* scores[hq * stride + t]: a head's scores, then their exponentials */
-        float *scores = malloc(sizeof(float) * (size_t)num_heads * (size_t)(max_len + TOKENS));
-        float *acc = malloc(sizeof(float) * (size_t)num_heads * (size_t)head_dim);
-        float *inv_sum = malloc(sizeof(float) * (size_t)num_heads);
-        const float **rows = malloc(sizeof(float *) * (size_t)(max_len + TOKENS));
-        const int ok = scores && acc && inv_sum && rows;
-        if (!ok) {
+        Scratch w;
+        const size_t row_floats = (size_t)rows * (size_t)p.dp;
+        float *buf = malloc(sizeof(float) *
+                            (2 * row_floats + 2 * (size_t)rows + (size_t)rows * TC +
+                             3 * (size_t)TC * (size_t)p.dp));
+        if (!buf) {
 #pragma omp atomic write
             status = -2;
+        } else {
+            w.q = buf;
+            w.acc = w.q + row_floats;
+            w.m = w.acc + row_floats;
+            w.l = w.m + rows;
+            w.s = w.l + rows;
+            w.kr = w.s + (size_t)rows * TC;
+            w.vr = w.kr + (size_t)TC * p.dp;
+            w.kt = w.vr + (size_t)TC * p.dp;
         }
-        const int64_t stride = max_len + TOKENS;
-
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (!ok) continue;
-            const int len = seq_lens[s];
-            const int32_t *table = block_tables + s * table_stride;
-            int bad_block = 0;
-
-            /* where each cached token's K row (all kv heads) lives; V is at the same offset */
-            for (int t = 0; t < len; ++t) {
-                const int32_t block = table[t / block_size];
-                if (block < 0 || block >= num_blocks) {
-                    bad_block = 1;
-                    break;
-                }
-                rows[t] = k_cache + block * block_stride + (int64_t)(t % block_size) * slot_stride;
-            }
-            if (bad_block) {
-#pragma omp atomic write
-                status = -1;
-                continue;
-            }
-            for (int t = len; t < len + TOKENS; ++t) rows[t] = rows[len - 1]; /* tail padding */
-
-            /* pass 1: scaled scores q . k, TOKENS cached tokens at a time, every head */
-            for (int t = 0; t < len; t += TOKENS) {
-                for (int hq = 0; hq < num_heads; ++hq) {
-                    const float *qh = query + (s * num_heads + hq) * head_dim;
-                    const int64_t koff = (int64_t)(hq / group) * head_stride;
-                    float *sh = scores + hq * stride;
-                    if (vec) {
-                        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-                        for (int d = 0; d < head_dim; d += 8) {
-                            const v8f qv = *(const v8f *)(qh + d);
-                            a0 += qv * *(const v8f *)(rows[t] + koff + d);
-                            a1 += qv * *(const v8f *)(rows[t + 1] + koff + d);
-                            a2 += qv * *(const v8f *)(rows[t + 2] + koff + d);
-                            a3 += qv * *(const v8f *)(rows[t + 3] + koff + d);
-                        }
-                        sh[t] = hsum8(a0) * scale;
-                        sh[t + 1] = hsum8(a1) * scale;
-                        sh[t + 2] = hsum8(a2) * scale;
-                        sh[t + 3] = hsum8(a3) * scale;
-                    } else {
-                        for (int j = 0; j < TOKENS; ++j) {
-                            float dot = 0.0f;
-                            for (int d = 0; d < head_dim; ++d) dot += qh[d] * rows[t + j][koff + d];
-                            sh[t + j] = dot * scale;
-                        }
-                    }
-                }
-            }
-            /* softmax numerators and 1 / their sum, per query head */
-            for (int hq = 0; hq < num_heads; ++hq) {
-                float *sh = scores + hq * stride;
-                float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-                for (int t = 0; t < len; ++t) m = fmaxf(m, sh[t]);
-                float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                for (int t = 0; t < len; ++t) {
-                    sh[t] = exp_nonpositive(sh[t] - m);
-                    sum += sh[t];
-                }
-                inv_sum[hq] = 1.0f / sum;
-            }
-
-            /* pass 2: the probability-weighted sum of the value rows */
-            memset(acc, 0, sizeof(float) * (size_t)num_heads * (size_t)head_dim);
-            const int64_t v_offset = v_cache - k_cache;
-            for (int t = 0; t < len; ++t) {
-                const float *v_row = rows[t] + v_offset;
-                for (int hq = 0; hq < num_heads; ++hq) {
-                    const float p = scores[hq * stride + t];
-                    const float *v = v_row + (int64_t)(hq / group) * head_stride;
-                    float *ah = acc + (int64_t)hq * head_dim;
-                    if (vec) {
-                        for (int d = 0; d < head_dim; d += 8)
-                            *(v8f *)(ah + d) += p * *(const v8f *)(v + d);
-                    } else {
-                        for (int d = 0; d < head_dim; ++d) ah[d] += p * v[d];
-                    }
-                }
-            }
-            for (int hq = 0; hq < num_heads; ++hq) {
-                float *o = out + (s * num_heads + hq) * head_dim;
-                const float *ah = acc + (int64_t)hq * head_dim;
-                for (int d = 0; d < head_dim; ++d) o[d] = ah[d] * inv_sum[hq];
-            }
-        }
-        free(scores);
-        free(acc);
-        free(inv_sum);
-        free((void *)rows);
+        for (int64_t k = 0; k < num_items; ++k)
+            if (buf) fn(&p, &items[k], &w);
+        free(buf);
     }
+    if (status == 0 && split_tokens > 0) combine_splits(&p, num_tokens, token_splits, num_threads);
+    free(items);
+    free(p.partial);
+    free(token_splits);
     return status;
 }

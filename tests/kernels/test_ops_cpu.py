@@ -1,7 +1,8 @@
 """The fast CPU path against the float64 reference, on random paged batches with NaN poison.
 
-The decode and prefill cases run twice: with the native C decode kernel (pagecli_kernels/
-native.py, which the CI machine builds with its C compiler) and with the torch fallback.
+The decode and prefill cases run with the native C kernel (pagecli_kernels/native.py, which
+the CI machine builds with its C compiler) on each instruction-set path this CPU runs
+(portable, AVX2, AVX-512), and with the torch fallback.
 """
 
 from __future__ import annotations
@@ -18,14 +19,20 @@ from pagecli_kernels import cpu, native, reference
 DTYPES = list(TOLERANCES)
 
 
-@pytest.fixture(params=["native", "torch"])
+@pytest.fixture(params=[f"native-{name}" for name in native.ISAS] + ["torch"])
 def cpu_backend(request):
-    """Run the test with the native decode kernel on, then off."""
-    if request.param == "native" and native.library() is None:
-        pytest.fail(f"the native CPU kernel did not build: {native.unavailable_reason()}")
-    native.set_enabled(request.param == "native")
+    """Run the test on each native kernel path this CPU runs, then with the kernel off."""
+    if request.param.startswith("native"):
+        if native.library() is None:
+            pytest.fail(f"the native CPU kernel did not build: {native.unavailable_reason()}")
+        name = request.param.removeprefix("native-")
+        if name not in native.supported_isas():
+            pytest.skip(f"this CPU does not run the {name} path")
+        native.set_isa(name)
+    native.set_enabled(request.param != "torch")
     yield request.param
     native.set_enabled(True)
+    native.set_isa(None)
 
 
 def _random_lengths(rng: random.Random, num_seqs: int, block_size: int, prefill: bool):
@@ -141,7 +148,8 @@ def test_prefill_single_tokens_equal_decode(cpu_backend):
 
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 12])
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
-def test_native_decode_at_model_sizes(head_dim, group, cpu_backend):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_decode_at_model_sizes(head_dim, group, dtype, cpu_backend):
     # long contexts over 16-token blocks, lengths off the block boundaries, as the engine runs
     # them; head_dim 12 takes the kernel's scalar (non multiple of 8) loops
     rng = random.Random(head_dim * 10 + group)
@@ -153,11 +161,85 @@ def test_native_decode_at_model_sizes(head_dim, group, cpu_backend):
         num_kv_heads=3,
         group=group,
         head_dim=head_dim,
-        dtype=torch.float32,
+        dtype=dtype,
         seed=group,
     )
     args = (case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
     assert_close(cpu.paged_decode_attention(*args), reference.paged_decode_attention(*args))
+
+
+@pytest.fixture(params=native.ISAS)
+def native_isa(request):
+    """Run the test on each native kernel path this CPU runs."""
+    if native.library() is None:
+        pytest.fail(f"the native CPU kernel did not build: {native.unavailable_reason()}")
+    if request.param not in native.supported_isas():
+        pytest.skip(f"this CPU does not run the {request.param} path")
+    native.set_isa(request.param)
+    yield request.param
+    native.set_isa(None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("split_tokens", [4, 16, 48])
+def test_native_split_k_matches_reference(dtype, split_tokens, native_isa):
+    # decodes and prefill chunks over a prefix with contexts cut into splits (split-K); some
+    # splits of a chunk lie wholly past its first tokens' causal limit
+    case = make_case(
+        [1, 15, 70, 133, 40, 64],
+        [1, 1, 1, 30, 40, 17],
+        block_size=16,
+        num_kv_heads=2,
+        group=3,
+        head_dim=64,
+        dtype=dtype,
+        seed=split_tokens,
+    )
+    args = (
+        case.query,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+    )
+    expected = reference.paged_prefill_attention(*args)
+    got = native.paged_attention(*args, max_seq_len=133, split_tokens=split_tokens)
+    assert_close(got, expected)
+
+
+def test_native_splits_long_single_sequences():
+    # one long sequence on two threads has too few items: the kernel cuts its context
+    assert native.choose_split_tokens(3, 2048, 2) == native.SPLIT_TOKENS
+    assert native.choose_split_tokens(192, 300, 2) == 0  # 64 sequences decoding
+    assert native.choose_split_tokens(3, 2048, 1) == 0  # one thread: nothing to balance
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_prefill_at_model_sizes(dtype, native_isa):
+    # a 300-token prompt in one chunk and a 100-token chunk over a 200-token prefix, 9 query
+    # heads over 3 kv heads, head_dim 64, 16-token blocks: tiles of query tokens cross blocks
+    case = make_case(
+        [300, 300, 1],
+        [300, 100, 1],
+        block_size=16,
+        num_kv_heads=3,
+        group=3,
+        head_dim=64,
+        dtype=dtype,
+        seed=5,
+    )
+    args = (
+        case.query,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+    )
+    assert_close(cpu.paged_prefill_attention(*args), reference.paged_prefill_attention(*args))
 
 
 def test_native_decode_reads_a_strided_layer_view(cpu_backend):
@@ -191,7 +273,9 @@ def test_native_decode_rejects_a_block_id_outside_the_cache():
 def fresh_native(monkeypatch):
     """The native module as if nothing had tried to build or load the kernel yet."""
     monkeypatch.setattr(
-        native, "_state", {"tried": False, "lib": None, "reason": None, "enabled": True}
+        native,
+        "_state",
+        {"tried": False, "lib": None, "reason": None, "enabled": True, "isa": None},
     )
 
 

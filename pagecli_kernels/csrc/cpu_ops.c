@@ -1,0 +1,232 @@
+/*
+ * The small per-layer ops of a CPU step as single calls: each replaces several torch ops
+ * whose dispatch cost, at decode sizes, exceeds their arithmetic (see benchmarks/step_floor.py).
+ *
+ *   pagecli_store_kv      write each token's K/V row into its cache slot (skips slot < 0)
+ *   pagecli_argmax_f32    greedy sampling: the first index of each row's maximum (a NaN wins,
+ *                         as in torch.argmax)
+ *   pagecli_rms_norm      y = w * (x * rsqrt(mean(x^2) + eps)), optionally after x += delta
+ *   pagecli_rotary        q, k rotated in place (transformers' rotate_half convention)
+ *   pagecli_silu_mul      y = silu(gate) * up over a [T, 2 * I] gate/up row
+ *
+ * float32 and bfloat16 tensors. The elementwise steps round as torch's separate ops do
+ * (fp-contract off, bfloat16 rounded after every op torch rounds after), so results equal the
+ * torch path's except for the order of the RMSNorm sum and the exp inside silu.
+ * Rows are shared among OpenMP threads when there are enough of them.
+ * Layouts: every row's last dimension is contiguous; row strides are in elements.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EXACT __attribute__((optimize("fp-contract=off")))
+
+static inline float bf16_load(const uint16_t *p) {
+    const uint32_t w = (uint32_t)*p << 16;
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+
+/* float to bfloat16, round to nearest even (NaN stays NaN), as torch converts */
+static inline uint16_t bf16_round(float f) {
+    uint32_t w;
+    memcpy(&w, &f, sizeof w);
+    if ((w & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((w >> 16) | 0x40);
+    w += 0x7fffu + ((w >> 16) & 1);
+    return (uint16_t)(w >> 16);
+}
+
+static inline float bf16_rounded(float f) {
+    const uint16_t h = bf16_round(f);
+    return bf16_load(&h);
+}
+
+/* dtype: 0 float32, 1 bfloat16 */
+static inline float load(const void *p, int64_t i, int dtype) {
+    return dtype ? bf16_load((const uint16_t *)p + i) : ((const float *)p)[i];
+}
+
+static inline void store(void *p, int64_t i, float v, int dtype) {
+    if (dtype)
+        ((uint16_t *)p)[i] = bf16_round(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* what torch's op in this dtype returns: bfloat16 results are rounded */
+static inline float as_dtype(float v, int dtype) { return dtype ? bf16_rounded(v) : v; }
+
+int pagecli_store_kv(const void *key, const void *value, int64_t stride_key, int64_t stride_value,
+                     void *k_cache, void *v_cache, int64_t stride_block, int64_t stride_slot,
+                     const int64_t *slot_mapping, int64_t num_tokens, int64_t row_elems,
+                     int64_t elem_size, int64_t block_size, int64_t num_slots) {
+    for (int64_t t = 0; t < num_tokens; ++t)
+        if (slot_mapping[t] >= num_slots) return -1;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const int64_t slot = slot_mapping[t];
+        if (slot < 0) continue;
+        const int64_t at = (slot / block_size) * stride_block + (slot % block_size) * stride_slot;
+        memcpy((char *)k_cache + at * elem_size, (const char *)key + t * stride_key * elem_size,
+               (size_t)(row_elems * elem_size));
+        memcpy((char *)v_cache + at * elem_size,
+               (const char *)value + t * stride_value * elem_size,
+               (size_t)(row_elems * elem_size));
+    }
+    return 0;
+}
+
+/* one pass in chunks of 64: a chunk's maximum (vectorized) is only searched for its index when
+ * it beats the best so far */
+__attribute__((target_clones("avx512f", "avx2", "default"))) void pagecli_argmax_f32(
+    const float *logits, int64_t num_rows, int64_t num_cols, int64_t stride, int64_t *out,
+    int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows > 1)
+    for (int64_t r = 0; r < num_rows; ++r) {
+        const float *x = logits + r * stride;
+        float best = -INFINITY;
+        int64_t index = 0;
+        for (int64_t c0 = 0; c0 < num_cols; c0 += 64) {
+            const int64_t n = num_cols - c0 < 64 ? num_cols - c0 : 64;
+            const float *xc = x + c0;
+            float chunk = -INFINITY;
+            int nan = 0;
+#pragma omp simd reduction(max : chunk) reduction(| : nan)
+            for (int64_t c = 0; c < n; ++c) {
+                chunk = xc[c] > chunk ? xc[c] : chunk;
+                nan |= xc[c] != xc[c];
+            }
+            if (nan) { /* the first NaN wins, as in torch.argmax */
+                int64_t c = 0;
+                while (xc[c] == xc[c]) ++c;
+                index = c0 + c;
+                break;
+            }
+            if (chunk > best) {
+                int64_t c = 0;
+                while (xc[c] != chunk) ++c;
+                best = chunk;
+                index = c0 + c;
+            }
+        }
+        out[r] = index;
+    }
+}
+
+/* exp(x) for x <= 0, vectorizable (the same polynomial as paged_attention_cpu.c) */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float y = x * 1.44269504088896341f;
+    const float n = (y + 12582912.0f) - 12582912.0f; /* round to nearest, |y| < 2^22 */
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+#define ROW static inline __attribute__((always_inline))
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+ROW void rms_row(void *x, const void *delta, const void *weight, void *out, int64_t hidden,
+                 float eps, const int dtype) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < hidden; ++i) {
+        float v = load(x, i, dtype);
+        if (delta) { /* the residual add, written back: torch's `hidden + delta` */
+            v = as_dtype(v + load(delta, i, dtype), dtype);
+            store(x, i, v, dtype);
+        }
+        sum += v * v;
+    }
+    const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+    for (int64_t i = 0; i < hidden; ++i) {
+        const float h = as_dtype(load(x, i, dtype) * inv, dtype);
+        store(out, i, load(weight, i, dtype) * h, dtype);
+    }
+}
+
+CLONES EXACT void pagecli_rms_norm(void *x, const void *delta, const void *weight, void *out,
+                                   int64_t num_rows, int64_t hidden, int64_t stride_x,
+                                   int64_t stride_delta, int64_t stride_out, float eps, int dtype,
+                                   int num_threads) {
+    const int64_t es = dtype ? 2 : 4;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows >= 16)
+    for (int64_t r = 0; r < num_rows; ++r) {
+        char *xr = (char *)x + r * stride_x * es, *outr = (char *)out + r * stride_out * es;
+        const char *dr = delta ? (const char *)delta + r * stride_delta * es : NULL;
+        if (dtype)
+            rms_row(xr, dr, weight, outr, hidden, eps, 1);
+        else
+            rms_row(xr, dr, weight, outr, hidden, eps, 0);
+    }
+}
+
+ROW void rotary_head(void *base, const void *cos, const void *sin, int64_t head_dim,
+                     const int dtype) {
+    const int64_t half = head_dim / 2;
+    float buf[512];
+    for (int64_t d = 0; d < head_dim; ++d) buf[d] = load(base, d, dtype);
+    for (int64_t d = 0; d < head_dim; ++d) {
+        /* q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1) */
+        const float rot = d < half ? -buf[d + half] : buf[d - half];
+        const float a = as_dtype(buf[d] * load(cos, d, dtype), dtype);
+        const float b = as_dtype(rot * load(sin, d, dtype), dtype);
+        store(base, d, a + b, dtype);
+    }
+}
+
+/* head_dim <= 512 (checked by the caller) */
+CLONES EXACT void pagecli_rotary(void *q, void *k, const void *cos, const void *sin,
+                                 int64_t num_tokens, int64_t num_q_heads, int64_t num_k_heads,
+                                 int64_t head_dim, int64_t stride_q, int64_t stride_k,
+                                 int dtype) {
+    const int64_t es = dtype ? 2 : 4;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const char *c = (const char *)cos + t * head_dim * es;
+        const char *s = (const char *)sin + t * head_dim * es;
+        for (int64_t h = 0; h < num_q_heads + num_k_heads; ++h) {
+            char *base = h < num_q_heads
+                             ? (char *)q + (t * stride_q + h * head_dim) * es
+                             : (char *)k + (t * stride_k + (h - num_q_heads) * head_dim) * es;
+            if (dtype)
+                rotary_head(base, c, s, head_dim, 1);
+            else
+                rotary_head(base, c, s, head_dim, 0);
+        }
+    }
+}
+
+ROW void silu_row(const void *gate_up, void *out, int64_t inter, const int dtype) {
+    for (int64_t i = 0; i < inter; ++i) {
+        const float g = load(gate_up, i, dtype);
+        /* silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) so that nothing overflows */
+        const float e = exp_nonpositive(g < 0.0f ? g : -g);
+        const float sig = g < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
+        const float s = as_dtype(g * sig, dtype);
+        store(out, i, s * load(gate_up, inter + i, dtype), dtype);
+    }
+}
+
+CLONES EXACT void pagecli_silu_mul(const void *gate_up, void *out, int64_t num_rows,
+                                   int64_t inter, int64_t stride_in, int64_t stride_out,
+                                   int dtype, int num_threads) {
+    const int64_t es = dtype ? 2 : 4;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows >= 16)
+    for (int64_t r = 0; r < num_rows; ++r) {
+        const char *in = (const char *)gate_up + r * stride_in * es;
+        char *o = (char *)out + r * stride_out * es;
+        if (dtype)
+            silu_row(in, o, inter, 1);
+        else
+            silu_row(in, o, inter, 0);
+    }
+}

@@ -1,0 +1,291 @@
+/*
+ * The body of one work item of paged_attention_cpu.c, written once and included once per
+ * instruction-set path with:
+ *   PA_SUFFIX  the name suffix (portable, avx2, avx512)
+ *   PA_TARGET  the function attribute of the path (empty for portable)
+ *   PA_W       floats per vector register (4, 8, 16); dp, the padded head_dim, is a multiple
+ *              of 16 and TC is 16, so every width divides both
+ * It defines static void item_<PA_SUFFIX>(const Problem *, const Item *, const Scratch *).
+ */
+#define PA_CAT2(a, b) a##_##b
+#define PA_CAT(a, b) PA_CAT2(a, b)
+#define PA_NAME(x) PA_CAT(x, PA_SUFFIX)
+#define PA_FN PA_TARGET static inline __attribute__((always_inline))
+
+/* PA_W floats; aligned(4) makes loads and stores through it unaligned-safe. */
+typedef float PA_NAME(vf) __attribute__((vector_size(PA_W * 4), aligned(4)));
+typedef uint32_t PA_NAME(vu) __attribute__((vector_size(PA_W * 4), aligned(4)));
+typedef uint16_t PA_NAME(vh) __attribute__((vector_size(PA_W * 2), aligned(2)));
+#define VF PA_NAME(vf)
+#define VU PA_NAME(vu)
+#define VH PA_NAME(vh)
+#define LOADF(ptr) (*(const VF *)(ptr))
+
+PA_FN float PA_NAME(hsum)(VF v) {
+    float a = 0.0f;
+    for (int i = 0; i < PA_W; ++i) a += v[i];
+    return a;
+}
+
+/* head_dim elements of kv_dtype at src as dp floats at dst, zero padded. */
+PA_FN void PA_NAME(load_row)(float *dst, const char *src, int head_dim, int dp, int kv_dtype) {
+    if (head_dim % PA_W == 0) {
+        for (int d = 0; d < head_dim; d += PA_W) {
+            VF v;
+            if (kv_dtype == KV_F32) {
+                v = LOADF((const float *)src + d);
+            } else {
+                const VU h = __builtin_convertvector(*(const VH *)((const uint16_t *)src + d), VU);
+                if (kv_dtype == KV_BF16) {
+                    v = (VF)(h << 16);
+                } else { /* IEEE half, exact as in f16_to_f32 */
+                    const VU em = (h & 0x7fff) << 13;
+                    const VF f = (VF)em * 0x1p112f;
+                    const VU inf_nan = (VU)(em >= (0x7c00u << 13)); /* all ones where true */
+                    v = (VF)((VU)f | (inf_nan & 0x7f800000u) | ((h & 0x8000) << 16));
+                }
+            }
+            *(VF *)(dst + d) = v;
+        }
+    } else {
+        for (int d = 0; d < head_dim; ++d) {
+            if (kv_dtype == KV_F32)
+                dst[d] = ((const float *)src)[d];
+            else if (kv_dtype == KV_BF16)
+                dst[d] = bf16_to_f32(((const uint16_t *)src)[d]);
+            else
+                dst[d] = f16_to_f32(((const uint16_t *)src)[d]);
+        }
+    }
+    for (int d = head_dim; d < dp; ++d) dst[d] = 0.0f;
+}
+
+/* s[r * TC + j] = q_r . k_j for a few rows: one dot product per pair. */
+PA_FN void PA_NAME(scores_dot)(const float *q, const float *const *krow, float *s, int num_rows,
+                               int n, int dp) {
+    for (int r = 0; r < num_rows; ++r) {
+        const float *qr = q + (int64_t)r * dp;
+        for (int j = 0; j < n; ++j) {
+            VF a0 = {0}, a1 = {0};
+            int d = 0;
+            for (; d + 2 * PA_W <= dp; d += 2 * PA_W) {
+                a0 += LOADF(qr + d) * LOADF(krow[j] + d);
+                a1 += LOADF(qr + d + PA_W) * LOADF(krow[j] + d + PA_W);
+            }
+            for (; d < dp; d += PA_W) a0 += LOADF(qr + d) * LOADF(krow[j] + d);
+            s[r * TC + j] = PA_NAME(hsum)(a0 + a1);
+        }
+    }
+}
+
+/* The same for many rows: K transposed once into kt[d * TC + j], then each row's TC scores
+ * accumulate in vectors over the tokens (no horizontal sums). PA_R rows at a time keep
+ * eight independent accumulation chains in flight whatever the width. */
+#define PA_R (8 * PA_W / TC)
+#define PA_U (TC / PA_W)
+PA_FN void PA_NAME(scores_tr)(const float *q, const float *const *krow, float *s, float *kt,
+                              int num_rows, int n, int dp) {
+    for (int j = 0; j < n; ++j)
+        for (int d = 0; d < dp; ++d) kt[d * TC + j] = krow[j][d];
+    for (int j = n; j < TC; ++j)
+        for (int d = 0; d < dp; ++d) kt[d * TC + j] = 0.0f;
+    int r = 0;
+    for (; r + PA_R <= num_rows; r += PA_R) {
+        const float *qr = q + (int64_t)r * dp;
+        VF a[PA_R][PA_U];
+        for (int i = 0; i < PA_R; ++i)
+            for (int u = 0; u < PA_U; ++u) a[i][u] = (VF){0};
+        for (int d = 0; d < dp; ++d)
+            for (int u = 0; u < PA_U; ++u) {
+                const VF k = LOADF(kt + d * TC + u * PA_W);
+                for (int i = 0; i < PA_R; ++i) a[i][u] += qr[i * dp + d] * k;
+            }
+        for (int i = 0; i < PA_R; ++i)
+            for (int u = 0; u < PA_U; ++u) *(VF *)(s + (r + i) * TC + u * PA_W) = a[i][u];
+    }
+    for (; r < num_rows; ++r) {
+        const float *qr = q + (int64_t)r * dp;
+        VF a[PA_U];
+        for (int u = 0; u < PA_U; ++u) a[u] = (VF){0};
+        for (int d = 0; d < dp; ++d)
+            for (int u = 0; u < PA_U; ++u) a[u] += qr[d] * LOADF(kt + d * TC + u * PA_W);
+        for (int u = 0; u < PA_U; ++u) *(VF *)(s + r * TC + u * PA_W) = a[u];
+    }
+}
+#undef PA_U
+#undef PA_R
+
+/* acc_r += sum_j p[r * TC + j] v_j, two rows' accumulators held in registers over the chunk
+ * (eight independent chains). */
+PA_FN void PA_NAME(accumulate_v)(float *acc, const float *p, const float *const *vrow,
+                                 int num_rows, int n, int dp) {
+    int r = 0;
+    for (; r + 2 <= num_rows; r += 2) {
+        float *ar = acc + (int64_t)r * dp, *br = ar + dp;
+        const float *pr = p + r * TC, *qr = pr + TC;
+        int d = 0;
+        for (; d + 4 * PA_W <= dp; d += 4 * PA_W) {
+            VF a0 = LOADF(ar + d), a1 = LOADF(ar + d + PA_W);
+            VF a2 = LOADF(ar + d + 2 * PA_W), a3 = LOADF(ar + d + 3 * PA_W);
+            VF b0 = LOADF(br + d), b1 = LOADF(br + d + PA_W);
+            VF b2 = LOADF(br + d + 2 * PA_W), b3 = LOADF(br + d + 3 * PA_W);
+            for (int j = 0; j < n; ++j) {
+                const float *v = vrow[j] + d;
+                const VF v0 = LOADF(v), v1 = LOADF(v + PA_W);
+                const VF v2 = LOADF(v + 2 * PA_W), v3 = LOADF(v + 3 * PA_W);
+                a0 += pr[j] * v0;
+                a1 += pr[j] * v1;
+                a2 += pr[j] * v2;
+                a3 += pr[j] * v3;
+                b0 += qr[j] * v0;
+                b1 += qr[j] * v1;
+                b2 += qr[j] * v2;
+                b3 += qr[j] * v3;
+            }
+            *(VF *)(ar + d) = a0;
+            *(VF *)(ar + d + PA_W) = a1;
+            *(VF *)(ar + d + 2 * PA_W) = a2;
+            *(VF *)(ar + d + 3 * PA_W) = a3;
+            *(VF *)(br + d) = b0;
+            *(VF *)(br + d + PA_W) = b1;
+            *(VF *)(br + d + 2 * PA_W) = b2;
+            *(VF *)(br + d + 3 * PA_W) = b3;
+        }
+        for (; d < dp; d += PA_W) {
+            VF a0 = LOADF(ar + d), b0 = LOADF(br + d);
+            for (int j = 0; j < n; ++j) {
+                const VF v0 = LOADF(vrow[j] + d);
+                a0 += pr[j] * v0;
+                b0 += qr[j] * v0;
+            }
+            *(VF *)(ar + d) = a0;
+            *(VF *)(br + d) = b0;
+        }
+    }
+    for (; r < num_rows; ++r) {
+        float *ar = acc + (int64_t)r * dp;
+        const float *pr = p + r * TC;
+        for (int d = 0; d < dp; d += PA_W) {
+            VF a0 = LOADF(ar + d);
+            for (int j = 0; j < n; ++j) a0 += pr[j] * LOADF(vrow[j] + d);
+            *(VF *)(ar + d) = a0;
+        }
+    }
+}
+
+PA_TARGET static void PA_NAME(item)(const Problem *p, const Item *it, const Scratch *w) {
+    const int dp = p->dp, group = p->group, kv_dtype = p->kv_dtype;
+    const int seq_len = p->seq_lens[it->seq];
+    const int q_start = p->query_start_loc[it->seq];
+    const int q_len = p->query_start_loc[it->seq + 1] - q_start;
+    const int first_pos = seq_len - q_len; /* position of new token 0 */
+    const int num_rows = (it->q_end - it->q_begin) * group;
+    const int32_t *table = p->block_tables + (int64_t)it->seq * p->table_stride;
+    const int64_t head_off = (int64_t)it->kv_head * p->stride_head;
+    /* rows are read in place when no conversion or padding is needed */
+    const int direct = kv_dtype == KV_F32 && p->head_dim == dp;
+    const int transposed = num_rows >= TRANSPOSE_MIN_ROWS;
+
+    for (int r = 0; r < num_rows; ++r) {
+        const int token = q_start + it->q_begin + r / group;
+        const int head = it->kv_head * group + r % group;
+        const float *src = p->query + ((int64_t)token * p->num_heads + head) * p->head_dim;
+        float *dst = w->q + (int64_t)r * dp;
+        for (int d = 0; d < p->head_dim; ++d) dst[d] = src[d] * p->scale;
+        for (int d = p->head_dim; d < dp; ++d) dst[d] = 0.0f;
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.0f;
+    }
+    memset(w->acc, 0, sizeof(float) * (size_t)num_rows * (size_t)dp);
+
+    /* context of this item: its split, cut at the last row's causal limit */
+    int c_begin = 0, c_end = first_pos + it->q_end; /* last token's position + 1 */
+    if (p->split_tokens > 0) {
+        c_begin = it->split * p->split_tokens;
+        if (c_begin + p->split_tokens < c_end) c_end = c_begin + p->split_tokens;
+    }
+
+    const float *krow[TC], *vrow[TC];
+    for (int t0 = c_begin; t0 < c_end; t0 += TC) {
+        const int n = c_end - t0 < TC ? c_end - t0 : TC;
+        for (int j = 0; j < n; ++j) {
+            const int t = t0 + j;
+            const int64_t block = table[t / p->block_size];
+            const int64_t off =
+                (block * p->stride_block + (int64_t)(t % p->block_size) * p->stride_slot +
+                 head_off) *
+                p->elem_size;
+            if (direct) {
+                krow[j] = (const float *)(p->k_cache + off);
+                vrow[j] = (const float *)(p->v_cache + off);
+            } else {
+                float *kd = w->kr + (int64_t)j * dp, *vd = w->vr + (int64_t)j * dp;
+                PA_NAME(load_row)(kd, p->k_cache + off, p->head_dim, dp, kv_dtype);
+                PA_NAME(load_row)(vd, p->v_cache + off, p->head_dim, dp, kv_dtype);
+                krow[j] = kd;
+                vrow[j] = vd;
+            }
+        }
+        if (transposed)
+            PA_NAME(scores_tr)(w->q, krow, w->s, w->kt, num_rows, n, dp);
+        else
+            PA_NAME(scores_dot)(w->q, krow, w->s, num_rows, n, dp);
+
+        /* causal mask, online softmax; masked and past-the-chunk scores become 0 */
+        for (int r = 0; r < num_rows; ++r) {
+            float *s = w->s + r * TC;
+            const int valid_end = first_pos + it->q_begin + r / group - t0 + 1; /* j < this */
+            const int nv = valid_end < n ? valid_end : n;
+            if (nv <= 0) {
+                for (int j = 0; j < TC; ++j) s[j] = 0.0f;
+                continue;
+            }
+            float cm = -INFINITY;
+            for (int j = 0; j < nv; ++j) cm = s[j] > cm ? s[j] : cm;
+            const float m_old = w->m[r];
+            const float m_new = cm > m_old ? cm : m_old;
+            if (m_new > m_old && m_old != -INFINITY) {
+                const float alpha = exp_nonpositive(m_old - m_new);
+                w->l[r] *= alpha;
+                float *a = w->acc + (int64_t)r * dp;
+                for (int d = 0; d < dp; d += PA_W) *(VF *)(a + d) *= alpha;
+            }
+            w->m[r] = m_new;
+            float sum = 0.0f;
+            for (int j = 0; j < TC; ++j) {
+                const float e = exp_nonpositive(s[j] - m_new);
+                s[j] = j < nv ? e : 0.0f;
+                sum += s[j];
+            }
+            w->l[r] += sum;
+        }
+        PA_NAME(accumulate_v)(w->acc, w->s, vrow, num_rows, n, dp);
+    }
+
+    for (int r = 0; r < num_rows; ++r) {
+        const int token = q_start + it->q_begin + r / group;
+        const int head = it->kv_head * group + r % group;
+        const float *a = w->acc + (int64_t)r * dp;
+        if (p->split_tokens > 0) {
+            float *dst = p->partial +
+                         (((int64_t)token * p->num_heads + head) * p->max_splits + it->split) *
+                             (dp + 2);
+            dst[0] = w->m[r];
+            dst[1] = w->l[r];
+            memcpy(dst + 2, a, sizeof(float) * (size_t)p->head_dim);
+        } else {
+            float *o = p->out + ((int64_t)token * p->num_heads + head) * p->head_dim;
+            const float inv = 1.0f / w->l[r];
+            for (int d = 0; d < p->head_dim; ++d) o[d] = a[d] * inv;
+        }
+    }
+}
+
+#undef LOADF
+#undef VH
+#undef VU
+#undef VF
+#undef PA_FN
+#undef PA_NAME
+#undef PA_CAT
+#undef PA_CAT2

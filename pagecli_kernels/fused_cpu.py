@@ -1,0 +1,183 @@
+"""The small per-layer ops of a CPU step as one native call each (csrc/cpu_ops.c).
+
+At decode sizes a step's RMSNorms, rotary embedding, SiLU x up, K/V stores and greedy argmax
+cost more in torch's per-op dispatch than in arithmetic; each of these replaces several torch
+ops. They live in the library of pagecli_kernels/native.py and take float32 or bfloat16 CPU
+tensors whose last dimension is contiguous. `available(x)` says whether a tensor can take
+them; callers keep their torch code for everything else. Results equal the torch ops' up to
+the order of the RMSNorm sum and the exp inside SiLU (tests/kernels/test_fused_cpu.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from pagecli_kernels import native
+
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_bound: dict = {}
+
+
+def _lib() -> ctypes.CDLL:
+    lib = native.library()
+    if "lib" not in _bound:
+        i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+        lib.pagecli_store_kv.argtypes = [ptr, ptr, i64, i64, ptr, ptr, i64, i64, ptr]
+        lib.pagecli_store_kv.argtypes += [i64, i64, i64, i64, i64]
+        lib.pagecli_store_kv.restype = i32
+        lib.pagecli_argmax_f32.argtypes = [ptr, i64, i64, i64, ptr, i32]
+        lib.pagecli_argmax_f32.restype = None
+        lib.pagecli_rms_norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32]
+        lib.pagecli_rms_norm.argtypes += [i32, i32]
+        lib.pagecli_rms_norm.restype = None
+        lib.pagecli_rotary.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i32]
+        lib.pagecli_rotary.restype = None
+        lib.pagecli_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32, i32]
+        lib.pagecli_silu_mul.restype = None
+        _bound["lib"] = lib
+    return _bound["lib"]
+
+
+def available(x: torch.Tensor) -> bool:
+    """Whether the fused ops take `x`: a float32 or bfloat16 CPU tensor, native kernels on."""
+    return x.device.type == "cpu" and x.dtype in _DTYPES and native.enabled()
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> bool:
+    """Copy key/value `[T, Hk, D]` rows into their slots (slot < 0 skipped). Returns False,
+    doing nothing, when the layouts do not allow row copies (the caller falls back)."""
+    num_tokens, num_kv_heads, head_dim = key.shape
+    row = num_kv_heads * head_dim
+    contiguous_rows = all(
+        t.stride(-1) == 1 and t.stride(-2) == head_dim for t in (key, value, k_cache, v_cache)
+    )
+    if not (
+        contiguous_rows
+        and k_cache.stride() == v_cache.stride()
+        and key.dtype == k_cache.dtype
+        and slot_mapping.dtype == torch.int64
+        and slot_mapping.is_contiguous()
+        and native.enabled()
+        and k_cache.device.type == "cpu"
+    ):
+        return False
+    num_blocks, block_size = k_cache.shape[:2]
+    status = _lib().pagecli_store_kv(
+        key.data_ptr(),
+        value.data_ptr(),
+        key.stride(0),
+        value.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        slot_mapping.data_ptr(),
+        num_tokens,
+        row,
+        key.element_size(),
+        block_size,
+        num_blocks * block_size,
+    )
+    if status != 0:
+        raise ValueError(
+            f"slot_mapping has a slot past the cache's {num_blocks * block_size} slots"
+        )
+    return True
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax of float32 logits `[S, V]` (first maximum; a NaN wins) -> `[S]` int64."""
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    num_rows, num_cols = logits.shape
+    out = torch.empty(num_rows, dtype=torch.int64)  # [S]
+    _lib().pagecli_argmax_f32(
+        logits.data_ptr(),
+        num_rows,
+        num_cols,
+        logits.stride(0),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual_delta: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm of `x` `[N, H]` as transformers computes it; with `residual_delta`, first
+    `x += residual_delta` in place (the decoder's residual add), then the norm of the sum."""
+    num_rows, hidden = x.shape
+    out = torch.empty_like(x)  # [N, H]
+    delta_ptr, delta_stride = None, 0
+    if residual_delta is not None:
+        delta_ptr, delta_stride = residual_delta.data_ptr(), residual_delta.stride(0)
+    _lib().pagecli_rms_norm(
+        x.data_ptr(),
+        delta_ptr,
+        weight.data_ptr(),
+        out.data_ptr(),
+        num_rows,
+        hidden,
+        x.stride(0),
+        delta_stride,
+        out.stride(0),
+        eps,
+        _DTYPES[x.dtype],
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q `[T, Hq, D]` and k `[T, Hk, D]` in place by cos/sin `[T, D]` (contiguous)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    _lib().pagecli_rotary(
+        q.data_ptr(),
+        k.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        num_tokens,
+        num_q_heads,
+        k.shape[1],
+        head_dim,
+        q.stride(0),
+        k.stride(0),
+        _DTYPES[q.dtype],
+    )
+
+
+def rotary_supported(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether `rotary_` takes these views: heads back to back within each token's row."""
+    head_dim = q.shape[-1]
+    return (
+        available(q)
+        and head_dim <= 512
+        and all(t.stride(-1) == 1 and t.stride(-2) == head_dim for t in (q, k))
+    )
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up `[N, 2 * I]` (gate first) -> `[N, I]`."""
+    num_rows, width = gate_up.shape
+    inter = width // 2
+    out = torch.empty(num_rows, inter, dtype=gate_up.dtype)  # [N, I]
+    _lib().pagecli_silu_mul(
+        gate_up.data_ptr(),
+        out.data_ptr(),
+        num_rows,
+        inter,
+        gate_up.stride(0),
+        out.stride(0),
+        _DTYPES[gate_up.dtype],
+        torch.get_num_threads(),
+    )
+    return out
