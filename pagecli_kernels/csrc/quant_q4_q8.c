@@ -1,0 +1,155 @@
+/*
+ * The 32-value block formats Q8_0, Q4_0 and Q4_1: dequantization into float32.
+ *
+ * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2 and
+ * AVX-512 versions that give the same bits (a product, then a sum, never an FMA: Q4_1's
+ * d * q + m is rounded twice in gguf.quants.dequantize too). See quant_blocks.h.
+ */
+#include "quant_blocks.h"
+
+#if QUANT_X86
+#include <immintrin.h>
+#endif
+
+/* ---- Q8_0: d * q ------------------------------------------------------------------------ */
+
+static void dequant_q8_0_portable(const void *blocks, float *out, int64_t num_blocks) {
+    const block_q8_0 *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++, out += QK8_0) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK8_0; j++) out[j] = (float)b[i].qs[j] * d;
+    }
+}
+
+/* ---- Q4_0: d * (q - 8) ------------------------------------------------------------------ */
+
+static void dequant_q4_0_portable(const void *blocks, float *out, int64_t num_blocks) {
+    const block_q4_0 *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_0) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            out[j] = d * (float)((b[i].qs[j] & 0xF) - 8);
+            out[j + QK4_0 / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+/* ---- Q4_1: d * q + m -------------------------------------------------------------------- */
+
+static void dequant_q4_1_portable(const void *blocks, float *out, int64_t num_blocks) {
+    const block_q4_1 *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_1) {
+        const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            out[j] = d * (float)(b[i].qs[j] & 0xF) + m;
+            out[j + QK4_1 / 2] = d * (float)(b[i].qs[j] >> 4) + m;
+        }
+    }
+}
+
+#if QUANT_X86
+
+/* 8 or 16 bytes as int32 lanes, float. */
+TARGET_AVX2 static inline __m256 u8x8_ps(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+TARGET_AVX512 static inline __m512 u8x16_ps(__m128i v) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+
+TARGET_AVX2 static void dequant_q8_0_avx2(const void *blocks, float *out, int64_t num_blocks) {
+    const block_q8_0 *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++, out += QK8_0) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int j = 0; j < QK8_0; j += 8) {
+            const __m128i q = _mm_loadl_epi64((const __m128i *)(b[i].qs + j));
+            const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            _mm256_storeu_ps(out + j, _mm256_mul_ps(v, d));
+        }
+    }
+}
+
+TARGET_AVX512 static void dequant_q8_0_avx512(const void *blocks, float *out,
+                                              int64_t num_blocks) {
+    const block_q8_0 *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++, out += QK8_0) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+        for (int j = 0; j < QK8_0; j += 16) {
+            const __m128i q = _mm_loadu_si128((const __m128i *)(b[i].qs + j));
+            const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+            _mm512_storeu_ps(out + j, _mm512_mul_ps(v, d));
+        }
+    }
+}
+
+TARGET_AVX2 static void dequant_q4_0_avx2(const void *blocks, float *out, int64_t num_blocks) {
+    const block_q4_0 *b = blocks;
+    const __m128i low = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_0) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int p = 0; p < 4; p++) {
+            const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p]));
+            _mm256_storeu_ps(out + 8 * p, _mm256_mul_ps(d, v));
+        }
+    }
+}
+
+TARGET_AVX512 static void dequant_q4_0_avx512(const void *blocks, float *out,
+                                              int64_t num_blocks) {
+    const block_q4_0 *b = blocks;
+    const __m128i low = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_0) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+        const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
+        _mm512_storeu_ps(out, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))));
+        _mm512_storeu_ps(out + 16,
+                         _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
+    }
+}
+
+TARGET_AVX2 static void dequant_q4_1_avx2(const void *blocks, float *out, int64_t num_blocks) {
+    const block_q4_1 *b = blocks;
+    const __m128i low = _mm_set1_epi8(0xF);
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_1) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        const __m256 m = _mm256_set1_ps(_cvtsh_ss(b[i].m));
+        const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        const __m128i lo = _mm_and_si128(q, low);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int p = 0; p < 4; p++) {
+            const __m256 v = _mm256_mul_ps(d, u8x8_ps(parts[p]));
+            _mm256_storeu_ps(out + 8 * p, _mm256_add_ps(v, m));
+        }
+    }
+}
+
+TARGET_AVX512 static void dequant_q4_1_avx512(const void *blocks, float *out,
+                                              int64_t num_blocks) {
+    const block_q4_1 *b = blocks;
+    const __m128i low = _mm_set1_epi8(0xF);
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_1) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+        const __m512 m = _mm512_set1_ps(_cvtsh_ss(b[i].m));
+        const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        const __m128i lo = _mm_and_si128(q, low);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(d, u8x16_ps(lo)), m));
+        _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_mul_ps(d, u8x16_ps(hi)), m));
+    }
+}
+
+#define PATHS(name) {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512}
+#else
+#define PATHS(name) {dequant_##name##_portable, NULL, NULL}
+#endif
+
+const struct quant_format FORMAT_Q8_0 = {QT_Q8_0, QK8_0, sizeof(block_q8_0), PATHS(q8_0)};
+const struct quant_format FORMAT_Q4_0 = {QT_Q4_0, QK4_0, sizeof(block_q4_0), PATHS(q4_0)};
+const struct quant_format FORMAT_Q4_1 = {QT_Q4_1, QK4_1, sizeof(block_q4_1), PATHS(q4_1)};
