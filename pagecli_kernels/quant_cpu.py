@@ -120,10 +120,13 @@ def _check(status: int, what: str) -> None:
         raise ValueError(f"{what}: {_ERRORS.get(status, f'status {status}')}")
 
 
-def quant_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
+def quant_linear(
+    x: torch.Tensor, weight: QuantWeight, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """`x @ dequant(weight).T` for float32 CPU `x` [..., cols] -> [..., rows], float32 sums.
 
-    Rows of `x` may be strided (the last dimension must be contiguous; others are copied).
+    Rows of `x` may be strided (others are copied). `out`, if given, is a float32 [M, rows]
+    view whose rows may be strided (a column slice of a wider output) and is returned.
     """
     lib = library()
     if lib is None:
@@ -137,7 +140,10 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
     if x2d.stride(-1) != 1 or (x2d.shape[0] > 1 and x2d.stride(0) < weight.cols):
         x2d = x2d.contiguous()
     num_rows = x2d.shape[0]
-    out = torch.empty(num_rows, weight.rows, dtype=torch.float32)  # [M, N]
+    if out is None:
+        out = torch.empty(num_rows, weight.rows, dtype=torch.float32)  # [M, N]
+    elif out.shape != (num_rows, weight.rows) or out.stride(-1) != 1 or out.dtype != x.dtype:
+        raise ValueError(f"out must be float32 [{num_rows}, {weight.rows}] with unit stride")
     if num_rows:
         status = lib.pagecli_quant_linear(
             weight.format.ggml_type,
@@ -148,11 +154,11 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
             x2d.stride(0) if num_rows > 1 else weight.cols,
             num_rows,
             out.data_ptr(),
-            weight.rows,
+            out.stride(0) if num_rows > 1 else weight.rows,
             torch.get_num_threads(),
         )
         _check(status, "quant_linear")
-    return out.view(*lead, weight.rows)
+    return out if len(lead) == 1 else out.view(*lead, weight.rows)
 
 
 def dequantize(weight: QuantWeight, row_ids: torch.Tensor | None = None) -> torch.Tensor:

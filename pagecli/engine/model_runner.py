@@ -10,7 +10,8 @@ from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import packing_supported
 from pagecli.layers.sampler import SamplingRow, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
-from pagecli.loader.weights import check_fits, init_dummy_weights, iter_safetensors
+from pagecli.loader.weight_plan import plan_weights
+from pagecli.loader.weights import check_fits, init_dummy_weights
 from pagecli.models.registry import model_class
 
 # Measured on the 2-core CI machine (see benchmarks/RESULTS.md): both cores help.
@@ -123,24 +124,30 @@ class ModelRunner:
 
     def _load_model(self, hf_config, source: ModelSource, max_model_len: int):
         cls = model_class(hf_config)
-        check_fits(hf_config, self.dtype, self.device, source.name)
+        load_format = self.config.load_format
+        dummy = load_format == "dummy" or not source.has_weights
+        plan = plan_weights(
+            source, "none" if dummy else self.config.quantization, self.device, self.dtype
+        )
+        self.weight_plan = plan
+        check_fits(hf_config, self.dtype, self.device, source.name, plan.resident_bytes)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device("meta"):
                 model = cls(hf_config, max_position=max_model_len)
+                model.use_quantized(plan.quantized_names)  # no float copy of these weights
         finally:
             torch.set_default_dtype(previous)
         model = model.to_empty(device=self.device)
         model.rotary.to_device(self.device, self.dtype)
-        load_format = self.config.load_format
-        if load_format == "dummy" or not source.has_weights:
+        if dummy:
             if load_format not in ("dummy", "auto"):
                 raise ModelLoadError(f"{source.name}: has no weights; use --load-format dummy")
             init_dummy_weights(model, self.config.seed)
         else:
             with torch.no_grad():
-                model.load_weights(iter_safetensors(source.path, source.name))
+                model.load_weights(plan.weights())
         if packing_supported(self.dtype, self.device):
             model.pack_weights()
         return model.eval()

@@ -1,0 +1,137 @@
+"""Layers whose weights stay in a GGUF file's block formats (CPU): linear and embedding.
+
+`QuantLinear` computes `y = x @ dequant(W).T + bias` with the C kernels of
+pagecli_kernels/quant_cpu.py: float32 activations and sums, the weights read packed (a Q4_1
+projection streams 5 bits per weight instead of 32). A fused projection (q/k/v, gate/up)
+holds one part per format, since a file may mix them (Q4_K_M files keep some v and down
+projections in Q6_K); adjacent parts of one format are merged into one buffer.
+
+`QuantEmbedding` dequantizes only the looked-up rows, and a tied output projection multiplies
+with the same blocks (`as_linear`), so no float copy of the table exists.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagecli_kernels import quant_cpu
+from pagecli_kernels.quant_formats import QuantWeight, concat_rows
+
+Part = QuantWeight | torch.Tensor  # a float part ([rows, cols]) where the file had F32/F16
+
+
+class QuantLinear(nn.Module):
+    """`y = x @ W.T + bias` with W the parts' rows one after the other (`out_sizes`)."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_sizes = list(out_sizes)
+        self.out_features = sum(out_sizes)
+        self.bias = nn.Parameter(torch.empty(self.out_features)) if bias else None
+        self._pending: list[Part | None] = [None] * len(out_sizes)
+        self.parts: list[Part] = []  # set by finish()
+
+    def set_part(self, index: int, weight: Part) -> None:
+        """Load the weight of output part `index`; checks its shape."""
+        expected = (self.out_sizes[index], self.in_features)
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"part {index} has shape {tuple(weight.shape)}, expected {expected}")
+        self._pending[index] = weight if isinstance(weight, QuantWeight) else weight.float()
+        if all(p is not None for p in self._pending):
+            self._finish()
+
+    @property
+    def loaded(self) -> list[bool]:
+        """Which parts have been set."""
+        return [p is not None for p in self._pending]
+
+    def _finish(self) -> None:
+        parts: list[Part] = []
+        for part in self._pending:
+            prev = parts[-1] if parts else None
+            if isinstance(part, QuantWeight) and isinstance(prev, QuantWeight):
+                if prev.format == part.format:
+                    parts[-1] = concat_rows([prev, part])
+                    continue
+            parts.append(part)
+        self.parts = parts
+        self._pending = [True] * len(self._pending)  # loaded; the buffers live in parts
+
+    @property
+    def formats(self) -> list[str]:
+        """The parts' weight formats ("q4_k", ..., or "float32" for a float part)."""
+        return [p.format.name if isinstance(p, QuantWeight) else "float32" for p in self.parts]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights (bias excluded)."""
+        return sum(p.nbytes if isinstance(p, QuantWeight) else p.nbytes for p in self.parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x2d = x.reshape(-1, self.in_features).float()  # [M, K]
+        if len(self.parts) == 1:
+            out = _part_linear(x2d, self.parts[0], None)  # [M, N]
+        else:
+            out = torch.empty(x2d.shape[0], self.out_features)  # [M, N]
+            start = 0
+            for part in self.parts:
+                _part_linear(x2d, part, out[:, start : start + part.shape[0]])
+                start += part.shape[0]
+        if self.bias is not None:
+            out += self.bias
+        return out.view(*x.shape[:-1], self.out_features).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " + "+".join(
+            self.formats
+        )
+
+
+def _part_linear(x2d: torch.Tensor, part: Part, out: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(part, QuantWeight):
+        return quant_cpu.quant_linear(x2d, part, out)
+    if out is None:
+        return F.linear(x2d, part)
+    out.copy_(F.linear(x2d, part))
+    return out
+
+
+class QuantEmbedding(nn.Module):
+    """A token embedding kept in a block format: lookups dequantize only their rows."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.dtype = torch.get_default_dtype()  # the model's, as nn.Embedding would take it
+        self.weight: QuantWeight | None = None  # set by set_weight()
+
+    def set_weight(self, weight: QuantWeight) -> None:
+        """Load the table; checks its shape."""
+        if weight.shape != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(
+                f"embedding has shape {weight.shape}, "
+                f"expected {(self.num_embeddings, self.embedding_dim)}"
+            )
+        self.weight = weight
+
+    @property
+    def formats(self) -> list[str]:
+        return [self.weight.format.name]
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return quant_cpu.dequantize(self.weight, input_ids).to(self.dtype)  # [*ids, H]
+
+    def as_linear(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tied output projection: hidden [S, H] -> logits [S, V], from the same blocks."""
+        return quant_cpu.quant_linear(hidden.float(), self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.weight.format.name}"
