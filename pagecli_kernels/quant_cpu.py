@@ -80,8 +80,18 @@ def has_blas() -> bool:
     return _state["blas"]
 
 
+def use_blas(enabled: bool) -> None:
+    """Turn the sgemm panel path on or off (tests and benchmarks compare both paths)."""
+    lib = library()
+    if lib is None:
+        return
+    sgemm, set_threads = _torch_blas() if enabled else (None, None)
+    lib.pagecli_quant_set_blas(sgemm, set_threads if sgemm else None)
+    _state["blas"] = sgemm is not None
+
+
 def _torch_blas() -> tuple[int | None, int | None]:
-    """Addresses of sgemm_ and MKL_Set_Num_Threads_Local (C, by value) in torch's CPU library, if there."""
+    """Addresses of sgemm_ and MKL_Set_Num_Threads_Local (C, by value) in libtorch_cpu."""
     for path in sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu*")):
         try:
             lib = ctypes.CDLL(str(path))

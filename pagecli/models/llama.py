@@ -181,6 +181,7 @@ class LlamaForCausalLM(nn.Module):
     def weight_formats(self) -> dict[str, list[str]]:
         """Each layer type's weight formats, e.g. {"qkv_proj": ["q4_1"], "embed_tokens":
         ["q8_0"], "lm_head": ["tied"]} (float layers report their dtype)."""
+
         def formats(module: nn.Module) -> list[str]:
             if isinstance(module, (QuantLinear, QuantEmbedding)):
                 return module.formats
