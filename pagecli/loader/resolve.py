@@ -90,7 +90,10 @@ def resolve_model(model: str | None) -> ModelSource:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{model}: not a model (expected a folder or a .gguf file)")
-        return ModelSource(model, "gguf", _gguf_folder(path), gguf_file=path)
+        folder = _gguf_folder(path)
+        return ModelSource(
+            model, "gguf", folder, has_tokenizer=_has_tokenizer(folder), gguf_file=path
+        )
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{model}: not a model folder (no config.json)")

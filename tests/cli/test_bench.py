@@ -83,6 +83,16 @@ def test_throughput_json_schema(capsys, tmp_path):
     assert report["scenario"] == "throughput" and report["dtype"] == "float32"
     assert report["device"] == "cpu" and report["threads"] >= 1
     assert report["cpu_decode_attention"] == "native C kernel"  # CI machines have a C compiler
+    # the default model's own formats: Q4_1 projections, a Q8_0 embedding that is also the head
+    assert report["weight_formats"] == {
+        "embed_tokens": "q8_0",
+        "qkv_proj": "q4_1",
+        "o_proj": "q4_1",
+        "gate_up_proj": "q4_1",
+        "down_proj": "q4_1",
+        "lm_head": "tied",
+    }
+    assert report["cpu_quant_kernels"].startswith("native C kernels (")
     (row,) = report["results"]
     check_row(row)
     assert row["engine"] == "pagecli" and row["num_requests"] == 3 and row["output_tokens"] == 12
@@ -100,6 +110,7 @@ def test_throughput_json_schema(capsys, tmp_path):
     bench_report.print_report(report, json_out=False, csv_out=False)
     table = capsys.readouterr().out
     assert "pagecli bench · throughput" in table and "out tok/s" in table and "TTFT" in table
+    assert "weights: embed_tokens q8_0 · qkv_proj q4_1" in table
     assert f"{row['peak_kv_blocks']}/256" in table  # peak KV blocks / pool
 
 
