@@ -108,12 +108,44 @@ static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
 /* Dequantize `num_blocks` consecutive blocks into out[num_blocks * block values]. */
 typedef void (*dequant_fn)(const void *blocks, float *out, int64_t num_blocks);
 
+/* out[i] = dot(dequant(row), x[i * ldx ...]) for i < m <= ROWS_MAX: one row of W against m
+ * input rows, dequantized in registers (the fused decode kernel; optional per format). */
+#define ROWS_MAX 4
+typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int64_t ldx, int m,
+                        float *out);
+
 struct quant_format {
     int type;
     int block_values; /* values per block */
     int block_bytes;
     dequant_fn dequant[3]; /* per quant_isa; NULL where the build lacks that path */
+    rows_fn rows[3];       /* per quant_isa; NULL: dequantize into a buffer, then dot */
 };
+
+/* Helpers for the register-fused row kernels: acc[i][k] += w * x[i][off..off+16). The kernel
+ * body is always inlined into one copy per constant m, so acc stays in registers. */
+#define ROWS_FMA16(k, w, off)                                                                  \
+    for (int i_ = 0; i_ < M; i_++)                                                             \
+        acc[i_][k] = _mm512_fmadd_ps((w), _mm512_loadu_ps(x + i_ * ldx + (off)), acc[i_][k]);
+#define ROWS_BEGIN                                                                             \
+    __m512 acc[ROWS_MAX][2];                                                                   \
+    for (int i_ = 0; i_ < M; i_++) acc[i_][0] = acc[i_][1] = _mm512_setzero_ps();
+#define ROWS_END                                                                               \
+    for (int i_ = 0; i_ < M; i_++) out[i_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i_][0], acc[i_][1]));
+/* The entry point of kernel NAME: dispatch m to a constant. */
+#define ROWS_DISPATCH(NAME)                                                                    \
+    TARGET_AVX512 static void NAME(const void *row, int64_t nb, const float *x, int64_t ldx,   \
+                                   int m, float *out) {                                        \
+        switch (m) {                                                                           \
+        case 1: NAME##_m(row, nb, x, ldx, out, 1); break;                                      \
+        case 2: NAME##_m(row, nb, x, ldx, out, 2); break;                                      \
+        case 3: NAME##_m(row, nb, x, ldx, out, 3); break;                                      \
+        default: NAME##_m(row, nb, x, ldx, out, 4); break;                                     \
+        }                                                                                      \
+    }
+#define ROWS_KERNEL(NAME)                                                                      \
+    TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_m(                 \
+        const void *row, int64_t nb, const float *x, int64_t ldx, float *out, const int M)
 
 /* Defined in quant_q4_q8.c and quant_k.c. */
 extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1;

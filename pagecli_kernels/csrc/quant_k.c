@@ -250,9 +250,105 @@ TARGET_AVX512 static void dequant_q6_K_avx512(const void *blocks, float *out,
     }
 }
 
-#define PATHS(name) {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512}
+/* ---- register-fused decode rows (AVX-512) -------------------------------------------------
+ * Q4_K and Q5_K take their weights from per-sub-block tables, table[q] = (d * sc) * q -
+ * (dmin * m) (16 entries for 4 bits, 32 for Q5_K's 5), rounded as gguf rounds them; Q6_K
+ * converts and scales as its dequantization does. */
+
+ROWS_KERNEL(rows_q4_K_avx512) {
+    const block_q4_K *b = row;
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    ROWS_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        float ds[8], ms[8];
+        k_scales(b[s].scales, _cvtsh_ss(b[s].d), _cvtsh_ss(b[s].dmin), ds, ms);
+        const int64_t base = s * QK_K;
+        for (int j = 0; j < 8; j += 2) {
+            const __m512 t0 = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(ds[j]), levels),
+                                            _mm512_set1_ps(ms[j]));
+            const __m512 t1 = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(ds[j + 1]), levels),
+                                            _mm512_set1_ps(ms[j + 1]));
+            for (int h = 0; h < 32; h += 16) {
+                const __m512i q = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(b[s].qs + 16 * j + h)));
+                const __m512 w0 = _mm512_permutexvar_ps(q, t0);
+                const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t1);
+                ROWS_FMA16(0, w0, base + 32 * j + h)
+                ROWS_FMA16(1, w1, base + 32 * j + 32 + h)
+            }
+        }
+    }
+    ROWS_END
+}
+ROWS_DISPATCH(rows_q4_K_avx512)
+
+ROWS_KERNEL(rows_q5_K_avx512) {
+    const block_q5_K *b = row;
+    const __m512 lo16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 hi16 = _mm512_add_ps(lo16, _mm512_set1_ps(16));
+    const __m512i low = _mm512_set1_epi32(0xF), one = _mm512_set1_epi32(1);
+    ROWS_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        float ds[8], ms[8];
+        k_scales(b[s].scales, _cvtsh_ss(b[s].d), _cvtsh_ss(b[s].dmin), ds, ms);
+        const int64_t base = s * QK_K;
+        for (int j = 0; j < 8; j += 2) {
+            __m512 t[2][2]; /* [sub-block][values 0..15 / 16..31] */
+            for (int u = 0; u < 2; u++) {
+                const __m512 d = _mm512_set1_ps(ds[j + u]), m = _mm512_set1_ps(ms[j + u]);
+                t[u][0] = _mm512_sub_ps(_mm512_mul_ps(d, lo16), m);
+                t[u][1] = _mm512_sub_ps(_mm512_mul_ps(d, hi16), m);
+            }
+            for (int h = 0; h < 32; h += 16) {
+                const __m512i q = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(b[s].qs + 16 * j + h)));
+                const __m512i qh =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b[s].qh + h)));
+                const __m512i i0 = _mm512_or_si512(
+                    _mm512_and_si512(q, low),
+                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh, j), one), 4));
+                const __m512i i1 = _mm512_or_si512(
+                    _mm512_srli_epi32(q, 4),
+                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh, j + 1), one), 4));
+                ROWS_FMA16(0, _mm512_permutex2var_ps(t[0][0], i0, t[0][1]), base + 32 * j + h)
+                ROWS_FMA16(1, _mm512_permutex2var_ps(t[1][0], i1, t[1][1]),
+                           base + 32 * j + 32 + h)
+            }
+        }
+    }
+    ROWS_END
+}
+ROWS_DISPATCH(rows_q5_K_avx512)
+
+ROWS_KERNEL(rows_q6_K_avx512) {
+    const block_q6_K *b = row;
+    ROWS_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        const float d = _cvtsh_ss(b[s].d);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b[s].ql + 64 * h, *qh = b[s].qh + 32 * h;
+            const int8_t *sc = b[s].scales + 8 * h;
+            const int64_t base = s * QK_K + 128 * h;
+            for (int g = 0; g < 4; g++) {
+                const uint8_t *l = ql + 32 * (g & 1);
+                for (int k = 0; k < 32; k += 16) {
+                    const __m512 dsc = _mm512_set1_ps(d * (float)sc[2 * g + k / 16]);
+                    const __m512i q = q6_16(l + k, qh + k, 4 * (g >> 1), g);
+                    ROWS_FMA16(k >> 4, _mm512_mul_ps(dsc, _mm512_cvtepi32_ps(q)),
+                               base + 32 * g + k)
+                }
+            }
+        }
+    }
+    ROWS_END
+}
+ROWS_DISPATCH(rows_q6_K_avx512)
+
+#define PATHS(name)                                                                            \
+    {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
+        {NULL, NULL, rows_##name##_avx512}
 #else
-#define PATHS(name) {dequant_##name##_portable, NULL, NULL}
+#define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #endif
 
 const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K)};

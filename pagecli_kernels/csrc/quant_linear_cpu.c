@@ -5,8 +5,11 @@
  *
  * Two paths, chosen by the number of input rows m:
  *   - m <= FUSED_MAX_ROWS (decode): each thread takes a contiguous range of W's output rows and
- *     streams them once: a chunk of one row is dequantized into an L1 buffer and dotted with
- *     the m input rows. Decode is bound by the bytes of W read, so W is read once, packed.
+ *     streams them once. Where the format has a register-fused row kernel for the path
+ *     (AVX-512: quant_q4_q8.c, quant_k.c), a row is dequantized in registers and dotted with
+ *     up to ROWS_MAX input rows at a time; otherwise a chunk of the row is dequantized into an
+ *     L1 buffer and dotted with the m input rows. Decode is bound by the bytes of W read, so W
+ *     is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
  *     that Python hands over (torch's MKL, run single-threaded inside the thread), or, without
@@ -154,6 +157,19 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const dot_fn dot = DOTS[isa];
     const int64_t blocks_per_row = k / f->block_values;
     const int64_t chunk_blocks = CHUNK_VALUES / f->block_values;
+    const rows_fn rows = f->rows[isa];
+    if (rows) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+        for (int64_t row = 0; row < n; row++) {
+            float acc[ROWS_MAX];
+            for (int64_t i = 0; i < m; i += ROWS_MAX) {
+                const int count = (int)min64(ROWS_MAX, m - i);
+                rows(w + row * row_bytes, blocks_per_row, x + i * ldx, ldx, count, acc);
+                for (int r = 0; r < count; r++) y[(i + r) * ldy + row] = acc[r];
+            }
+        }
+        return;
+    }
 #pragma omp parallel num_threads(num_threads)
     {
         float buf[CHUNK_VALUES] __attribute__((aligned(64)));

@@ -145,9 +145,62 @@ TARGET_AVX512 static void dequant_q4_1_avx512(const void *blocks, float *out,
     }
 }
 
-#define PATHS(name) {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512}
+/* ---- register-fused decode rows (AVX-512) -------------------------------------------------
+ * 4-bit formats take their weights from a 16-entry table per block, table[q] = d * q + m (or
+ * d * (q - 8)), computed with the same two roundings as gguf: a permute replaces the
+ * int-to-float conversion and the scaling of every weight. */
+
+ROWS_KERNEL(rows_q8_0_avx512) {
+    const block_q8_0 *b = row;
+    ROWS_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[j].d));
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)b[j].qs);
+        const __m128i q1 = _mm_loadu_si128((const __m128i *)(b[j].qs + 16));
+        const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+        const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+        ROWS_FMA16(0, w0, 32 * j)
+        ROWS_FMA16(1, w1, 32 * j + 16)
+    }
+    ROWS_END
+}
+ROWS_DISPATCH(rows_q8_0_avx512)
+
+ROWS_KERNEL(rows_q4_0_avx512) {
+    const block_q4_0 *b = row;
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    ROWS_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        const __m512 table = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b[j].d)), levels);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[j].qs));
+        ROWS_FMA16(0, _mm512_permutexvar_ps(q, table), 32 * j) /* low nibbles: index bits */
+        ROWS_FMA16(1, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table), 32 * j + 16)
+    }
+    ROWS_END
+}
+ROWS_DISPATCH(rows_q4_0_avx512)
+
+ROWS_KERNEL(rows_q4_1_avx512) {
+    const block_q4_1 *b = row;
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    ROWS_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        const __m512 table = _mm512_add_ps(
+            _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b[j].d)), levels),
+            _mm512_set1_ps(_cvtsh_ss(b[j].m)));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[j].qs));
+        ROWS_FMA16(0, _mm512_permutexvar_ps(q, table), 32 * j)
+        ROWS_FMA16(1, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table), 32 * j + 16)
+    }
+    ROWS_END
+}
+ROWS_DISPATCH(rows_q4_1_avx512)
+
+#define PATHS(name)                                                                            \
+    {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
+        {NULL, NULL, rows_##name##_avx512}
 #else
-#define PATHS(name) {dequant_##name##_portable, NULL, NULL}
+#define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #endif
 
 const struct quant_format FORMAT_Q8_0 = {QT_Q8_0, QK8_0, sizeof(block_q8_0), PATHS(q8_0)};
