@@ -49,15 +49,16 @@ class QuantLinear(nn.Module):
         return [p is not None for p in self._pending]
 
     def _finish(self) -> None:
-        parts: list[Part] = []
+        groups: list[list[Part]] = []  # runs of adjacent parts of one format
         for part in self._pending:
-            prev = parts[-1] if parts else None
-            if isinstance(part, QuantWeight) and isinstance(prev, QuantWeight):
-                if prev.format == part.format:
-                    parts[-1] = concat_rows([prev, part])
-                    continue
-            parts.append(part)
-        self.parts = parts
+            prev = groups[-1][-1] if groups else None
+            same = isinstance(part, QuantWeight) and isinstance(prev, QuantWeight)
+            if same and prev.format == part.format:
+                groups[-1].append(part)
+            else:
+                groups.append([part])
+        # One owned buffer per run: the loaded parts may be views of a file's memory map.
+        self.parts = [_owned(g[0]) if len(g) == 1 else concat_rows(g) for g in groups]
         self._pending = [True] * len(self._pending)  # loaded; the buffers live in parts
 
     @property
@@ -91,6 +92,12 @@ class QuantLinear(nn.Module):
         )
 
 
+def _owned(part: Part) -> Part:
+    if isinstance(part, QuantWeight):
+        return QuantWeight(part.format, part.data.clone(), part.cols)
+    return part.clone()
+
+
 def _part_linear(x2d: torch.Tensor, part: Part, out: torch.Tensor | None) -> torch.Tensor:
     if isinstance(part, QuantWeight):
         return quant_cpu.quant_linear(x2d, part, out)
@@ -116,7 +123,7 @@ class QuantEmbedding(nn.Module):
                 f"embedding has shape {weight.shape}, "
                 f"expected {(self.num_embeddings, self.embedding_dim)}"
             )
-        self.weight = weight
+        self.weight = _owned(weight)  # not a view of a file's memory map
 
     @property
     def formats(self) -> list[str]:

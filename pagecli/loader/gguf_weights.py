@@ -1,9 +1,10 @@
 """A GGUF file's tensors under transformers' names, quantized ones kept in their blocks.
 
-Tensors in a format of pagecli_kernels/quant_formats.py become `QuantWeight`s holding the
-file's raw block bytes (read from gguf.GGUFReader's memory map into memory of their own, so
-the map can be closed); the values are never dequantized and re-quantized. llama.cpp's
-permutation of Q/K rows is undone by permuting whole rows of blocks. Everything else (norms,
+Tensors in a format of pagecli_kernels/quant_formats.py become `QuantWeight`s over the file's
+raw block bytes: views of gguf.GGUFReader's (copy-on-write) memory map, which the quantized
+layers copy once into memory of their own, fused where they fuse, so that the map can close
+after loading. The values are never dequantized and re-quantized. llama.cpp's permutation of
+Q/K rows is undone by permuting whole rows of blocks. Everything else (norms,
 F32/F16/BF16 tensors, formats without a kernel) is dequantized to float32 as before.
 """
 
@@ -27,7 +28,7 @@ def open_gguf(path: Path):
     from pagecli.loader.gguf_convert import GGUFError
 
     try:
-        return gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(str(path), "c")  # copy-on-write: writable views, file untouched
     except Exception as exc:  # the gguf package raises assorted errors for a bad file
         raise GGUFError(f"{path}: not a readable GGUF file ({exc})") from None
 
@@ -64,11 +65,11 @@ def iter_gguf_weights(reader, keep_quantized: bool) -> Iterator[tuple[str, Weigh
         fmt = BY_GGML_TYPE.get(int(t.tensor_type))
         if keep_quantized and fmt is not None and len(shape) == 2:
             rows, cols = shape
-            raw = np.array(t.data, dtype=np.uint8).reshape(rows, -1)  # owned copy of the blocks
-            weight: Weight = QuantWeight(fmt, torch.from_numpy(raw), cols)
+            raw = torch.from_numpy(np.asarray(t.data).reshape(rows, -1))  # a view of the map
             if heads is not None:
                 order = unpermute_qk(torch.arange(rows).unsqueeze(1), heads).squeeze(1)
-                weight = weight.select_rows(order)
+                raw = raw[order]  # whole rows of blocks, copied once
+            weight: Weight = QuantWeight(fmt, raw, cols)
         else:
             data = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [rows, cols]
             weight = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)
