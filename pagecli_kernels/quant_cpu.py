@@ -195,3 +195,32 @@ def dequantize(weight: QuantWeight, row_ids: torch.Tensor | None = None) -> torc
     )
     _check(status, "dequantize")
     return out.view(*lead, weight.cols)
+
+
+class PreparedLinear:
+    """`quant_linear` for one weight, its constant arguments bound once: the per-call cost of
+    a decode step's 120 small products is Python's, so the hot path does only what varies.
+    Takes a float32 CPU `x2d` [M, cols] with unit column stride (the layer ensures it)."""
+
+    __slots__ = ("_fn", "_head", "weight")
+
+    def __init__(self, weight: QuantWeight) -> None:
+        lib = library()
+        if lib is None:
+            raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+        self.weight = weight
+        self._fn = lib.pagecli_quant_linear
+        self._head = (weight.format.ggml_type, weight.data.data_ptr(), weight.rows, weight.cols)
+
+    def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
+        num_rows, rows = x2d.shape[0], self._head[2]
+        out = torch.empty(num_rows, rows)  # [M, N] float32
+        if num_rows:
+            ldx = x2d.stride(0) if num_rows > 1 else self._head[3]
+            status = self._fn(
+                *self._head, x2d.data_ptr(), ldx, num_rows, out.data_ptr(), rows,
+                torch.get_num_threads(),
+            )  # fmt: skip
+            if status:
+                _check(status, "quant_linear")
+        return out

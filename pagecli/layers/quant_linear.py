@@ -33,6 +33,7 @@ class QuantLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_features)) if bias else None
         self._pending: list[Part | None] = [None] * len(out_sizes)
         self.parts: list[Part] = []  # set by finish()
+        self._fast: quant_cpu.PreparedLinear | None = None  # one quantized part: the hot path
 
     def set_part(self, index: int, weight: Part) -> None:
         """Load the weight of output part `index`; checks its shape."""
@@ -59,6 +60,9 @@ class QuantLinear(nn.Module):
                 groups.append([part])
         # One owned buffer per run: the loaded parts may be views of a file's memory map.
         self.parts = [_owned(g[0]) if len(g) == 1 else concat_rows(g) for g in groups]
+        single = self.parts[0] if len(self.parts) == 1 else None
+        if isinstance(single, QuantWeight) and single.data.device.type == "cpu":
+            self._fast = quant_cpu.PreparedLinear(single)
         self._pending = [True] * len(self._pending)  # loaded; the buffers live in parts
 
     @property
@@ -72,6 +76,14 @@ class QuantLinear(nn.Module):
         return sum(p.nbytes if isinstance(p, QuantWeight) else p.nbytes for p in self.parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            self._fast is not None
+            and x.dim() == 2
+            and x.dtype == torch.float32
+            and x.stride(-1) == 1
+            and self.bias is None
+        ):
+            return self._fast(x)  # [M, N]
         dtype = x.dtype
         x2d = x.reshape(-1, self.in_features).float()  # [M, K]
         if len(self.parts) == 1:
@@ -124,6 +136,7 @@ class QuantEmbedding(nn.Module):
                 f"expected {(self.num_embeddings, self.embedding_dim)}"
             )
         self.weight = _owned(weight)  # not a view of a file's memory map
+        self._head = quant_cpu.PreparedLinear(self.weight)
 
     @property
     def formats(self) -> list[str]:
@@ -138,7 +151,10 @@ class QuantEmbedding(nn.Module):
 
     def as_linear(self, hidden: torch.Tensor) -> torch.Tensor:
         """The tied output projection: hidden [S, H] -> logits [S, V], from the same blocks."""
-        return quant_cpu.quant_linear(hidden.float(), self.weight)
+        hidden = hidden.float()
+        if hidden.stride(-1) != 1:
+            hidden = hidden.contiguous()
+        return self._head(hidden)  # [S, V] float32
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.weight.format.name}"
