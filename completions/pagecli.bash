@@ -29,6 +29,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -42,7 +43,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
         blocks)
             case "$prev" in
                 --svg) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -50,6 +51,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -63,7 +65,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
         chat)
             case "$prev" in
                 -s|--system) COMPREPLY=(); return ;;
@@ -84,6 +86,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -97,7 +100,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
         generate)
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -118,6 +121,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -131,7 +135,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --num-threads --seed -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli
