@@ -122,20 +122,25 @@ TARGET_AVX2 static void dequant_q4_K_avx2(const void *blocks, float *out, int64_
     }
 }
 
+/* AVX-512: a 16-entry table per sub-block, table[q] = (d * sc) * q - (dmin * m). */
 TARGET_AVX512 static void dequant_q4_K_avx512(const void *blocks, float *out,
                                               int64_t num_blocks) {
     const block_q4_K *b = blocks;
-    const __m128i low = _mm_set1_epi8(0xF);
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int64_t i = 0; i < num_blocks; i++) {
         float ds[8], ms[8];
         k_scales(b[i].scales, _cvtsh_ss(b[i].d), _cvtsh_ss(b[i].dmin), ds, ms);
         for (int j = 0; j < 8; j += 2, out += 64) {
+            const __m512 t0 = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(ds[j]), levels),
+                                            _mm512_set1_ps(ms[j]));
+            const __m512 t1 = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(ds[j + 1]), levels),
+                                            _mm512_set1_ps(ms[j + 1]));
             for (int h = 0; h < 32; h += 16) {
-                const __m128i q = _mm_loadu_si128((const __m128i *)(b[i].qs + 16 * j + h));
-                const __m128i lo = _mm_and_si128(q, low);
-                const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-                put16(out + h, _mm512_cvtepu8_epi32(lo), ds[j], ms[j]);
-                put16(out + 32 + h, _mm512_cvtepu8_epi32(hi), ds[j + 1], ms[j + 1]);
+                const __m512i q = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(b[i].qs + 16 * j + h)));
+                _mm512_storeu_ps(out + h, _mm512_permutexvar_ps(q, t0));
+                _mm512_storeu_ps(out + 32 + h,
+                                 _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t1));
             }
         }
     }

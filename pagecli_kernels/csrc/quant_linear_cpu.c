@@ -39,7 +39,7 @@
 
 #define FUSED_MAX_ROWS 8      /* input rows the fused path takes at once */
 #define CHUNK_VALUES 4096     /* weights dequantized at once by the fused path: 16 KiB */
-#define PANEL_BYTES (1 << 19) /* float32 panel of the sgemm path, per thread: in L2 */
+#define PANEL_BYTES (1 << 20) /* float32 panel of the sgemm path, per thread: in L2 */
 
 typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n,
                          const int *k, const float *alpha, const float *a, const int *lda,

@@ -98,18 +98,17 @@ TARGET_AVX2 static void dequant_q4_0_avx2(const void *blocks, float *out, int64_
     }
 }
 
+/* AVX-512: 4-bit values through a 16-entry table per block, table[q] = d * (q - 8), computed
+ * with gguf's rounding: a permute instead of converting and scaling every value. */
 TARGET_AVX512 static void dequant_q4_0_avx512(const void *blocks, float *out,
                                               int64_t num_blocks) {
     const block_q4_0 *b = blocks;
-    const __m128i low = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t i = 0; i < num_blocks; i++, out += QK4_0) {
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
-        const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
-        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
-        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
-        _mm512_storeu_ps(out, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))));
-        _mm512_storeu_ps(out + 16,
-                         _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
+        const __m512 table = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b[i].d)), levels);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+        _mm512_storeu_ps(out, _mm512_permutexvar_ps(q, table)); /* low nibbles: index bits */
+        _mm512_storeu_ps(out + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table));
     }
 }
 
@@ -133,15 +132,14 @@ TARGET_AVX2 static void dequant_q4_1_avx2(const void *blocks, float *out, int64_
 TARGET_AVX512 static void dequant_q4_1_avx512(const void *blocks, float *out,
                                               int64_t num_blocks) {
     const block_q4_1 *b = blocks;
-    const __m128i low = _mm_set1_epi8(0xF);
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int64_t i = 0; i < num_blocks; i++, out += QK4_1) {
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
-        const __m512 m = _mm512_set1_ps(_cvtsh_ss(b[i].m));
-        const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
-        const __m128i lo = _mm_and_si128(q, low);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(d, u8x16_ps(lo)), m));
-        _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_mul_ps(d, u8x16_ps(hi)), m));
+        const __m512 table = _mm512_add_ps(
+            _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b[i].d)), levels),
+            _mm512_set1_ps(_cvtsh_ss(b[i].m))); /* d * q + m, rounded twice as gguf does */
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+        _mm512_storeu_ps(out, _mm512_permutexvar_ps(q, table));
+        _mm512_storeu_ps(out + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table));
     }
 }
 
