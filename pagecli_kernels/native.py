@@ -5,6 +5,10 @@ CPU (`-O3 -march=native -fopenmp`) into the user cache, keyed by the source, the
 the CPU's flags, and loaded with ctypes. It shares torch's OpenMP runtime (the library is
 loaded after torch's libgomp, under the same soname).
 
+`build_and_load(name, sources, flags)` is the builder for every C library in csrc/ (this
+module's attention kernel; quant_cpu.py's quantized linear kernels): each library module keeps
+its own state and argument types.
+
 Nothing here is required: without a compiler, on a C library without OpenMP, or with
 PAGECLI_NATIVE_KERNELS=0, `library()` returns None, `unavailable_reason()` says why, and
 pagecli_kernels/cpu.py keeps its torch path.

@@ -73,7 +73,7 @@ class QuantLinear(nn.Module):
     @property
     def nbytes(self) -> int:
         """Bytes of the weights (bias excluded)."""
-        return sum(p.nbytes if isinstance(p, QuantWeight) else p.nbytes for p in self.parts)
+        return sum(p.nbytes for p in self.parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (

@@ -35,8 +35,8 @@ _LAYER_NAMES = {
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # Architectures whose Q/K rows llama.cpp's converter permuted (for its rope layout).
-_PERMUTED_ARCHS = {"llama"}
-_ARCHITECTURES = {
+PERMUTED_ARCHS = {"llama"}
+ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -82,12 +82,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     reader = open_gguf(gguf_path)
     arch = field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise GGUFError(f"{gguf_path}: unsupported GGUF architecture {arch!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
     folder, filename = str(gguf_path.parent), gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=filename)
-    config.architectures = [_ARCHITECTURES[arch]]
+    config.architectures = [ARCHITECTURES[arch]]
     config.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
     config.save_pretrained(out_dir)
     if field(reader, "tokenizer.ggml.model") is None:

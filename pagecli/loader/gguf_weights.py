@@ -39,8 +39,8 @@ def iter_gguf_weights(reader, keep_quantized: bool) -> Iterator[tuple[str, Weigh
     import gguf
 
     from pagecli.loader.gguf_convert import (
-        _ARCHITECTURES,
-        _PERMUTED_ARCHS,
+        ARCHITECTURES,
+        PERMUTED_ARCHS,
         GGUFError,
         field,
         hf_tensor_name,
@@ -48,7 +48,7 @@ def iter_gguf_weights(reader, keep_quantized: bool) -> Iterator[tuple[str, Weigh
     )
 
     arch = field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise GGUFError(f"unsupported GGUF architecture {arch!r}")
     num_heads = int(field(reader, f"{arch}.attention.head_count"))
     num_kv_heads = int(field(reader, f"{arch}.attention.head_count_kv", num_heads))
@@ -57,9 +57,9 @@ def iter_gguf_weights(reader, keep_quantized: bool) -> Iterator[tuple[str, Weigh
         if name is None:
             continue
         heads = None
-        if arch in _PERMUTED_ARCHS and ".q_proj." in name:
+        if arch in PERMUTED_ARCHS and ".q_proj." in name:
             heads = num_heads
-        elif arch in _PERMUTED_ARCHS and ".k_proj." in name:
+        elif arch in PERMUTED_ARCHS and ".k_proj." in name:
             heads = num_kv_heads
         shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
         fmt = BY_GGML_TYPE.get(int(t.tensor_type))
