@@ -174,12 +174,17 @@ def main() -> None:
 
         args.model = str(default_gguf_path())
     result: dict = {"cpu": cpu_name(), "model": args.model, "threads": args.threads}
-    result["llama_bench"] = llama_bench(args.model, args.threads, args.repetitions)
-    result["pagecli_latency"] = pagecli_latency(args.model, args.threads, args.repetitions)
+
+    def record(key: str, value) -> None:  # each figure on stderr as soon as it is measured
+        result[key] = value
+        print(f"pagecli: quant_vs_llamacpp: {key} = {json.dumps(value)}", file=sys.stderr)
+
+    record("llama_bench", llama_bench(args.model, args.threads, args.repetitions))
+    record("pagecli_latency", pagecli_latency(args.model, args.threads, args.repetitions))
+    record("floor", decode_floor(args.model, args.threads))
     if not args.skip_batched:
-        result["llama_batched_total_tok_s"] = llama_batched(args.model, args.threads)
-        result["pagecli_batched_total_tok_s"] = pagecli_batched(args.model, args.threads)
-    result["floor"] = decode_floor(args.model, args.threads)
+        record("llama_batched_total_tok_s", llama_batched(args.model, args.threads))
+        record("pagecli_batched_total_tok_s", pagecli_batched(args.model, args.threads))
     ours, theirs = result["pagecli_latency"], result["llama_bench"]
     checks = [
         ("tg128", ours["tg128"], theirs["tg128"], 1.5),
