@@ -29,6 +29,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -43,7 +44,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         blocks)
             case "$prev" in
                 --svg) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -51,6 +52,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -65,7 +67,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         chat)
             case "$prev" in
                 -s|--system) COMPREPLY=(); return ;;
@@ -87,6 +89,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -101,7 +104,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         generate)
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -124,6 +127,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -138,7 +142,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         serve)
             case "$prev" in
                 --host) COMPREPLY=(); return ;;
@@ -153,6 +157,7 @@ _pagecli() {
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
                 --load-format) COMPREPLY=($(compgen -W "auto safetensors gguf dummy" -- "$cur")); return ;;
+                --quantization) COMPREPLY=($(compgen -W "auto none q8_0 q4_k" -- "$cur")); return ;;
                 --chat-template) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --block-size) COMPREPLY=(); return ;;
                 --max-num-seqs) COMPREPLY=(); return ;;
@@ -167,7 +172,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --display --no-display -v --verbose -m --model --dtype --device --load-format --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli

@@ -10,12 +10,14 @@ Device = Literal["auto", "cpu", "cuda"]
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 PreemptionMode = Literal["recompute", "swap"]
 AttentionImpl = Literal["auto", "triton", "cpu", "reference"]
+Quantization = Literal["auto", "none", "q8_0", "q4_k"]
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 _PREEMPTION_MODES = ("recompute", "swap")
 _ATTENTION_IMPLS = ("auto", "triton", "cpu", "reference")
+_QUANTIZATIONS = ("auto", "none", "q8_0", "q4_k")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class EngineConfig:
     dtype: DType = "auto"
     device: Device = "auto"
     load_format: LoadFormat = "auto"
+    # auto: a GGUF keeps its own block formats (CPU), safetensors stay float; none: dequantize;
+    # q8_0 / q4_k: quantize a safetensors checkpoint at load time (CPU)
+    quantization: Quantization = "auto"
     chat_template: str | None = None  # path to a Jinja template file overriding the model's
     block_size: int = 16
     max_num_seqs: int = 128
@@ -51,6 +56,7 @@ class EngineConfig:
         _choice("dtype", self.dtype, _DTYPES)
         _choice("device", self.device, _DEVICES)
         _choice("load_format", self.load_format, _LOAD_FORMATS)
+        _choice("quantization", self.quantization, _QUANTIZATIONS)
         _choice("preemption_mode", self.preemption_mode, _PREEMPTION_MODES)
         _choice("attention_impl", self.attention_impl, _ATTENTION_IMPLS)
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):

@@ -9,6 +9,10 @@ loaded after torch's libgomp, under the same soname).
 The instruction-set path is chosen once at load time, the widest this CPU runs (`isa()`);
 `set_isa()` forces another one that `supported_isas()` lists (tests run them all).
 
+`build_and_load(name, sources, flags)` is the builder for every C library in csrc/ (this
+module's attention kernel; quant_cpu.py's quantized linear kernels): each library module keeps
+its own state and argument types.
+
 Nothing here is required: without a compiler, on a C library without OpenMP, or with
 PAGECLI_NATIVE_KERNELS=0, `library()` returns None, `unavailable_reason()` says why, and
 pagecli_kernels/cpu.py keeps its torch path.
@@ -28,10 +32,12 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.c"
-HEADERS = [SOURCE.with_name("paged_attention_cpu_body.h")]  # included by SOURCE
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "paged_attention_cpu.c"  # includes paged_attention_cpu_body.h once per ISA
 # built into the same library: the fused small ops of pagecli_kernels/fused_cpu.py
-EXTRA_SOURCES = [SOURCE.with_name("cpu_ops.c")]
+EXTRA_SOURCES = [CSRC / "cpu_ops.c"]
+# No -march=native: each ISA path carries its own target attributes, so the portable one
+# runs anywhere and the choice is made at run time.
 FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 ISAS = ("portable", "avx2", "avx512")  # the C enum's order
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -92,8 +98,11 @@ def library() -> ctypes.CDLL | None:
         return _state["lib"]
 
 
-class _Unavailable(Exception):
-    pass
+class NativeUnavailable(Exception):
+    """A native library cannot be built or loaded here; the message says why."""
+
+
+_Unavailable = NativeUnavailable
 
 
 def _cache_dir() -> Path:
@@ -113,7 +122,13 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _load() -> ctypes.CDLL:
+def build_and_load(name: str, sources: list[Path], flags: list[str]) -> ctypes.CDLL:
+    """Compile C `sources` (with the csrc/ headers) into one shared library in the user cache,
+    keyed by the sources, the headers, the compiler, `flags` and the CPU's flags; load it.
+
+    Raises NativeUnavailable (with the reason) where it cannot be built or loaded. Each
+    library's module keeps its own state; this only builds and loads.
+    """
     if os.environ.get("PAGECLI_NATIVE_KERNELS", "1") == "0":
         raise _Unavailable("turned off by PAGECLI_NATIVE_KERNELS=0")
     if platform.system() != "Linux":
@@ -127,48 +142,38 @@ def _load() -> ctypes.CDLL:
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise _Unavailable(f"{compiler} --version failed: {exc}") from None
+    headers = sorted(CSRC.glob("*.h"))
+    texts = [f.read_text() for f in [*sources, *headers]]
     key = hashlib.sha256(
-        "\0".join(
-            [
-                SOURCE.read_text(),
-                *(f.read_text() for f in HEADERS + EXTRA_SOURCES),
-                version,
-                " ".join(FLAGS),
-                _cpu_flags(),
-            ]
-        ).encode()
+        "\0".join([*texts, version, " ".join(flags), _cpu_flags()]).encode()
     ).hexdigest()[:16]
     folder = _cache_dir()
-    path = folder / f"paged_attention_cpu-{key}.so"
+    path = folder / f"{name}-{key}.so"
     if not path.exists():
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 built = Path(tmp) / path.name
                 result = subprocess.run(
-                    [
-                        compiler,
-                        *FLAGS,
-                        str(SOURCE),
-                        *map(str, EXTRA_SOURCES),
-                        "-o",
-                        str(built),
-                        "-lm",
-                    ],
+                    [compiler, *flags, *map(str, sources), "-o", str(built), "-lm"],
                     capture_output=True,
                     text=True,
                     timeout=BUILD_TIMEOUT_S,
                 )
                 if result.returncode != 0:
                     first = (result.stderr.strip().splitlines() or ["no output"])[0]
-                    raise _Unavailable(f"compiling {SOURCE.name} failed: {first}")
+                    raise _Unavailable(f"compiling {name} failed: {first}")
                 os.replace(built, path)  # atomic: a concurrent build writes the same file
         except (OSError, subprocess.SubprocessError) as exc:
-            raise _Unavailable(f"building {SOURCE.name} failed: {exc}") from None
+            raise _Unavailable(f"building {name} failed: {exc}") from None
     try:
-        lib = ctypes.CDLL(str(path))
+        return ctypes.CDLL(str(path))
     except OSError as exc:
         raise _Unavailable(f"loading {path} failed: {exc}") from None
+
+
+def _load() -> ctypes.CDLL:
+    lib = build_and_load("paged_attention_cpu", [SOURCE, *EXTRA_SOURCES], FLAGS)
     fn = lib.pagecli_paged_attention
     i64, i32 = ctypes.c_int64, ctypes.c_int
     ptr = ctypes.c_void_p

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from pagecli_kernels._checks import check_attention, check_lengths_host, check_store_kv
+from pagecli_kernels.quant_formats import QuantWeight
 
 
 def store_kv(
@@ -105,3 +106,19 @@ def paged_prefill_attention(
                 query.dtype
             )
     return out
+
+
+def dequantize(weight: QuantWeight) -> torch.Tensor:
+    """A block-format weight's values, [rows, cols] float32, by gguf.quants.dequantize: the
+    spec the kernels of quant_cpu.py match bit for bit."""
+    import gguf
+
+    values = gguf.quants.dequantize(
+        weight.data.numpy(), gguf.GGMLQuantizationType(weight.format.ggml_type)
+    )  # [rows, cols] float32
+    return torch.from_numpy(values.reshape(weight.rows, weight.cols).copy())
+
+
+def quant_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
+    """`x @ dequant(weight).T` in float64, cast back to x's dtype: [..., cols] -> [..., rows]."""
+    return (x.double() @ dequantize(weight).double().T).to(x.dtype)

@@ -46,7 +46,7 @@ PY
 }
 
 # SCENARIOS picks a subset (e.g. SCENARIOS="fp32 prefix" on a CPU whose bfloat16 matmul is slow).
-SCENARIOS=${SCENARIOS:-"fp32 bf16 prefix chat latency threads display cpu_ops"}
+SCENARIOS=${SCENARIOS:-"fp32 bf16 prefix chat latency threads display cpu_ops quant"}
 for name in $SCENARIOS; do
     case $name in
         fp32) run fp32 --compare hf --dtype float32 "$@" ;;
@@ -65,6 +65,11 @@ for name in $SCENARIOS; do
             { "$BIN/python" benchmarks/cpu_attention.py; echo
               "$BIN/python" benchmarks/cpu_linear.py --threads 2; echo
               "$BIN/python" benchmarks/cpu_linear.py --threads 1; } > "$TMP/cpu_ops.txt"
+            ;;
+        quant)
+            echo "== benchmarks/quant_vs_llamacpp.py, benchmarks/quant_quality.py" >&2
+            { "$BIN/python" benchmarks/quant_vs_llamacpp.py --threads 2; echo
+              "$BIN/python" benchmarks/quant_quality.py --threads 2; } > "$TMP/quant.txt"
             ;;
     esac
 done
@@ -89,6 +94,7 @@ done
             threads) title="Torch threads, 1 and 2 (\`--num-threads\`, 24 requests)" ;;
             cpu_ops) title="CPU ops: paged attention and packed linear weights (\`benchmarks/cpu_*.py\`)" ;;
             display) title="Cost of the live block display (\`--display\` vs \`--no-display\` on a terminal)" ;;
+            quant) title="Quantized GGUF weights vs llama.cpp, and quantize-at-load quality (\`benchmarks/quant_*.py\`)" ;;
         esac
         echo
         echo "## $title"

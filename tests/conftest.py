@@ -14,10 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    """The default model converted to the HF layout (cached under the user cache dir)."""
-    from pagecli.loader.resolve import resolve_model
+    """The default model in the HF layout, with float32 weights for transformers (cached
+    under the user cache dir)."""
+    from pagecli.loader.resolve import float_checkpoint, resolve_model
 
-    return resolve_model(None).path
+    return float_checkpoint(resolve_model(None))
 
 
 @pytest.fixture(scope="session")

@@ -177,6 +177,7 @@ def bench(
         requests = draw_workload(num_prompts, in_range, out_range, vocab, workload_seed, prefix)
     if save_workload is not None:
         write_workload(save_workload, requests)
+    formats = {k: "+".join(v) for k, v in engine.runner.model.weight_formats.items()}
     info = {
         "machine": machine(),
         "model": engine.source.name,
@@ -186,14 +187,17 @@ def bench(
         "threads": None,
         "version": __version__,
         "scenario": scenario.value,
+        "weight_formats": formats,
     }
     if engine.device.type == "cpu":
-        from pagecli_kernels import native
+        from pagecli_kernels import native, quant_cpu
 
         reason = native.unavailable_reason()
         info["cpu_attention"] = (
             f"native C kernel ({native.isa()})" if reason is None else f"torch ({reason})"
         )
+        if engine.runner.weight_plan.quantized_names:
+            info["cpu_quant_kernels"] = f"native C kernels ({quant_cpu.isa()})"
     rows: list[dict] = []
     comparison: dict = {}
     with LiveDisplay(enabled=show) as live:
@@ -228,7 +232,9 @@ def bench(
             )
         comparison["prefix_cache_speedup"] = rows[1]["wall_s"] / rows[0]["wall_s"]
     if compare is not None:
-        source_path, dtype = llm.engine.source.path, llm.engine.dtype
+        from pagecli.loader.resolve import float_checkpoint
+
+        source_path, dtype = float_checkpoint(llm.engine.source), llm.engine.dtype
         kv_tokens = llm.engine.capacity_tokens  # hf-cb gets the same KV capacity
         del llm
         gc.collect()

@@ -43,6 +43,11 @@ def _cell(row: dict, key: str, fmt: str | None) -> str:
     return fmt.format(value)
 
 
+def format_weights(formats: dict[str, str]) -> str:
+    """Each layer type's weight format on one line: "embed_tokens q8_0 · qkv_proj q4_1 · ..."."""
+    return " · ".join(f"{layer} {fmt}" for layer, fmt in formats.items())
+
+
 def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
     if json_out:
         print(json.dumps(report, indent=2))
@@ -50,7 +55,11 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
     if csv_out:
         flat = [
             {
-                **{k: v for k, v in report.items() if k != "results" and k != "comparison"},
+                **{
+                    k: format_weights(v) if k == "weight_formats" else v
+                    for k, v in report.items()
+                    if k != "results" and k != "comparison"
+                },
                 **flatten(row),
             }
             for row in report["results"]
@@ -75,6 +84,8 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
     if not console.is_terminal:  # a file or pipe gets the whole table, never a cropped one
         console = Console(soft_wrap=False, width=PIPE_WIDTH)
     console.print(table)
+    if report.get("weight_formats"):
+        console.print(f"weights: {format_weights(report['weight_formats'])}")
     for row in rows:
         for turn in row.get("turns", []):
             console.print(

@@ -18,7 +18,15 @@ from typing import Annotated, Any, Optional, get_args
 
 import typer
 
-from pagecli.config import AttentionImpl, Device, DType, EngineConfig, LoadFormat, PreemptionMode
+from pagecli.config import (
+    AttentionImpl,
+    Device,
+    DType,
+    EngineConfig,
+    LoadFormat,
+    PreemptionMode,
+    Quantization,
+)
 from pagecli.sampling_params import SamplingParams
 
 MODEL_PANEL = "Model"
@@ -44,6 +52,7 @@ DeviceChoice = _choices("DeviceChoice", Device)
 LoadFormatChoice = _choices("LoadFormatChoice", LoadFormat)
 PreemptionModeChoice = _choices("PreemptionModeChoice", PreemptionMode)
 AttentionImplChoice = _choices("AttentionImplChoice", AttentionImpl)
+QuantizationChoice = _choices("QuantizationChoice", Quantization)
 
 
 def _opt(panel: str, help: str, *decls: str, **kw: Any) -> typer.models.OptionInfo:
@@ -73,6 +82,14 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
     ),
     "device": (DeviceChoice, _opt(MODEL_PANEL, "Where to run (auto: CUDA when available).")),
     "load_format": (LoadFormatChoice, _opt(MODEL_PANEL, "Weight format; dummy = random weights.")),
+    "quantization": (
+        QuantizationChoice,
+        _opt(
+            MODEL_PANEL,
+            "Weights in memory (CPU): auto keeps a GGUF's block formats; none dequantizes; "
+            "q8_0/q4_k quantize a safetensors model at load time.",
+        ),
+    ),
     "chat_template": (
         Optional[Path],
         _opt(MODEL_PANEL, "A Jinja chat template file overriding the model's.", show_default=False),

@@ -12,12 +12,12 @@ from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import packing_supported
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
+from pagecli.loader.weight_plan import plan_weights
 from pagecli.loader.weights import (
     KVCacheMemoryError,
     check_fits,
     check_kv_fits,
     init_dummy_weights,
-    iter_safetensors,
 )
 from pagecli.models.registry import model_class
 from pagecli.outputs import TokenLogprob
@@ -53,6 +53,22 @@ def keep_freed_memory() -> bool:
     ok &= mallopt(m_trim_threshold, 2**31 - 1)  # never give the heap's top back
     ok &= mallopt(m_top_pad, 64 * 2**20)  # grow the heap in 64 MiB steps
     return bool(ok)
+
+
+def release_freed_memory() -> bool:
+    """Give the heap's free pages back to the kernel once (glibc's malloc_trim), after loading:
+    parsing a GGUF file's metadata alone allocates ~150 MB of temporaries (the default model's
+    49k-token vocabulary), which keep_freed_memory() would otherwise keep resident for good.
+    A no-op (False) where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return False
+    return bool(trim(0)) if trim is not None else False
 
 
 @dataclass
@@ -146,26 +162,37 @@ class ModelRunner:
 
     def _load_model(self, hf_config, source: ModelSource, max_model_len: int):
         cls = model_class(hf_config)
-        check_fits(hf_config, self.dtype, self.device, source.name)
+        load_format = self.config.load_format
+        dummy = load_format == "dummy" or not source.has_weights
+        plan = plan_weights(
+            source, "none" if dummy else self.config.quantization, self.device, self.dtype
+        )
+        self.weight_plan = plan
+        check_fits(hf_config, self.dtype, self.device, source.name, plan.resident_bytes)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device("meta"):
                 model = cls(hf_config, max_position=max_model_len)
+                model.use_quantized(plan.quantized_names)  # no float copy of these weights
         finally:
             torch.set_default_dtype(previous)
         model = model.to_empty(device=self.device)
         model.rotary.to_device(self.device, self.dtype)
-        load_format = self.config.load_format
-        if load_format == "dummy" or not source.has_weights:
+        if dummy:
             if load_format not in ("dummy", "auto"):
                 raise ModelLoadError(f"{source.name}: has no weights; use --load-format dummy")
             init_dummy_weights(model, self.config.seed)
         else:
             with torch.no_grad():
-                model.load_weights(iter_safetensors(source.path, source.name))
+                model.load_weights(plan.weights())
         if packing_supported(self.dtype, self.device):
             model.pack_weights()
+        if self.device.type == "cpu":
+            import gc
+
+            gc.collect()
+            release_freed_memory()
         return model.eval()
 
     def _set_attention_impl(self, impl: str) -> None:

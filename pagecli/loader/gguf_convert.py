@@ -1,8 +1,10 @@
 """GGUF files to the Hugging Face layout, with the `gguf` package.
 
-Weights are dequantized to float32, llama.cpp's Q/K row permutation is undone, the config and
-the tokenizer (with its chat template) are read from the file's metadata. The result is a folder
-with config.json, model.safetensors and tokenizer files that the safetensors path then loads.
+The config and the tokenizer (with its chat template) are read from the file's metadata into
+a folder (config.json, tokenizer files); the engine reads the weights from the GGUF itself
+(loader/gguf_weights.py). For transformers (baselines, tests) `write_float_weights` adds a
+model.safetensors on demand: weights dequantized to float32, llama.cpp's Q/K row permutation
+undone.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
 # llama.cpp tensor names -> transformers names (per layer: "blk.N.<x>" -> "model.layers.N.<y>").
@@ -34,8 +35,8 @@ _LAYER_NAMES = {
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # Architectures whose Q/K rows llama.cpp's converter permuted (for its rope layout).
-_PERMUTED_ARCHS = {"llama"}
-_ARCHITECTURES = {
+PERMUTED_ARCHS = {"llama"}
+ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -65,7 +66,8 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(rows, *rest)
 
 
-def _field(reader, key: str, default=None):
+def field(reader, key: str, default=None):
+    """A metadata value of the file, or `default`."""
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -73,44 +75,39 @@ def _field(reader, key: str, default=None):
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json, model.safetensors and the tokenizer of `gguf_path` into `out_dir`."""
-    import gguf
-    from safetensors.torch import save_file
+    """Write config.json and the tokenizer of `gguf_path` into `out_dir`."""
     from transformers import AutoConfig, AutoTokenizer
 
-    try:
-        reader = gguf.GGUFReader(str(gguf_path))
-    except Exception as exc:  # the gguf package raises assorted errors for a bad file
-        raise GGUFError(f"{gguf_path}: not a readable GGUF file ({exc})") from None
-    arch = _field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
+    from pagecli.loader.gguf_weights import open_gguf
+
+    reader = open_gguf(gguf_path)
+    arch = field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
         raise GGUFError(f"{gguf_path}: unsupported GGUF architecture {arch!r}")
-    num_heads = int(_field(reader, f"{arch}.attention.head_count"))
-    num_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", num_heads))
-
-    tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        name = hf_tensor_name(t.name)
-        if name is None:
-            continue
-        data = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [rows, cols]
-        shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
-        weight = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
-        if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "q_proj.bias")):
-            weight = unpermute_qk(weight, num_heads)
-        elif arch in _PERMUTED_ARCHS and name.endswith(("k_proj.weight", "k_proj.bias")):
-            weight = unpermute_qk(weight, num_kv_heads)
-        tensors[name] = weight.contiguous()
-
     out_dir.mkdir(parents=True, exist_ok=True)
     folder, filename = str(gguf_path.parent), gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=filename)
-    config.architectures = [_ARCHITECTURES[arch]]
-    config.tie_word_embeddings = "lm_head.weight" not in tensors
+    config.architectures = [ARCHITECTURES[arch]]
+    config.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
     config.save_pretrained(out_dir)
+    if field(reader, "tokenizer.ggml.model") is None:
+        return  # weights only (test files): token ids in, token ids out
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    template = _field(reader, "tokenizer.chat_template")
+    template = field(reader, "tokenizer.chat_template")
     if template and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = template
     tokenizer.save_pretrained(out_dir)
+
+
+def write_float_weights(gguf_path: Path, out_dir: Path) -> None:
+    """Write the file's weights, dequantized to float32, as `out_dir`/model.safetensors."""
+    from safetensors.torch import save_file
+
+    from pagecli.loader.gguf_weights import iter_gguf_weights, open_gguf
+
+    reader = open_gguf(gguf_path)
+    try:
+        tensors = dict(iter_gguf_weights(reader, keep_quantized=False))
+    except GGUFError as exc:
+        raise GGUFError(f"{gguf_path}: {exc}") from None
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

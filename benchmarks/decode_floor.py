@@ -1,0 +1,102 @@
+"""The single-stream decode floor: bytes of weights read per token / measured read bandwidth.
+
+Loads a model as the engine does (default: the default model's GGUF, kept quantized), sums
+the bytes one decode step must stream (every projection's weights, plus the output
+projection: the whole tied embedding; one embedding row is negligible), measures this
+machine's memory read bandwidth with the same thread count (the best of several passes of a
+streaming sum over a buffer far larger than the caches), and reports the floor next to the
+measured single-stream decode time (a 128-token greedy generation after a 1-token prompt).
+
+    .venv/bin/python benchmarks/decode_floor.py [--model FILE.gguf] [--threads 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from pagecli import LLM, SamplingParams
+from pagecli.layers.linear import PackedLinear
+from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
+
+BANDWIDTH_BYTES = 1 << 30  # 1 GiB: far past any cache
+
+
+def read_bandwidth(num_threads: int, repeats: int = 7) -> float:
+    """Bytes per second of a streaming float32 sum over 1 GiB on `num_threads` threads."""
+    torch.set_num_threads(num_threads)
+    buf = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - start)
+    return BANDWIDTH_BYTES / best
+
+
+def bytes_per_token(model: torch.nn.Module) -> int:
+    """Weight bytes one decode step reads: projections, and the output projection."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            total += module.nbytes
+        elif isinstance(module, PackedLinear):
+            total += module.in_features * module.out_features * 4
+        elif isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    if model.lm_head is None:  # tied: the embedding table is the output projection
+        embed = model.embed_tokens
+        if isinstance(embed, QuantEmbedding):
+            total += embed.nbytes
+        elif model.packed_head is None:
+            total += embed.weight.numel() * embed.weight.element_size()
+    return total
+
+
+def decode_ms_per_token(llm: LLM, num_tokens: int = 128, repeats: int = 3) -> float:
+    """Best-of-`repeats` mean time per generated token of one greedy stream."""
+    params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+    best = float("inf")
+    for i in range(repeats):
+        prompt = {"prompt_token_ids": [1 + i]}
+        start = time.perf_counter()
+        llm.generate([prompt], params)
+        best = min(best, (time.perf_counter() - start) / num_tokens)
+    return 1000 * best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    llm = LLM(args.model, num_threads=args.threads, quantization=args.quantization)
+    weight_bytes = bytes_per_token(llm.engine.runner.model)
+    decode_ms = decode_ms_per_token(llm)
+    bandwidth = read_bandwidth(args.threads)
+    floor_ms = 1000 * weight_bytes / bandwidth
+    result = {
+        "threads": args.threads,
+        "weight_bytes_per_token": weight_bytes,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "floor_ms_per_token": floor_ms,
+        "decode_ms_per_token": decode_ms,
+        "decode_over_floor": decode_ms / floor_ms,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(
+        f"threads {args.threads}: {weight_bytes / 1e6:.1f} MB of weights per token, "
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s -> floor {floor_ms:.2f} ms/token; "
+        f"measured decode {decode_ms:.2f} ms/token = {decode_ms / floor_ms:.2f}x the floor"
+    )
+
+
+if __name__ == "__main__":
+    main()

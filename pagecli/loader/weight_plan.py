@@ -1,0 +1,144 @@
+"""What the model's weights will be in memory, decided before anything is loaded.
+
+`plan_weights` turns `--quantization` and the source into a `WeightPlan`: the effective mode,
+the checkpoint tensors that arrive as `QuantWeight`s (their layers are made quantized on the
+meta model first, so no float copy is ever allocated), the bytes that will be resident (for
+the memory check) and the stream of (name, weight) to load.
+
+| source       | auto                       | none              | q8_0 / q4_k               |
+| ------------ | -------------------------- | ----------------- | ------------------------- |
+| GGUF         | the file's block formats   | float (dequant.)  | refused: no re-quantizing |
+| safetensors  | float, as stored           | float             | quantized at load time    |
+
+Quantized weights need the CPU and the native kernels; on CUDA `auto` means `none` (today's
+behaviour, dequantize to the compute dtype), and on a CPU without the kernels `auto` falls
+back to `none` with one warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pagecli.loader.resolve import ModelLoadError, ModelSource
+from pagecli_kernels.quant_formats import BY_GGML_TYPE, FORMATS, QuantWeight
+
+Weight = QuantWeight | torch.Tensor
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """The weights' in-memory formats and where they come from."""
+
+    mode: str  # "gguf" (the file's formats), "none", "q8_0" or "q4_k"
+    quantized_names: set[str] = field(default_factory=set)
+    resident_bytes: int | None = None  # None: parameters x dtype size
+    weights: Callable[[], Iterator[tuple[str, Weight]]] | None = None  # None: dummy weights
+
+
+def _kernels_reason() -> str | None:
+    from pagecli_kernels import quant_cpu
+
+    return quant_cpu.unavailable_reason()
+
+
+def plan_weights(
+    source: ModelSource, quantization: str, device: torch.device, dtype: torch.dtype
+) -> WeightPlan:
+    """The plan for `source` under `--quantization`; ModelLoadError for a combination that
+    cannot be honoured."""
+    if quantization in ("q8_0", "q4_k"):
+        if device.type != "cpu":
+            raise ModelLoadError(f"--quantization {quantization} runs on the CPU only")
+        if source.gguf_file is not None:
+            raise ModelLoadError(
+                f"{source.name}: a GGUF keeps its own formats; --quantization {quantization} "
+                "quantizes safetensors checkpoints (use auto or none)"
+            )
+    mode = quantization
+    if mode != "none" and device.type == "cpu":
+        reason = _kernels_reason()
+        if reason is not None:
+            if mode != "auto":
+                raise ModelLoadError(
+                    f"--quantization {mode}: quantized kernels unavailable ({reason})"
+                )
+            if source.gguf_file is not None:
+                warnings.warn(
+                    f"quantized CPU kernels unavailable ({reason}); GGUF weights are "
+                    "dequantized to float32",
+                    stacklevel=2,
+                )
+            mode = "none"
+    if mode == "auto":
+        mode = "gguf" if source.gguf_file is not None and device.type == "cpu" else "none"
+    if source.gguf_file is not None:
+        return _gguf_plan(source.gguf_file, keep=mode == "gguf", dtype=dtype)
+    if not source.has_weights:
+        return WeightPlan(mode="none")
+    return _safetensors_plan(source, mode, dtype)
+
+
+def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
+    from pagecli.loader.gguf_convert import GGUFError, hf_tensor_name
+    from pagecli.loader.gguf_weights import iter_gguf_weights, open_gguf
+
+    try:
+        reader = open_gguf(path)
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from None
+    size = torch.tensor([], dtype=dtype).element_size()
+    names: set[str] = set()
+    resident = 0
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name)
+        if name is None:
+            continue
+        if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == 2:
+            names.add(name)
+            resident += int(t.n_bytes)
+        else:
+            resident += int(t.n_elements) * size
+
+    def weights() -> Iterator[tuple[str, Weight]]:
+        try:
+            yield from iter_gguf_weights(open_gguf(path), keep_quantized=keep)
+        except GGUFError as exc:
+            raise ModelLoadError(f"{path}: {exc}") from None
+
+    return WeightPlan("gguf" if keep else "none", names, resident, weights)
+
+
+def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> WeightPlan:
+    from pagecli.loader.weights import iter_safetensors, safetensors_shapes
+
+    if mode == "none":
+        return WeightPlan("none", weights=lambda: iter_safetensors(source.path, source.name))
+    from pagecli.loader.quantize import quantize_weight, wants_quantization, weight_format
+
+    size = torch.tensor([], dtype=dtype).element_size()
+    names: set[str] = set()
+    resident = 0
+    for name, shape in safetensors_shapes(source.path, source.name):
+        numel = 1
+        for d in shape:
+            numel *= d
+        if wants_quantization(name, len(shape)):
+            fmt = FORMATS[weight_format(name, shape[1], mode)]
+            names.add(name)
+            resident += numel // fmt.block_values * fmt.block_bytes
+        else:
+            resident += numel * size
+
+    def weights() -> Iterator[tuple[str, Weight]]:
+        for name, tensor in iter_safetensors(source.path, source.name):
+            if name in names:
+                yield name, quantize_weight(name, tensor, mode)
+            else:
+                yield name, tensor
+
+    return WeightPlan(mode, names, resident, weights)

@@ -1,0 +1,162 @@
+/*
+ * GGUF block formats for the CPU's quantized linear kernels: each block struct declared once,
+ * the f16 conversion, and the per-format entry points that quant_linear_cpu.c dispatches to.
+ *
+ * A format's kernels only dequantize: they turn whole blocks into float32 values, exactly
+ * those of gguf.quants.dequantize (every value is an f16 scale times a small integer, or two
+ * such products' difference, computed in the same order and never fused into an FMA). The
+ * activations are never quantized; the driver multiplies the float32 weights with them.
+ *
+ * Layouts follow ggml (ggml-common.h); QK_K = 256 values per K-quant super-block.
+ */
+#ifndef PAGECLI_QUANT_BLOCKS_H
+#define PAGECLI_QUANT_BLOCKS_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK8_0 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+typedef uint16_t f16_bits;
+
+typedef struct __attribute__((packed)) {
+    f16_bits d;          /* scale */
+    int8_t qs[QK8_0];    /* value = d * qs[j] */
+} block_q8_0;            /* 34 bytes */
+
+typedef struct __attribute__((packed)) {
+    f16_bits d;
+    uint8_t qs[QK4_0 / 2]; /* value j: d * ((qs[j] & 15) - 8); j + 16: d * ((qs[j] >> 4) - 8) */
+} block_q4_0;              /* 18 bytes */
+
+typedef struct __attribute__((packed)) {
+    f16_bits d, m;         /* value j: d * (qs[j] & 15) + m; j + 16: d * (qs[j] >> 4) + m */
+    uint8_t qs[QK4_1 / 2];
+} block_q4_1;              /* 20 bytes */
+
+typedef struct __attribute__((packed)) {
+    f16_bits d, dmin;             /* super-block scales of the 6-bit sub-block scales/mins */
+    uint8_t scales[K_SCALE_SIZE]; /* 8 sub-blocks of 32: 6-bit scale and min each */
+    uint8_t qs[QK_K / 2];         /* 4-bit values; 32 bytes hold sub-blocks 2i (low), 2i+1 */
+} block_q4_K;                     /* 144 bytes */
+
+typedef struct __attribute__((packed)) {
+    f16_bits d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];  /* bit i of qh[l]: the fifth bit of value l of sub-block i */
+    uint8_t qs[QK_K / 2];
+} block_q5_K;              /* 176 bytes */
+
+typedef struct __attribute__((packed)) {
+    uint8_t ql[QK_K / 2];     /* low 4 bits */
+    uint8_t qh[QK_K / 4];     /* high 2 bits */
+    int8_t scales[QK_K / 16]; /* one 8-bit scale per 16 values */
+    f16_bits d;
+} block_q6_K;                 /* 210 bytes */
+
+/* ggml's type ids (GGMLQuantizationType), the ids Python passes in. */
+enum quant_type {
+    QT_Q4_0 = 2,
+    QT_Q4_1 = 3,
+    QT_Q8_0 = 8,
+    QT_Q4_K = 12,
+    QT_Q5_K = 13,
+    QT_Q6_K = 14,
+};
+
+/* Instruction-set paths; a higher one needs a CPU that has the lower ones' features. */
+enum quant_isa { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+/* Exact f16 -> f32 (normals, subnormals, inf, nan), bit by bit: the portable spec. */
+static inline float f16_to_f32(f16_bits h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalize */
+        exp = 113;
+        while (!(man & 0x400)) {
+            man <<= 1;
+            exp--;
+        }
+        bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block. */
+static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Dequantize `num_blocks` consecutive blocks into out[num_blocks * block values]. */
+typedef void (*dequant_fn)(const void *blocks, float *out, int64_t num_blocks);
+
+/* out[i] = dot(dequant(row), x[i * ldx ...]) for i < m <= ROWS_MAX: one row of W against m
+ * input rows, dequantized in registers (the fused decode kernel; optional per format). */
+#define ROWS_MAX 4
+typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int64_t ldx, int m,
+                        float *out);
+
+struct quant_format {
+    int type;
+    int block_values; /* values per block */
+    int block_bytes;
+    dequant_fn dequant[3]; /* per quant_isa; NULL where the build lacks that path */
+    rows_fn rows[3];       /* per quant_isa; NULL: dequantize into a buffer, then dot */
+};
+
+/* Helpers for the register-fused row kernels: acc[i][k] += w * x[i][off..off+16). The kernel
+ * body is always inlined into one copy per constant m, so acc stays in registers. */
+#define ROWS_FMA16(k, w, off)                                                                  \
+    for (int i_ = 0; i_ < M; i_++)                                                             \
+        acc[i_][k] = _mm512_fmadd_ps((w), _mm512_loadu_ps(x + i_ * ldx + (off)), acc[i_][k]);
+#define ROWS_BEGIN                                                                             \
+    __m512 acc[ROWS_MAX][2];                                                                   \
+    for (int i_ = 0; i_ < M; i_++) acc[i_][0] = acc[i_][1] = _mm512_setzero_ps();
+#define ROWS_END                                                                               \
+    for (int i_ = 0; i_ < M; i_++) out[i_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i_][0], acc[i_][1]));
+/* The entry point of kernel NAME: dispatch m to a constant. */
+#define ROWS_DISPATCH(NAME)                                                                    \
+    TARGET_AVX512 static void NAME(const void *row, int64_t nb, const float *x, int64_t ldx,   \
+                                   int m, float *out) {                                        \
+        switch (m) {                                                                           \
+        case 1: NAME##_m(row, nb, x, ldx, out, 1); break;                                      \
+        case 2: NAME##_m(row, nb, x, ldx, out, 2); break;                                      \
+        case 3: NAME##_m(row, nb, x, ldx, out, 3); break;                                      \
+        default: NAME##_m(row, nb, x, ldx, out, 4); break;                                     \
+        }                                                                                      \
+    }
+#define ROWS_KERNEL(NAME)                                                                      \
+    TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_m(                 \
+        const void *row, int64_t nb, const float *x, int64_t ldx, float *out, const int M)
+
+/* Defined in quant_q4_q8.c and quant_k.c. */
+extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1;
+extern const struct quant_format FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K;
+
+#if defined(__x86_64__) || defined(__i386__)
+#define QUANT_X86 1
+#define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#else
+#define QUANT_X86 0
+#endif
+
+#endif

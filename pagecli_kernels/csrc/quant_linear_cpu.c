@@ -1,0 +1,279 @@
+/*
+ * Quantized linear layers for the CPU: y = x @ dequant(W).T with float32 activations and
+ * float32 sums, W in a GGUF block format (quant_blocks.h; the formats are quant_q4_q8.c and
+ * quant_k.c).
+ *
+ * Two paths, chosen by the number of input rows m:
+ *   - m <= FUSED_MAX_ROWS (decode): each thread takes a contiguous range of W's output rows and
+ *     streams them once. Where the format has a register-fused row kernel for the path
+ *     (AVX-512: quant_q4_q8.c, quant_k.c), a row is dequantized in registers and dotted with
+ *     up to ROWS_MAX input rows at a time; otherwise a chunk of the row is dequantized into an
+ *     L1 buffer and dotted with the m input rows. Decode is bound by the bytes of W read, so W
+ *     is read once, packed.
+ *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
+ *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
+ *     that Python hands over (torch's MKL, run single-threaded inside the thread), or, without
+ *     one, through the fused path.
+ *
+ * Runtime dispatch: the instruction-set path (portable, AVX2+FMA, AVX-512) is the best one the
+ * CPU reports, unless pagecli_quant_set_isa() chose a lower one (tests run every path). The
+ * library itself is built for the baseline ISA, so the portable path runs anywhere; only the
+ * functions marked TARGET_* use newer instructions.
+ *
+ * Layouts: W [n, k] as n rows of row_bytes (k / block values blocks each); x [m, k] with row
+ * stride ldx (elements); y [m, n] with row stride ldy. k is a multiple of the block size.
+ * Functions return 0, or QUANT_E_* below.
+ */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "quant_blocks.h"
+
+#if QUANT_X86
+#include <immintrin.h>
+#endif
+
+#define QUANT_E_FORMAT -1 /* unknown type, or k not a multiple of its block */
+#define QUANT_E_ROW -2    /* a row id outside [0, n) */
+#define QUANT_E_MEMORY -3 /* no memory for a panel */
+
+#define FUSED_MAX_ROWS 8      /* input rows the fused path takes at once */
+#define CHUNK_VALUES 4096     /* weights dequantized at once by the fused path: 16 KiB */
+#define PANEL_BYTES (1 << 20) /* float32 panel of the sgemm path, per thread: in L2 */
+
+typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n,
+                         const int *k, const float *alpha, const float *a, const int *lda,
+                         const float *b, const int *ldb, const float *beta, float *c,
+                         const int *ldc);
+typedef int (*set_threads_fn)(int);
+
+static sgemm_fn blas_sgemm;
+static set_threads_fn blas_set_threads_local;
+static int chosen_isa = -1;
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+/* The best path this CPU runs. */
+int pagecli_quant_best_isa(void) {
+#if QUANT_X86
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return ISA_AVX512;
+    if (avx2) return ISA_AVX2;
+#endif
+    return ISA_PORTABLE;
+}
+
+/* Choose a path (0 portable, 1 AVX2, 2 AVX-512); -1 if the CPU lacks it. */
+int pagecli_quant_set_isa(int isa) {
+    if (isa < ISA_PORTABLE || isa > pagecli_quant_best_isa()) return -1;
+    chosen_isa = isa;
+    return 0;
+}
+
+/* The path in use. */
+int pagecli_quant_isa(void) {
+    if (chosen_isa < 0) chosen_isa = pagecli_quant_best_isa();
+    return chosen_isa;
+}
+
+/* The BLAS sgemm (Fortran interface, 32-bit ints) for the panel path, and optionally the
+ * function that limits its threads for the calling thread (MKL_Set_Num_Threads_Local).
+ * NULL turns the panel path off. */
+void pagecli_quant_set_blas(void *sgemm, void *set_threads_local) {
+    blas_sgemm = (sgemm_fn)sgemm;
+    blas_set_threads_local = (set_threads_fn)set_threads_local;
+}
+
+static const struct quant_format *format_of(int type) {
+    switch (type) {
+    case QT_Q8_0: return &FORMAT_Q8_0;
+    case QT_Q4_0: return &FORMAT_Q4_0;
+    case QT_Q4_1: return &FORMAT_Q4_1;
+    case QT_Q4_K: return &FORMAT_Q4_K;
+    case QT_Q5_K: return &FORMAT_Q5_K;
+    case QT_Q6_K: return &FORMAT_Q6_K;
+    default: return NULL;
+    }
+}
+
+/* ---- float32 dot products, one per path (n is a multiple of 32) --------------------------- */
+
+typedef float (*dot_fn)(const float *a, const float *b, int64_t n);
+
+static float dot_portable(const float *a, const float *b, int64_t n) {
+    float s[4] = {0, 0, 0, 0}; /* four chains, so that the loop does not wait on one add */
+    for (int64_t i = 0; i < n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += a[i + j] * b[i + j];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+#if QUANT_X86
+TARGET_AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i < n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+TARGET_AVX512 static float dot_avx512(const float *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    if (i < n) { /* the last 32 */
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+static const dot_fn DOTS[3] = {dot_portable, dot_avx2, dot_avx512};
+#else
+static const dot_fn DOTS[3] = {dot_portable, NULL, NULL};
+#endif
+
+/* ---- the two paths -------------------------------------------------------------------------- */
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Fused dequantize-and-dot, for up to FUSED_MAX_ROWS input rows. */
+static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
+                  int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
+                  int64_t ldy, int num_threads) {
+    const dequant_fn dequant = f->dequant[isa];
+    const dot_fn dot = DOTS[isa];
+    const int64_t blocks_per_row = k / f->block_values;
+    const int64_t chunk_blocks = CHUNK_VALUES / f->block_values;
+    const rows_fn rows = f->rows[isa];
+    if (rows) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+        for (int64_t row = 0; row < n; row++) {
+            float acc[ROWS_MAX];
+            for (int64_t i = 0; i < m; i += ROWS_MAX) {
+                const int count = (int)min64(ROWS_MAX, m - i);
+                rows(w + row * row_bytes, blocks_per_row, x + i * ldx, ldx, count, acc);
+                for (int r = 0; r < count; r++) y[(i + r) * ldy + row] = acc[r];
+            }
+        }
+        return;
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+        float buf[CHUNK_VALUES] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < n; row++) {
+            float acc[FUSED_MAX_ROWS] = {0};
+            const uint8_t *blocks = w + row * row_bytes;
+            for (int64_t b0 = 0; b0 < blocks_per_row; b0 += chunk_blocks) {
+                const int64_t num_blocks = min64(chunk_blocks, blocks_per_row - b0);
+                const int64_t offset = b0 * f->block_values, len = num_blocks * f->block_values;
+                dequant(blocks + b0 * f->block_bytes, buf, num_blocks);
+                for (int64_t i = 0; i < m; i++) acc[i] += dot(buf, x + i * ldx + offset, len);
+            }
+            for (int64_t i = 0; i < m; i++) y[i * ldy + row] = acc[i];
+        }
+    }
+}
+
+/* Rows of W per panel: the panel fits PANEL_BYTES, a multiple of 16 rows, and the panels
+ * split evenly over the threads where W allows it. */
+static int64_t panel_rows(int64_t n, int64_t k, int num_threads) {
+    int64_t most = PANEL_BYTES / (int64_t)(k * sizeof(float));
+    most = most < 16 ? 16 : most - most % 16;
+    const int64_t rounds = (n + most * num_threads - 1) / (most * num_threads);
+    const int64_t per_panel = (n + rounds * num_threads - 1) / (rounds * num_threads);
+    return (per_panel + 15) / 16 * 16;
+}
+
+static __thread float *panel_buf;
+static __thread int64_t panel_cap;
+
+/* Dequantized panels of W times x through sgemm. */
+static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
+                  int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
+                  int64_t ldy, int num_threads) {
+    const dequant_fn dequant = f->dequant[isa];
+    const int64_t blocks_per_row = k / f->block_values;
+    const int64_t rows = panel_rows(n, k, num_threads);
+    const int64_t num_panels = (n + rows - 1) / rows;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        if (panel_cap < rows * k) {
+            free(panel_buf);
+            panel_buf = aligned_alloc(64, (size_t)((rows * k * sizeof(float) + 63) / 64 * 64));
+            panel_cap = panel_buf ? rows * k : 0;
+        }
+        const int previous = blas_set_threads_local ? blas_set_threads_local(1) : 0;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < num_panels; p++) {
+            if (!panel_buf) {
+                failed = 1;
+                continue;
+            }
+            const int64_t first = p * rows, count = min64(rows, n - first);
+            for (int64_t r = 0; r < count; r++)
+                dequant(w + (first + r) * row_bytes, panel_buf + r * k, blocks_per_row);
+            /* Column-major view: y^T[first:first+count, :] = panel (count x k) @ x^T (k x m). */
+            const int ic = (int)count, im = (int)m, ik = (int)k, ildx = (int)ldx,
+                      ildy = (int)ldy;
+            const float one = 1.0f, zero = 0.0f;
+            blas_sgemm("T", "N", &ic, &im, &ik, &one, panel_buf, &ik, x, &ildx, &zero,
+                       y + first, &ildy);
+        }
+        if (blas_set_threads_local) blas_set_threads_local(previous);
+    }
+    return failed ? QUANT_E_MEMORY : 0;
+}
+
+/* ---- entry points ------------------------------------------------------------------------- */
+
+/* y[m, n] = x[m, k] @ dequant(W[n, k]).T */
+int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
+                         int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads) {
+    const struct quant_format *f = format_of(type);
+    if (!f || k % f->block_values) return QUANT_E_FORMAT;
+    const int isa = pagecli_quant_isa();
+    const int64_t row_bytes = k / f->block_values * f->block_bytes;
+    const int fits_int = n < (1LL << 31) && k < (1LL << 31) && m < (1LL << 31) &&
+                         ldx < (1LL << 31) && ldy < (1LL << 31);
+    if (m > FUSED_MAX_ROWS && blas_sgemm && fits_int)
+        return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
+    for (int64_t i = 0; i < m; i += FUSED_MAX_ROWS)
+        fused(f, isa, w, row_bytes, n, k, x + i * ldx, ldx, min64(FUSED_MAX_ROWS, m - i),
+              y + i * ldy, ldy, num_threads);
+    return 0;
+}
+
+/* out[i, :] = dequant(W[row_ids[i], :]) for i < num_ids (row_ids NULL: rows 0..num_ids). */
+int pagecli_quant_dequantize_rows(int type, const void *w, int64_t n, int64_t k,
+                                  const int64_t *row_ids, int64_t num_ids, float *out,
+                                  int num_threads) {
+    const struct quant_format *f = format_of(type);
+    if (!f || k % f->block_values) return QUANT_E_FORMAT;
+    const dequant_fn dequant = f->dequant[pagecli_quant_isa()];
+    const int64_t blocks_per_row = k / f->block_values;
+    const int64_t row_bytes = blocks_per_row * f->block_bytes;
+    for (int64_t i = 0; row_ids && i < num_ids; i++)
+        if (row_ids[i] < 0 || row_ids[i] >= n) return QUANT_E_ROW;
+    const uint8_t *rows = w;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_ids > 16)
+    for (int64_t i = 0; i < num_ids; i++) {
+        const int64_t row = row_ids ? row_ids[i] : i;
+        dequant(rows + row * row_bytes, out + i * k, blocks_per_row);
+    }
+    return 0;
+}

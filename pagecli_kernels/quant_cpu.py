@@ -1,0 +1,226 @@
+"""Quantized linear layers on the CPU: the C kernels of csrc/quant_*.c, built, loaded, called.
+
+`quant_linear(x, w)` computes `x @ dequant(w).T` in float32 from a `QuantWeight`'s packed
+blocks; `dequantize(w, row_ids)` turns whole rows into float32 (an embedding lookup, or the
+dequantize-everything fallback). The library is built by `native.build_and_load` for the
+architecture's baseline; its AVX2 and AVX-512 functions carry target attributes, and the
+path is chosen at run time from the CPU's flags (`isa()`, `set_isa()` for tests).
+
+For more than a few input rows the kernels multiply cache-sized float32 panels of W with
+torch's own BLAS (MKL's `sgemm_` in libtorch_cpu), which is looked up once here; where it is
+missing every call takes the fused path, correct but slower for prefill.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+
+from pagecli_kernels import native
+from pagecli_kernels.quant_formats import QuantWeight
+
+SOURCES = [native.CSRC / n for n in ("quant_linear_cpu.c", "quant_q4_q8.c", "quant_k.c")]
+FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
+ISAS = ("portable", "avx2", "avx512")  # enum quant_isa's order
+_ERRORS = {-1: "unknown format or columns not whole blocks", -2: "row id out of range"}
+
+_lock = threading.Lock()
+_state: dict = {"tried": False, "lib": None, "reason": None, "blas": False}
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded quantized-kernel library, built on first call; None when it cannot be had."""
+    with _lock:
+        if not _state["tried"]:
+            _state["tried"] = True
+            try:
+                _state["lib"] = _load()
+            except native.NativeUnavailable as exc:
+                _state["reason"] = str(exc)
+        return _state["lib"]
+
+
+def unavailable_reason() -> str | None:
+    """Why `library()` is None, or None when it loaded."""
+    library()
+    return _state["reason"]
+
+
+def supported_isas() -> list[str]:
+    """The instruction-set paths this CPU runs, narrowest first ([] without the library)."""
+    lib = library()
+    if lib is None:
+        return []
+    return list(ISAS[: lib.pagecli_quant_best_isa() + 1])
+
+
+def isa() -> str | None:
+    """The path the kernels run (the widest supported unless `set_isa` chose another)."""
+    lib = library()
+    return None if lib is None else ISAS[lib.pagecli_quant_isa()]
+
+
+def set_isa(name: str | None) -> None:
+    """Force one path of `supported_isas()` (tests, benchmarks); None: back to the widest."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    found = supported_isas()
+    if name is not None and name not in found:
+        raise ValueError(f"ISA path {name!r} is not supported here: {found}")
+    lib.pagecli_quant_set_isa(ISAS.index(name or found[-1]))
+
+
+def has_blas() -> bool:
+    """Whether the panel path found torch's sgemm (else large batches take the fused path)."""
+    library()
+    return _state["blas"]
+
+
+def use_blas(enabled: bool) -> None:
+    """Turn the sgemm panel path on or off (tests and benchmarks compare both paths)."""
+    lib = library()
+    if lib is None:
+        return
+    sgemm, set_threads = _torch_blas() if enabled else (None, None)
+    lib.pagecli_quant_set_blas(sgemm, set_threads if sgemm else None)
+    _state["blas"] = sgemm is not None
+
+
+def _torch_blas() -> tuple[int | None, int | None]:
+    """Addresses of sgemm_ and MKL_Set_Num_Threads_Local (C, by value) in libtorch_cpu."""
+    for path in sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu*")):
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:
+            continue
+        found = []
+        for symbol in ("sgemm_", "MKL_Set_Num_Threads_Local"):
+            fn = getattr(lib, symbol, None)
+            found.append(None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value)
+        return found[0], found[1]
+    return None, None
+
+
+def _load() -> ctypes.CDLL:
+    lib = native.build_and_load("quant_linear_cpu", SOURCES, FLAGS)
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.pagecli_quant_linear.argtypes = [i32, ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
+    lib.pagecli_quant_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.pagecli_quant_set_isa.argtypes = [i32]
+    lib.pagecli_quant_set_blas.argtypes = [ptr, ptr]
+    lib.pagecli_quant_set_blas.restype = None
+    for fn in ("pagecli_quant_linear", "pagecli_quant_dequantize_rows", "pagecli_quant_set_isa"):
+        getattr(lib, fn).restype = i32
+    lib.pagecli_quant_best_isa.restype = i32
+    lib.pagecli_quant_isa.restype = i32
+    sgemm, set_threads = _torch_blas()
+    lib.pagecli_quant_set_blas(sgemm, set_threads if sgemm else None)
+    _state["blas"] = sgemm is not None
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status == -3:
+        raise MemoryError(f"{what}: out of memory for a weight panel")
+    if status != 0:
+        raise ValueError(f"{what}: {_ERRORS.get(status, f'status {status}')}")
+
+
+def quant_linear(
+    x: torch.Tensor, weight: QuantWeight, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`x @ dequant(weight).T` for float32 CPU `x` [..., cols] -> [..., rows], float32 sums.
+
+    Rows of `x` may be strided (others are copied). `out`, if given, is a float32 [M, rows]
+    view whose rows may be strided (a column slice of a wider output) and is returned.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"quant_linear takes float32 CPU input, got {x.dtype} on {x.device}")
+    if x.shape[-1] != weight.cols:
+        raise ValueError(f"input has {x.shape[-1]} features, the weight {weight.cols}")
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, weight.cols)  # [M, K], a view where the strides allow
+    if x2d.stride(-1) != 1 or (x2d.shape[0] > 1 and x2d.stride(0) < weight.cols):
+        x2d = x2d.contiguous()
+    num_rows = x2d.shape[0]
+    if out is None:
+        out = torch.empty(num_rows, weight.rows, dtype=torch.float32)  # [M, N]
+    elif out.shape != (num_rows, weight.rows) or out.stride(-1) != 1 or out.dtype != x.dtype:
+        raise ValueError(f"out must be float32 [{num_rows}, {weight.rows}] with unit stride")
+    if num_rows:
+        status = lib.pagecli_quant_linear(
+            weight.format.ggml_type,
+            weight.data.data_ptr(),
+            weight.rows,
+            weight.cols,
+            x2d.data_ptr(),
+            x2d.stride(0) if num_rows > 1 else weight.cols,
+            num_rows,
+            out.data_ptr(),
+            out.stride(0) if num_rows > 1 else weight.rows,
+            torch.get_num_threads(),
+        )
+        _check(status, "quant_linear")
+    return out if len(lead) == 1 else out.view(*lead, weight.rows)
+
+
+def dequantize(weight: QuantWeight, row_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows `row_ids` (int64, any shape; None: all rows) of `weight` in float32:
+    [*row_ids.shape, cols], or [rows, cols]."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if row_ids is None:
+        ids_ptr, num_ids, lead = None, weight.rows, (weight.rows,)
+    else:
+        ids = row_ids.to(torch.int64).contiguous().view(-1)  # [num_ids]
+        ids_ptr, num_ids, lead = ids.data_ptr(), ids.numel(), tuple(row_ids.shape)
+    out = torch.empty(num_ids, weight.cols, dtype=torch.float32)  # [num_ids, K]
+    status = lib.pagecli_quant_dequantize_rows(
+        weight.format.ggml_type,
+        weight.data.data_ptr(),
+        weight.rows,
+        weight.cols,
+        ids_ptr,
+        num_ids,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    _check(status, "dequantize")
+    return out.view(*lead, weight.cols)
+
+
+class PreparedLinear:
+    """`quant_linear` for one weight, its constant arguments bound once: the per-call cost of
+    a decode step's 120 small products is Python's, so the hot path does only what varies.
+    Takes a float32 CPU `x2d` [M, cols] with unit column stride (the layer ensures it)."""
+
+    __slots__ = ("_fn", "_head", "weight")
+
+    def __init__(self, weight: QuantWeight) -> None:
+        lib = library()
+        if lib is None:
+            raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+        self.weight = weight
+        self._fn = lib.pagecli_quant_linear
+        self._head = (weight.format.ggml_type, weight.data.data_ptr(), weight.rows, weight.cols)
+
+    def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
+        num_rows, rows = x2d.shape[0], self._head[2]
+        out = torch.empty(num_rows, rows)  # [M, N] float32
+        if num_rows:
+            ldx = x2d.stride(0) if num_rows > 1 else self._head[3]
+            status = self._fn(
+                *self._head, x2d.data_ptr(), ldx, num_rows, out.data_ptr(), rows,
+                torch.get_num_threads(),
+            )  # fmt: skip
+            if status:
+                _check(status, "quant_linear")
+        return out

@@ -1,0 +1,89 @@
+"""GGUF block formats kept as they are in memory: `QuantWeight` and the formats' sizes.
+
+A `QuantWeight` is a `[rows, cols]` matrix stored as `rows` rows of raw GGUF blocks (ggml's
+layout, `csrc/quant_blocks.h`): a row is `cols / block_values` blocks, so whole rows can be
+selected, permuted and concatenated without touching the values. The kernels are in
+`quant_cpu.py`; `reference.py` has their float64 twins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One block format: ggml's type id, values and bytes per block."""
+
+    name: str
+    ggml_type: int  # gguf.GGMLQuantizationType value, also the C kernels' id
+    block_values: int
+    block_bytes: int
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.block_bytes / self.block_values
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        QuantFormat("q8_0", 8, 32, 34),
+        QuantFormat("q4_0", 2, 32, 18),
+        QuantFormat("q4_1", 3, 32, 20),
+        QuantFormat("q4_k", 12, 256, 144),
+        QuantFormat("q5_k", 13, 256, 176),
+        QuantFormat("q6_k", 14, 256, 210),
+    )
+}
+BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """A `[rows, cols]` weight in one block format; `data` is `[rows, row_bytes]` uint8."""
+
+    format: QuantFormat
+    data: torch.Tensor  # [rows, cols / block_values * block_bytes] uint8, contiguous
+    cols: int
+
+    def __post_init__(self) -> None:
+        f = self.format
+        if self.cols % f.block_values:
+            raise ValueError(f"{f.name}: {self.cols} columns are not whole {f.block_values}-blocks")
+        row_bytes = self.cols // f.block_values * f.block_bytes
+        if self.data.dtype != torch.uint8 or self.data.dim() != 2:
+            raise ValueError(f"{f.name}: data must be a 2-D uint8 tensor, got {self.data.dtype}")
+        if self.data.shape[1] != row_bytes or not self.data.is_contiguous():
+            raise ValueError(
+                f"{f.name}: rows of {self.cols} values take {row_bytes} contiguous bytes, "
+                f"got data of shape {tuple(self.data.shape)}"
+            )
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def select_rows(self, index: torch.Tensor) -> QuantWeight:
+        """The rows `index` (a permutation or subset), copied."""
+        return QuantWeight(self.format, self.data[index].contiguous(), self.cols)
+
+
+def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
+    """Rows of `parts` (one format, same columns) one after the other, in one buffer."""
+    first = parts[0]
+    if any(p.format != first.format or p.cols != first.cols for p in parts):
+        raise ValueError("concat_rows needs one format and one column count")
+    if len(parts) == 1:
+        return first
+    return QuantWeight(first.format, torch.cat([p.data for p in parts]), first.cols)

@@ -1,0 +1,148 @@
+"""The quantized CPU kernels (pagecli_kernels/quant_cpu.py) against their references.
+
+Every format x every instruction-set path this machine runs (the portable one included):
+- dequantization equals gguf.quants.dequantize bit for bit;
+- `quant_linear` equals the float64 product of the dequantized weights within a per-format
+  tolerance, for 1, 2, 3, 7, 8, 64 and 300 input rows (the fused decode path up to 8, the
+  sgemm panel path above, and the fused path for many rows when the panel path is off), odd
+  output sizes, and input rows that are not contiguous.
+
+Weights are random bytes with finite random f16 scales, so every bit pattern of the quants
+occurs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pagecli_kernels import quant_cpu, reference
+from pagecli_kernels.quant_formats import FORMATS, QuantWeight
+
+# |y - y_ref| <= TOL * (|x| @ |W|.T) per output. The weights are exact in float32 (each is an
+# f16 scale times a small integer, or a difference of two such products), so every format's
+# error is float32 summation only: about sqrt(cols) * 2^-24 relative to the sum of |products|
+# in practice, K * 2^-24 at worst; cols here are at most 768.
+TOLERANCES = {"q8_0": 2e-6, "q4_0": 2e-6, "q4_1": 2e-6, "q4_k": 2e-6, "q5_k": 2e-6, "q6_k": 2e-6}
+# Byte offsets of each block's f16 scales (random bytes there could be inf or NaN).
+SCALE_OFFSETS = {
+    "q8_0": [0],
+    "q4_0": [0],
+    "q4_1": [0, 2],
+    "q4_k": [0, 2],
+    "q5_k": [0, 2],
+    "q6_k": [208],
+}
+ROWS = [1, 2, 3, 7, 8, 64, 300]
+
+
+def random_weight(fmt: str, rows: int, cols: int, seed: int = 0) -> QuantWeight:
+    """Random blocks of `fmt`: random quants, random finite scales."""
+    f = FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    num_blocks = cols // f.block_values
+    data = rng.integers(0, 256, size=(rows, num_blocks, f.block_bytes), dtype=np.uint8)
+    for offset in SCALE_OFFSETS[fmt]:
+        scales = (rng.standard_normal((rows, num_blocks)) * 0.02).astype(np.float16)
+        data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, num_blocks, 2)
+    return QuantWeight(f, torch.from_numpy(data.reshape(rows, -1)), cols)
+
+
+def _cols(fmt: str) -> int:
+    # an odd number of blocks: 3 super-blocks, or 23 blocks of 32
+    return 768 if FORMATS[fmt].block_values == 256 else 736
+
+
+@pytest.fixture(params=["portable", "avx2", "avx512"])
+def isa(request):
+    """Each instruction-set path in turn; those the CPU lacks are skipped (named)."""
+    if quant_cpu.library() is None:
+        pytest.fail(f"the quantized CPU kernels did not build: {quant_cpu.unavailable_reason()}")
+    if request.param not in quant_cpu.supported_isas():
+        pytest.skip(f"this CPU does not run the {request.param} path")
+    quant_cpu.set_isa(request.param)
+    yield request.param
+    quant_cpu.set_isa(None)
+
+
+def assert_within(got: torch.Tensor, x: torch.Tensor, weight: QuantWeight, fmt: str) -> None:
+    dense = reference.dequantize(weight).double()  # [N, K]
+    want = x.double() @ dense.T  # [M, N]
+    scale = x.double().abs() @ dense.abs().T
+    err = ((got.double() - want).abs() / scale.clamp_min(1e-30)).max().item()
+    assert err <= TOLERANCES[fmt], f"{fmt}: relative error {err:.2e} > {TOLERANCES[fmt]:.0e}"
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_dequantize_equals_gguf_bit_for_bit(isa, fmt):
+    weight = random_weight(fmt, 13, _cols(fmt))
+    got = quant_cpu.dequantize(weight)  # [13, K]
+    want = reference.dequantize(weight)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_dequantize_selected_rows(isa, fmt):
+    weight = random_weight(fmt, 29, _cols(fmt), seed=1)
+    ids = torch.tensor([[28, 0, 5], [5, 17, 3]])
+    got = quant_cpu.dequantize(weight, ids)  # [2, 3, K]
+    want = reference.dequantize(weight)[ids]
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_quant_linear_matches_float64(isa, fmt, rows):
+    cols = _cols(fmt)
+    weight = random_weight(fmt, 37, cols, seed=rows)  # 37 outputs: odd, not a panel multiple
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
+
+
+@pytest.mark.parametrize("rows", [3, 64])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_quant_linear_strided_input_rows(isa, fmt, rows):
+    cols = _cols(fmt)
+    weight = random_weight(fmt, 45, cols, seed=2)
+    wide = torch.randn(2 * rows, cols + 40, generator=torch.Generator().manual_seed(3))
+    x = wide[::2, 8 : 8 + cols]  # rows 2 * (cols + 40) apart, not contiguous
+    assert not x.is_contiguous()
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q6_k"])
+def test_many_rows_without_blas_take_the_fused_path(isa, fmt):
+    cols = _cols(fmt)
+    weight = random_weight(fmt, 21, cols, seed=4)
+    x = torch.randn(64, cols, generator=torch.Generator().manual_seed(4))
+    quant_cpu.use_blas(False)
+    try:
+        got = quant_cpu.quant_linear(x, weight)
+    finally:
+        quant_cpu.use_blas(True)
+    assert_within(got, x, weight, fmt)
+
+
+def test_output_into_a_column_slice():
+    weight = random_weight("q8_0", 16, 64)
+    x = torch.randn(9, 64)
+    out = torch.full((9, 40), float("nan"))
+    quant_cpu.quant_linear(x, weight, out[:, 12:28])
+    assert torch.isnan(out[:, :12]).all() and torch.isnan(out[:, 28:]).all()
+    assert_within(out[:, 12:28], x, weight, "q8_0")
+
+
+def test_panel_path_found_torch_blas():
+    assert quant_cpu.has_blas(), "torch's sgemm_ was not found: prefill would be slow"
+
+
+def test_row_id_out_of_range_is_an_error():
+    weight = random_weight("q4_0", 5, 32)
+    with pytest.raises(ValueError, match="row id"):
+        quant_cpu.dequantize(weight, torch.tensor([0, 5]))
+
+
+def test_columns_must_be_whole_blocks():
+    with pytest.raises(ValueError, match="whole"):
+        QuantWeight(FORMATS["q4_k"], torch.zeros(2, 144, dtype=torch.uint8), 200)
