@@ -304,14 +304,12 @@ class ModelRunner:
             return self._prepare_host(batch)
         return self._prepare_lists(batch)
 
-    def _host_buffers(self) -> dict:
-        """Step metadata buffers, allocated once (CPU): numpy views that the step fills and
-        torch tensors over the same memory that the model reads. A step's tensors are
-        slices of these, valid until the next step."""
+    def _host_buffers(self, num_tokens: int, num_seqs: int) -> dict:
+        """Step metadata buffers, allocated once (CPU) and grown only if a step needs more:
+        numpy views that the step fills and torch tensors over the same memory that the model
+        reads. A step's tensors are slices of these, valid until the next step."""
         import numpy as np
 
-        num_tokens = self.config.max_num_batched_tokens
-        num_seqs = self.config.max_num_seqs
         shapes = {
             "input_ids": ((num_tokens,), np.int64),
             "positions": ((num_tokens,), np.int64),
@@ -329,8 +327,19 @@ class ModelRunner:
         """The step's flat tensors, written into the persistent host buffers."""
         import numpy as np
 
-        if self._buffers is None:
-            self._buffers = self._host_buffers()
+        # A step holds at most max_num_seqs sequences and max_num_batched_tokens tokens, except
+        # when the forks of n > 1 requests join the running batch past the first budget.
+        num_seqs = len(batch.decodes) + len(batch.prefills)
+        num_tokens = sum(item.num_new_tokens for item in batch.seqs)
+        if (
+            self._buffers is None
+            or num_seqs > len(self._buffers["sample_index"])
+            or num_tokens > len(self._buffers["input_ids"])
+        ):
+            self._buffers = self._host_buffers(
+                max(num_tokens, self.config.max_num_batched_tokens),
+                max(num_seqs, self.config.max_num_seqs),
+            )
         buf, bs = self._buffers, self.block_size
         input_ids, positions, slots = buf["input_ids"], buf["positions"], buf["slots"]
         num_decodes = len(batch.decodes)
