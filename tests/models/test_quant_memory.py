@@ -64,6 +64,7 @@ source = resolve_model(None)
 AutoTokenizer.from_pretrained(str(source.path))  # the tokenizer's own memory, not weights
 native.library(), quant_cpu.library()
 import gguf, transformers.models.llama  # modules the load imports, not weights
+import numpy.random, torch._dynamo  # imported during the load too (10+ MB of module state)
 before = rss()
 llm = LLM(num_kv_blocks=1, kv_cache_memory=0.001)
 kv = llm.engine.runner.kv_cache
