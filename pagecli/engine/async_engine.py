@@ -145,7 +145,7 @@ class AsyncEngine:
         EngineUnavailable, QueueFull, or the engine's RequestError for a request that can
         never run. Call it from the event loop that will read the stream."""
         if self.state is not EngineState.READY:
-            raise EngineUnavailable(self._unavailable_reason())
+            raise EngineUnavailable(self.unavailable_reason())
         self.engine.check_request(prompt_token_ids, params)
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id)
@@ -173,7 +173,7 @@ class AsyncEngine:
         if self.state in (EngineState.LOADING, EngineState.DEAD, EngineState.STOPPED) or (
             not self._thread.is_alive()
         ):
-            raise EngineUnavailable(self._unavailable_reason())
+            raise EngineUnavailable(self.unavailable_reason())
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._commands.put(_Call(func, future, loop))
@@ -196,7 +196,8 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _unavailable_reason(self) -> str:
+    def unavailable_reason(self) -> str:
+        """Why the engine takes no new request now (for errors and /health)."""
         return {
             EngineState.LOADING: "the model is still loading",
             EngineState.DRAINING: "the server is shutting down",

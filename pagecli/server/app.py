@@ -56,7 +56,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     def ready_engine():
         if engine.state is not EngineState.READY:
             raise APIError(
-                503, _not_ready(engine), code="unavailable", headers={"Retry-After": "1"}
+                503, engine.unavailable_reason(), code="unavailable", headers={"Retry-After": "1"}
             )
         return engine.engine
 
@@ -64,7 +64,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def health() -> Response:
         if engine.state is EngineState.READY:
             return Response(status_code=200)
-        return JSONResponse(envelope(503, _not_ready(engine)), status_code=503)
+        return JSONResponse(envelope(503, engine.unavailable_reason()), status_code=503)
 
     @app.get("/version")
     async def version() -> dict:
@@ -153,14 +153,6 @@ def _tokenizer(core):
     if core.tokenizer is None:
         raise APIError(400, f"{core.source.name} has no tokenizer")
     return core.tokenizer
-
-
-def _not_ready(engine: AsyncEngine) -> str:
-    return {
-        EngineState.LOADING: "the model is still loading",
-        EngineState.DRAINING: "the server is shutting down",
-        EngineState.DEAD: f"the engine stopped: {engine.error}",
-    }.get(engine.state, "the engine has stopped")
 
 
 async def _send_error(
