@@ -33,6 +33,17 @@ class CompletionOutput:
 
 
 @dataclass
+class ServerReport:
+    """What a remote server said of a finished request, where pagecli cannot count itself."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None  # None: the server did not say
+    has_token_ids: bool  # whether the outputs' token_ids (and prompt_token_ids) came back
+    logprobs: list  # per sample: the server's own logprobs object, or None
+
+
+@dataclass
 class RequestOutput:
     """The state of one request. `text`, `token_ids` and `finish_reason` are those of the
     first sample; `outputs` lists every sample (n > 1)."""
@@ -45,6 +56,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    server: ServerReport | None = None  # set for a request answered by a remote endpoint
 
     @property
     def text(self) -> str:

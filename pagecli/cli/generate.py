@@ -13,13 +13,13 @@ from typing import Annotated, Any, BinaryIO, Optional
 import typer
 
 from pagecli.cli.display import generate_progress
+from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
 from pagecli.cli.generate_run import GenerateRun, RecordWriter
 from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, read_resume_state
 from pagecli.cli.options import (
     CliError,
     VerboseOption,
     engine_options,
-    load_llm,
     sampling_options,
     set_verbose,
 )
@@ -30,6 +30,7 @@ IO_PANEL = "Input and output"
 
 @engine_options
 @sampling_options
+@endpoint_options()
 def generate(
     *,
     input: Annotated[
@@ -110,33 +111,44 @@ def generate(
             show_default=False,
         ),
     ] = None,
+    max_concurrency: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-concurrency",
+            help="Requests in flight at once (default: 2 x --max-num-seqs locally, 64 on an "
+            "endpoint).",
+            rich_help_panel=IO_PANEL,
+            show_default=False,
+        ),
+    ] = None,
     verbose: VerboseOption = False,
     sampling_defaults: dict[str, Any],
     engine_config: EngineConfig,
+    endpoint: EndpointSettings,
 ) -> int:
     """Answer JSONL records from stdin (or -i) with JSONL records on stdout (or -o).
 
     Input records: {"id", "prompt" | "messages" | "prompt_token_ids", sampling fields...}
-    or OpenAI batch-API lines. See docs/generate.md for the schema.
+    or OpenAI batch-API lines. See docs/generate.md for the schema. With --endpoint URL the
+    records run on that OpenAI-compatible server instead of the local engine.
     """
     set_verbose(verbose)
     if resume and output is None:
         raise CliError("--resume needs -o FILE (the output of the run to resume)", exit_code=2)
     if max_line_bytes < 1:
         raise CliError(f"--max-line-bytes must be >= 1, got {max_line_bytes}", exit_code=2)
+    if max_concurrency is not None and max_concurrency < 1:
+        raise CliError(f"--max-concurrency must be >= 1, got {max_concurrency}", exit_code=2)
+    backend = endpoint.backend(engine_config)
     done_before: set[str] = set()
     if resume and output.is_file():
         done_before = _read_previous_run(output, max_line_bytes)
     source = _open_input(input)
     out_fd = _open_output(output, append=resume)
     show = progress if progress is not None else sys.stderr.isatty()
-    display = generate_progress(show, display_map)
-    with display.loading(engine_config.model or "the default model"):
-        llm = load_llm(engine_config)
-    if input is None and sys.stdin.isatty():
-        print("pagecli: reading JSONL from the terminal (Ctrl-D to end)", file=sys.stderr)
+    display = generate_progress(show, False if endpoint.remote else display_map)
     run = GenerateRun(
-        llm,
+        backend,
         RecordWriter(out_fd),
         display,
         sampling_defaults,
@@ -145,8 +157,18 @@ def generate(
         fail_fast=fail_fast,
         done_before=done_before,
         max_line_bytes=max_line_bytes,
+        max_concurrency=max_concurrency,
+        loading_name=endpoint.urls[0]
+        if endpoint.remote
+        else (engine_config.model or "the default model"),
+        terminal_note=input is None and sys.stdin.isatty(),
     )
-    code = run.run(source)
+    try:
+        code = run.run(source)
+    except (CliError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the backend did not start: a bad model, URL, key or server
+        raise start_error(backend, engine_config, exc) from None
     if run.reading:
         # The reader thread is blocked on an open pipe; a normal interpreter shutdown could
         # trip over its lock on the input. Everything is written: leave now.

@@ -1,21 +1,25 @@
-"""The loop of `pagecli generate`: a reader thread parses input lines onto a queue; the main
-thread owns the engine: it adds requests as they arrive, steps while there is work, and blocks
-on the queue only when idle, so a producer that waits for each answer before writing the next
-line is served. Signals only set a flag, so a record is always written whole, and every
-finished record is written before exiting.
+"""The loop of `pagecli generate`, on any Backend (the local engine or an endpoint).
+
+A reader thread parses input lines onto an asyncio queue; the event loop starts one task per
+record as soon as it arrives, at most `max_concurrency` at a time, so a producer that waits for
+each answer before writing the next line is served. Records are written whole, in input order
+unless `ordered` is off. Ctrl-C and SIGTERM cancel the loop: what finished is written, what ran
+is aborted, and the exit code says which signal it was.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import os
-import queue
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from pagecli.backends.base import Backend, BackendError, Request, RequestRejected
 from pagecli.cli.jsonl import (
     BadLine,
     Job,
@@ -29,13 +33,12 @@ from pagecli.cli.jsonl import (
 from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, LongLine, read_lines
 from pagecli.cli.options import CliError
 from pagecli.cli.progress import GenerateProgress
-from pagecli.engine.llm_engine import RequestError
-from pagecli.llm import LLM
 from pagecli.outputs import RequestOutput
 
 SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 BROKEN_PIPE_EXIT_CODE = 141  # what a tool killed by SIGPIPE reports
-QUEUE_SIZE = 1024  # parsed lines read ahead of the engine
+QUEUE_SIZE = 1024  # parsed lines read ahead of the requests
+REFRESH_S = 0.1
 
 
 @dataclass
@@ -56,12 +59,17 @@ class RecordWriter:
             data = data[written:]
 
 
+class _Stop(Exception):
+    """Ends the loop early: a signal, --fail-fast, a closed pipe, or a dead backend."""
+
+
 class GenerateRun:
-    """One pass over the input: admit, step, write; returns the exit code."""
+    """One pass over the input on one backend: start it, read, run, write; `run` returns the
+    exit code. A backend that does not start raises what it raised, before any line is read."""
 
     def __init__(
         self,
-        llm: LLM,
+        backend: Backend,
         writer: RecordWriter,
         display: GenerateProgress,
         defaults: dict[str, Any],
@@ -71,117 +79,159 @@ class GenerateRun:
         fail_fast: bool,
         done_before: set[str],
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_concurrency: int | None = None,
+        loading_name: str = "the model",
+        terminal_note: bool = False,
     ) -> None:
-        self.llm, self.engine, self.writer, self.display = llm, llm.engine, writer, display
+        self.backend, self.writer, self.display = backend, writer, display
         self.defaults, self.system = defaults, system
         self.ordered, self.fail_fast, self.done_before = ordered, fail_fast, done_before
         self.max_line_bytes = max_line_bytes
-        self.model_name = llm.engine.source.name
-        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
-        self.max_in_flight = 2 * llm.config.max_num_seqs
-        self.jobs: dict[int, Job] = {}  # slot (output position) -> job in the engine
+        self.max_concurrency = max_concurrency
+        self.loading_name, self.terminal_note = loading_name, terminal_note
+        self.tasks: dict[int, asyncio.Task] = {}  # slot (output position) -> its request
         self.seen: dict[str, int] = {}  # id key -> line of its first record
         self.pending: dict[int, dict] = {}  # finished records waiting for their turn
         self.num_slots = 0
         self.next_write = 0
-        self.eof = False
         self.failed = False
         self.stop_signal: int | None = None
+        self.broken_pipe = False
+        self.fatal: BaseException | None = None  # a write error or a dead engine
+        self._main: asyncio.Task | None = None
+        self._stopping = False
         self._reader: threading.Thread | None = None
+        self._reader_done = threading.Event()
 
     # ---- the loop ------------------------------------------------------------------------
 
     def run(self, source: BinaryIO) -> int:
-        self._reader = threading.Thread(target=self._read, args=(source,), daemon=True)
-        self._reader.start()
-        previous = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT_CODES}
-        self.display.start()
-        try:
-            self._loop()
-        except BrokenPipeError:
-            self._abort_all()
-            self.display.stop(summary=False)
-            _silence_stdout()
-            return BROKEN_PIPE_EXIT_CODE
-        except BaseException:  # an engine failure: keep what finished, for --resume
-            self._abort_all()
-            self.display.stop(summary=False)
-            with contextlib.suppress(Exception):
-                self._write_pending()
-            raise
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        if self.stop_signal is not None or self.failed:
-            self._abort_all()
-            self._write_pending()
-        self.display.update(force=True)
-        self.display.stop()
-        if self.stop_signal is not None:
-            return SIGNAL_EXIT_CODES[self.stop_signal]
-        return 1 if self.failed else 0
+        return asyncio.run(self._run(source))
 
     @property
     def reading(self) -> bool:
         """Whether the reader thread is still waiting for input."""
         return self._reader is not None and self._reader.is_alive()
 
-    def _loop(self) -> None:
-        while self.stop_signal is None and not self.failed:
-            self._take_input()
-            if self.failed or self.stop_signal is not None:
-                return
-            if self.engine.has_unfinished_requests():
-                for output in self.engine.step():
-                    if output.finished:
-                        self._finish(output)
-            elif self.eof:
-                return
-            self._refresh()
+    async def _run(self, source: BinaryIO) -> int:
+        with self.display.loading(self.loading_name):
+            await self.backend.start()
+        try:
+            if self.terminal_note:
+                print("pagecli: reading JSONL from the terminal (Ctrl-D to end)", file=sys.stderr)
+            return await self._serve(source)
+        finally:
+            await self.backend.aclose()
 
-    def _take_input(self) -> None:
-        """Add what has arrived; wait for input only while the engine has nothing to do."""
-        while not self.eof and self.engine.num_unfinished_requests < self.max_in_flight:
-            if self.failed or self.stop_signal is not None:
-                return
-            idle = not self.engine.has_unfinished_requests()
-            try:
-                item = self.queue.get(timeout=0.1) if idle else self.queue.get_nowait()
-            except queue.Empty:
-                if not idle:
-                    return
-                self._refresh()
-                continue
-            self._handle(item)
+    async def _serve(self, source: BinaryIO) -> int:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=QUEUE_SIZE)
+        self._main = asyncio.current_task()
+        for s in SIGNAL_EXIT_CODES:
+            loop.add_signal_handler(s, self._on_signal, s)
+        self._reader = threading.Thread(target=self._read, args=(source, queue, loop), daemon=True)
+        self._reader.start()
+        limit = self.max_concurrency or self._default_concurrency()
+        self.slots = asyncio.Semaphore(limit)
+        self.display.start()
+        refresher = asyncio.create_task(self._refresh_loop())
+        try:
+            await self._take_input(queue)
+            if self.tasks:
+                await asyncio.wait(list(self.tasks.values()))
+            self._raise_if_stopped()
+        except (_Stop, asyncio.CancelledError):
+            await self._cancel_all()
+            if self.broken_pipe:
+                self.display.stop(summary=False)
+                _silence_stdout()
+                return BROKEN_PIPE_EXIT_CODE
+            if self.fatal is None:
+                with contextlib.suppress(CliError):
+                    self._write_pending()
+        finally:
+            refresher.cancel()
+            for s in SIGNAL_EXIT_CODES:
+                loop.remove_signal_handler(s)
+        if self.fatal is not None:
+            self.display.stop(summary=False)
+            with contextlib.suppress(CliError, OSError):
+                self._write_pending()  # keep what finished, for --resume
+            if isinstance(self.fatal, CliError):
+                raise self.fatal
+            raise CliError(str(self.fatal)) from None
+        await self._refresh(force=True)
+        self.display.stop()
+        if self.stop_signal is not None:
+            return SIGNAL_EXIT_CODES[self.stop_signal]
+        return 1 if self.failed else 0
 
-    def _read(self, source: BinaryIO) -> None:
+    def _default_concurrency(self) -> int:
+        """Twice the engine's batch for the local engine (so its waiting queue never runs
+        dry), 64 for a server."""
+        engine = self.backend.engine
+        return 2 * engine.config.max_num_seqs if engine is not None else 64
+
+    async def _take_input(self, queue: asyncio.Queue) -> None:
+        """Start a task for each record as it arrives, within the concurrency limit."""
+        while True:
+            item = await queue.get()
+            if isinstance(item, _EndOfInput):
+                self.display.state.total = self.num_slots
+                if item.error:
+                    print(f"pagecli: {item.error}", file=sys.stderr)
+                return
+            await self._handle(item)
+            self._raise_if_stopped()
+
+    def _read(self, source: BinaryIO, queue: asyncio.Queue, loop) -> None:
         """The reader thread: parse every line onto the queue, then the end marker. A line
         over max_line_bytes is dropped as it is read and answered by an error record."""
-        try:
-            for line, raw in enumerate(read_lines(source, self.max_line_bytes), start=1):
-                if isinstance(raw, LongLine):
-                    item = long_line(line, raw.num_bytes, self.max_line_bytes)
-                else:
-                    item = parse_line(raw, line, self.defaults, self.system)
-                if item is not None:
-                    self.queue.put(item)
-        except OSError as exc:
-            self.queue.put(_EndOfInput(f"cannot read input ({exc.strerror or exc})"))
-            return
-        self.queue.put(_EndOfInput())
 
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.stop_signal = signum
+        def put(item) -> None:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+        try:
+            try:
+                for line, raw in enumerate(read_lines(source, self.max_line_bytes), start=1):
+                    if isinstance(raw, LongLine):
+                        item = long_line(line, raw.num_bytes, self.max_line_bytes)
+                    else:
+                        item = parse_line(raw, line, self.defaults, self.system)
+                    if item is not None:
+                        put(item)
+            except OSError as exc:
+                put(_EndOfInput(f"cannot read input ({exc.strerror or exc})"))
+                return
+            put(_EndOfInput())
+        except (RuntimeError, asyncio.CancelledError, concurrent.futures.CancelledError):
+            # the loop has ended: nobody reads any more
+            return
+        finally:
+            self._reader_done.set()
+
+    def _on_signal(self, signum: int) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+        self._stop()
+
+    def _stop(self) -> None:
+        """Cancel the loop, once: its handler then aborts the running requests. The loop
+        itself checks the flags after each record instead (a pending cancel of the current
+        task would hit its own clean-up)."""
+        if asyncio.current_task() is self._main:
+            return
+        if self._main is not None and not self._main.done() and not self._stopping:
+            self._stopping = True
+            self._main.cancel()
+
+    def _raise_if_stopped(self) -> None:
+        if self.stop_signal is not None or self.failed or self.fatal or self.broken_pipe:
+            raise _Stop
 
     # ---- records -------------------------------------------------------------------------
 
-    def _handle(self, item: Job | BadLine | _EndOfInput) -> None:
-        if isinstance(item, _EndOfInput):
-            self.eof = True
-            self.display.state.total = self.num_slots
-            if item.error:
-                print(f"pagecli: {item.error}", file=sys.stderr)
-            return
+    async def _handle(self, item: Job | BadLine) -> None:
         key = id_key(item.id)
         if key in self.done_before:
             self.display.state.skipped += 1
@@ -193,28 +243,29 @@ class GenerateRun:
             self._emit_error(item, f"duplicate id {item.id!r} (first on line {self.seen[key]})")
             return
         self.seen[key] = item.line
-        try:
-            token_ids, text = self.llm.encode_prompt(item.prompt)
-        except RequestError as exc:  # too long, found before tokenizing all of it
-            self._emit_error(item, str(exc))
-            return
-        except Exception as exc:  # a chat template can reject a conversation in any way
-            self._emit_error(item, f"cannot build the prompt: {_first_line(exc)}")
-            return
+        await self.slots.acquire()
         slot = self._new_slot()
-        try:
-            self.engine.add_request(str(slot), token_ids, item.params, prompt=text)
-        except (RequestError, ValueError) as exc:
-            self._emit(slot, error_record(item, str(exc), len(token_ids)), error=True)
-            return
-        self.jobs[slot] = item
+        self.tasks[slot] = asyncio.create_task(self._run_job(slot, item))
 
-    def _finish(self, output: RequestOutput) -> None:
-        slot = int(output.request_id)
-        job = self.jobs.pop(slot)
-        record = result_record(job, output, self.model_name)
-        self.display.state.prompt_tokens += len(output.prompt_token_ids)
-        self.display.state.completion_tokens += sum(len(c.token_ids) for c in output.outputs)
+    async def _run_job(self, slot: int, job: Job) -> None:
+        try:
+            output = await self.backend.complete(Request(str(slot), job.prompt, job.params))
+        except RequestRejected as exc:
+            self._emit(slot, error_record(job, str(exc), status=exc.status), error=True)
+        except BackendError as exc:  # the engine is gone: nothing else will run either
+            self.fatal = self.fatal or exc
+            self._stop()
+        else:
+            self._finish(slot, job, output)
+        finally:
+            self.tasks.pop(slot, None)
+            self.slots.release()
+
+    def _finish(self, slot: int, job: Job, output: RequestOutput) -> None:
+        record = result_record(job, output, self.backend.model_name)
+        usage = record.get("usage") or record["response"]["body"]["usage"]
+        self.display.state.prompt_tokens += usage["prompt_tokens"]
+        self.display.state.completion_tokens += usage["completion_tokens"]
         self._emit(slot, record, error=False)
 
     def _emit_error(self, item: Job | BadLine, message: str) -> None:
@@ -228,14 +279,23 @@ class GenerateRun:
         self.display.state.done += 1
         if error:
             self.display.state.errors += 1
-            self.failed = self.failed or self.fail_fast
-        if not self.ordered:
-            self._write(record)
-            return
-        self.pending[slot] = record
-        while self.next_write in self.pending:
-            self._write(self.pending.pop(self.next_write))
-            self.next_write += 1
+            if self.fail_fast:
+                self.failed = True
+                self._stop()
+        try:
+            if not self.ordered:
+                self._write(record)
+                return
+            self.pending[slot] = record
+            while self.next_write in self.pending:
+                self._write(self.pending.pop(self.next_write))
+                self.next_write += 1
+        except BrokenPipeError:
+            self.broken_pipe = True
+            self._stop()
+        except CliError as exc:
+            self.fatal = self.fatal or exc
+            self._stop()
 
     def _write(self, record: dict) -> None:
         try:
@@ -250,19 +310,34 @@ class GenerateRun:
         for slot in sorted(self.pending):
             self._write(self.pending.pop(slot))
 
-    def _abort_all(self) -> None:
-        for slot in list(self.jobs):
-            self.engine.abort_request(str(slot))
-        self.jobs.clear()
+    async def _cancel_all(self) -> None:
+        """Abort every running request (each task's own clean-up tells the backend)."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.tasks.clear()
 
-    def _refresh(self) -> None:
-        if self.display.wants_stats():
-            self.display.update(self.engine.stats())
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            await self._refresh()
 
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    async def _refresh(self, force: bool = False) -> None:
+        if not (force or self.display.wants_stats()):
+            return
+        stats = None
+        if self.backend.is_local:
+            with contextlib.suppress(Exception):
+                stats = await self.backend.stats()
+        else:  # a server: what this client sees
+            state = self.display.state
+            state.running = len(self.tasks)
+            state.decode_tokens_per_s = (
+                state.completion_tokens / state.elapsed_s if state.elapsed_s else 0.0
+            )
+        self.display.update(stats, force=force)
 
 
 def _silence_stdout() -> None:

@@ -183,7 +183,15 @@ def sampling_params(fields: dict[str, Any], defaults: dict[str, Any]) -> Samplin
 # ---- output records -----------------------------------------------------------------------
 
 
-def usage(output: RequestOutput) -> dict[str, int]:
+def usage(output: RequestOutput) -> dict[str, int | None]:
+    """Token counts: the engine's own, or what a remote server reported (its cached_tokens is
+    None when it did not say)."""
+    if output.server is not None:
+        return {
+            "prompt_tokens": output.server.prompt_tokens,
+            "completion_tokens": output.server.completion_tokens,
+            "cached_tokens": output.server.cached_tokens,
+        }
     return {
         "prompt_tokens": len(output.prompt_token_ids),
         "completion_tokens": sum(len(c.token_ids) for c in output.outputs),
@@ -197,28 +205,40 @@ def result_record(job: Job, output: RequestOutput, model: str) -> dict[str, Any]
         from pagecli.cli import openai_batch
 
         return openai_batch.result_record(job.id, job.api, output, usage(output), model)
+    known_ids = output.server is None or output.server.has_token_ids
     record: dict[str, Any] = {
         "id": job.id,
         "text": output.text,
-        "token_ids": output.token_ids,
+        "token_ids": output.token_ids if known_ids else None,
         "finish_reason": output.finish_reason,
         "usage": usage(output),
         "error": None,
     }
-    if output.outputs and output.outputs[0].logprobs is not None:
-        record["logprobs"] = logprobs_json(output.outputs[0].logprobs)
+    if output.outputs and _logprobs(output, 0) is not None:
+        record["logprobs"] = _logprobs(output, 0)
     if len(output.outputs) > 1:
-        record["choices"] = [
-            {
+        record["choices"] = []
+        for i, c in enumerate(output.outputs):
+            choice = {
                 "index": c.index,
                 "text": c.text,
-                "token_ids": c.token_ids,
+                "token_ids": c.token_ids if known_ids else None,
                 "finish_reason": c.finish_reason,
-                **({"logprobs": logprobs_json(c.logprobs)} if c.logprobs is not None else {}),
             }
-            for c in output.outputs
-        ]
+            if _logprobs(output, i) is not None:
+                choice["logprobs"] = _logprobs(output, i)
+            record["choices"].append(choice)
     return record
+
+
+def _logprobs(output: RequestOutput, i: int) -> Any:
+    """Sample i's logprobs: the engine's as logprobs_json, or the server's object as sent."""
+    c = output.outputs[i]
+    if c.logprobs is not None:
+        return logprobs_json(c.logprobs)
+    if output.server is not None and i < len(output.server.logprobs):
+        return output.server.logprobs[i]
+    return None
 
 
 def logprobs_json(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
@@ -233,19 +253,24 @@ def logprobs_json(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
     ]
 
 
-def error_record(item: Job | BadLine, message: str, prompt_tokens: int = 0) -> dict[str, Any]:
-    """The answer to a line that cannot run."""
+def error_record(
+    item: Job | BadLine, message: str, prompt_tokens: int = 0, status: int | None = None
+) -> dict[str, Any]:
+    """The answer to a line that cannot run (`status`: the HTTP status a server gave)."""
     if item.api != "native":
         from pagecli.cli import openai_batch
 
-        return openai_batch.error_record(item.id, message, item.line)
+        return openai_batch.error_record(item.id, message, item.line, status)
+    error: dict[str, Any] = {"message": message, "line": item.line}
+    if status is not None:
+        error["status"] = status
     return {
         "id": item.id,
         "text": "",
         "token_ids": [],
         "finish_reason": "error",
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0},
-        "error": {"message": message, "line": item.line},
+        "error": error,
     }
 
 

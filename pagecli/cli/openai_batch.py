@@ -112,7 +112,11 @@ def result_record(
             "prompt_tokens": usage["prompt_tokens"],
             "completion_tokens": usage["completion_tokens"],
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
+            "prompt_tokens_details": (
+                None
+                if usage["cached_tokens"] is None
+                else {"cached_tokens": usage["cached_tokens"]}
+            ),
         },
     }
     return {
@@ -123,11 +127,17 @@ def result_record(
     }
 
 
-def error_record(custom_id: Any, message: str, line: int) -> dict[str, Any]:
-    """A batch output line for a request that cannot run (`line`: where it was read)."""
+def error_record(
+    custom_id: Any, message: str, line: int, status: int | None = None
+) -> dict[str, Any]:
+    """A batch output line for a request that cannot run (`line`: where it was read;
+    `status`: the HTTP status a server answered it with)."""
+    error: dict[str, Any] = {"code": "invalid_request", "message": message, "line": line}
+    if status is not None:
+        error["status"] = status
     return {
         "id": f"batch_req_{uuid.uuid4().hex}",
         "custom_id": custom_id,
         "response": None,
-        "error": {"code": "invalid_request", "message": message, "line": line},
+        "error": error,
     }

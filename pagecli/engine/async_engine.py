@@ -75,6 +75,15 @@ class _Call:
 _STOP = object()
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """A request's stream, the event loop that reads it, and whether it wants every output."""
+
+    stream: RequestStream
+    loop: asyncio.AbstractEventLoop
+    final_only: bool
+
+
 class RequestStream:
     """The outputs of one request, in order; iterate with `async for`. The last one has
     `finished` set. Raises RequestFailed when the engine died before the request ended."""
@@ -119,7 +128,7 @@ class AsyncEngine:
         self.num_running = 0  # published by the engine thread after every step
         self.num_waiting = 0
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, tuple[RequestStream, asyncio.AbstractEventLoop]] = {}
+        self._streams: dict[str, _Entry] = {}
         self._lock = threading.Lock()  # guards _streams and the counts of pending adds
         self._pending_adds = 0
         self._thread = threading.Thread(target=self._run, name="pagecli-engine", daemon=True)
@@ -140,10 +149,12 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         prompt: str | None = None,
+        final_only: bool = False,
     ) -> RequestStream:
-        """Queue a request; its outputs arrive on the returned stream. Raises
-        EngineUnavailable, QueueFull, or the engine's RequestError for a request that can
-        never run. Call it from the event loop that will read the stream."""
+        """Queue a request; its outputs arrive on the returned stream (only the finished one
+        with `final_only`). Raises EngineUnavailable, QueueFull, or the engine's RequestError
+        for a request that can never run. Call it from the event loop that will read the
+        stream."""
         if self.state is not EngineState.READY:
             raise EngineUnavailable(self.unavailable_reason())
         self.engine.check_request(prompt_token_ids, params)
@@ -155,7 +166,7 @@ class AsyncEngine:
                 raise QueueFull(f"the waiting queue is full ({self.max_queued_requests} requests)")
             if request_id in self._streams:
                 raise ValueError(f"duplicate request id {request_id!r}")
-            self._streams[request_id] = (stream, loop)
+            self._streams[request_id] = _Entry(stream, loop, final_only)
             self._pending_adds += 1
         self._commands.put(_Add(request_id, list(prompt_token_ids), params, prompt))
         return stream
@@ -264,8 +275,7 @@ class AsyncEngine:
             except ValueError as exc:
                 with self._lock:
                     self._streams.pop(command.request_id, None)
-                stream, loop = entry
-                loop.call_soon_threadsafe(stream._put, exc)
+                entry.loop.call_soon_threadsafe(entry.stream._put, exc)
         elif isinstance(command, _Abort):
             engine.abort_request(command.request_id)
         else:
@@ -285,8 +295,9 @@ class AsyncEngine:
                     continue  # aborted by its client
                 if output.finished:
                     del self._streams[output.request_id]
-                stream, loop = entry
-                by_loop.setdefault(loop, []).append((stream, output))
+                elif entry.final_only:
+                    continue
+                by_loop.setdefault(entry.loop, []).append((entry.stream, output))
         for loop, items in by_loop.items():  # one wake-up of each event loop per step
             loop.call_soon_threadsafe(_put_all, items)
 
@@ -302,9 +313,9 @@ class AsyncEngine:
         with self._lock:
             entries = list(self._streams.values())
             self._streams.clear()
-        for stream, loop in entries:
+        for entry in entries:
             try:
-                loop.call_soon_threadsafe(stream._put, error)
+                entry.loop.call_soon_threadsafe(entry.stream._put, error)
             except RuntimeError:  # that event loop is closed already
                 pass
 

@@ -1,0 +1,425 @@
+"""RemoteBackend: an OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's llama-server,
+`pagecli serve`, a hosted API) over HTTP, with httpx on asyncio.
+
+Chat messages go to /v1/chat/completions; text and token-id prompts to /v1/completions.
+Connection errors, 408, 429 and 5xx are retried with jittered exponential backoff (honouring
+Retry-After) until the first output of a request has been handed on; any other 4xx is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pagecli.backends.base import Backend, BackendError, Request, RequestRejected
+from pagecli.backends.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from pagecli.outputs import CompletionOutput, RequestOutput, ServerReport
+from pagecli.sampling_params import SamplingParams
+
+CONNECT_TIMEOUT_S = 10.0
+# Servers known to accept vLLM's `return_token_ids` (by the `owned_by` of /v1/models).
+TOKEN_ID_SERVERS = ("pagecli", "vllm")
+
+
+class _Retry(Exception):
+    """One attempt failed in a way that may pass: a dropped connection, 408, 429, 5xx."""
+
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+def base_url(url: str) -> str:
+    """The API root of an endpoint URL: `http://host:8000` and `http://host:8000/v1` both give
+    `http://host:8000/v1`; any other path is kept as given. BackendError for a bad URL."""
+    try:
+        parsed = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise BackendError(f"{url}: not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise BackendError(f"{url}: not an http(s) URL with a host (e.g. http://host:8000/v1)")
+    path = parsed.path.rstrip("/")
+    if path == "":
+        path = "/v1"
+    return str(parsed.copy_with(path=path, query=None, fragment=None))
+
+
+def sampling_body(params: SamplingParams, chat: bool) -> dict[str, Any]:
+    """The OpenAI request fields of `params`; pagecli's defaults are sent only where servers
+    disagree on them, extensions (top_k, min_p, ...) only when they are set."""
+    body: dict[str, Any] = {"temperature": params.temperature}
+    if params.max_tokens is not None:
+        body["max_tokens"] = params.max_tokens
+    if params.n != 1:
+        body["n"] = params.n
+    if params.top_p != 1.0:
+        body["top_p"] = params.top_p
+    if params.top_k > 0:
+        body["top_k"] = params.top_k
+    if params.min_p > 0:
+        body["min_p"] = params.min_p
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.ignore_eos:
+        body["ignore_eos"] = True
+    if params.repetition_penalty != 1.0:
+        body["repetition_penalty"] = params.repetition_penalty
+    if params.presence_penalty:
+        body["presence_penalty"] = params.presence_penalty
+    if params.frequency_penalty:
+        body["frequency_penalty"] = params.frequency_penalty
+    if not params.skip_special_tokens:
+        body["skip_special_tokens"] = False
+    if params.logprobs is not None:
+        if chat:
+            body.update(logprobs=True, top_logprobs=params.logprobs)
+        else:
+            body["logprobs"] = params.logprobs
+    return body
+
+
+def error_message(response: httpx.Response) -> str:
+    """The server's own words for a failed request: the OpenAI envelope's message, FastAPI's
+    detail, or the start of the body."""
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, httpx.ResponseNotRead):
+        data = None
+    message = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict):
+            message = error.get("message")
+        elif isinstance(error, str):
+            message = error
+        message = message or data.get("message") or data.get("detail")
+    if not message:
+        try:
+            message = response.text.strip()[:200]
+        except (httpx.ResponseNotRead, UnicodeDecodeError):
+            message = ""
+    status = f"{response.status_code} {response.reason_phrase}".strip()
+    return f"{status}: {message}" if message else status
+
+
+@dataclass
+class _Choice:
+    """One sample as it accumulates from a response or from stream chunks."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: Any = None
+    delta: str = ""
+
+    def output(self) -> CompletionOutput:
+        return CompletionOutput(
+            self.index,
+            self.text,
+            list(self.token_ids),
+            finish_reason=self.finish_reason,
+            delta=self.delta,
+        )
+
+
+class _Answer:
+    """What a server has said about one request so far."""
+
+    def __init__(self, request: Request, chat: bool, arrival: float) -> None:
+        self.request, self.chat = request, chat
+        self.choices: dict[int, _Choice] = {}
+        self.prompt_token_ids: list[int] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.has_token_ids = False
+        self.metrics: dict[str, float] = {"arrival_time": arrival}
+
+    def take(self, data: dict[str, Any], streaming: bool) -> None:
+        """Fold in a whole response or one stream chunk."""
+        if not isinstance(data, dict):
+            raise RequestRejected("the server sent something that is not a JSON object")
+        if isinstance(data.get("error"), dict):  # an error event inside a stream
+            raise RequestRejected(f"the server failed mid-stream: {data['error'].get('message')}")
+        if isinstance(data.get("prompt_token_ids"), list):
+            self.prompt_token_ids = data["prompt_token_ids"]
+        if isinstance(data.get("usage"), dict):
+            self.usage = data["usage"]
+        for c in self.choices.values():
+            c.delta = ""
+        for raw in data.get("choices") or []:
+            index = int(raw.get("index", 0))
+            choice = self.choices.setdefault(index, _Choice(index))
+            part = raw.get("delta" if streaming and self.chat else "message") if self.chat else raw
+            text = (part or {}).get("content") if self.chat else raw.get("text")
+            if text:
+                choice.text += text
+                choice.delta = text
+                self.metrics.setdefault("first_token_time", time.perf_counter())
+            if isinstance(raw.get("token_ids"), list):
+                choice.token_ids += raw["token_ids"]
+                self.has_token_ids = True
+            if isinstance(raw.get("prompt_token_ids"), list):
+                self.prompt_token_ids = raw["prompt_token_ids"]
+            if raw.get("logprobs") is not None:
+                choice.logprobs = _merge(choice.logprobs, raw["logprobs"])
+            if raw.get("finish_reason"):
+                choice.finish_reason = raw["finish_reason"]
+
+    @property
+    def done(self) -> bool:
+        n = self.request.params.n
+        return len(self.choices) >= n and all(c.finish_reason for c in self.choices.values())
+
+    def output(self, finished: bool) -> RequestOutput:
+        choices = [self.choices[i] for i in sorted(self.choices)]
+        out = RequestOutput(
+            self.request.request_id,
+            self.request.prompt if isinstance(self.request.prompt, str) else None,
+            list(self.prompt_token_ids or []),
+            [c.output() for c in choices],
+            finished=finished,
+            metrics=dict(self.metrics),
+        )
+        if finished:
+            now = time.perf_counter()
+            out.metrics.setdefault("first_token_time", now)
+            out.metrics["finished_time"] = now
+            out.metrics["time_to_first_token"] = (
+                out.metrics["first_token_time"] - out.metrics["arrival_time"]
+            )
+            usage = self.usage or {}
+            details = usage.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            num_prompt = usage.get("prompt_tokens")
+            if num_prompt is None:
+                num_prompt = len(self.prompt_token_ids or [])
+            num_completion = usage.get("completion_tokens")
+            if num_completion is None:
+                num_completion = sum(len(c.token_ids) for c in choices)
+            out.num_cached_tokens = int(cached or 0)
+            out.server = ServerReport(
+                prompt_tokens=int(num_prompt),
+                completion_tokens=int(num_completion),
+                cached_tokens=None if cached is None else int(cached),
+                has_token_ids=self.has_token_ids,
+                logprobs=[c.logprobs for c in choices],
+            )
+        return out
+
+
+def _merge(old: Any, new: Any) -> Any:
+    """Stream chunks' logprobs joined: the lists of both objects concatenated."""
+    if old is None:
+        return new
+    if isinstance(old, dict) and isinstance(new, dict):
+        merged = dict(old)
+        for key, value in new.items():
+            if isinstance(value, list) and isinstance(old.get(key), list):
+                merged[key] = old[key] + value
+            elif key not in merged or merged[key] is None:
+                merged[key] = value
+        return merged
+    return new
+
+
+class RemoteBackend(Backend):
+    """An OpenAI-compatible endpoint. `start()` lists its models (a refused connection, a bad
+    URL or a refused key end there); each request then gets up to `max_retries` retries."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        served_model: str | None = None,
+        max_retries: int = 3,
+        request_timeout: float = 600.0,
+        name: str | None = None,
+        retry_policy: RetryPolicy | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.url = base_url(url)
+        self.name = name or self.url
+        self.api_key = api_key
+        self.model_name = served_model or ""
+        self.served_model = served_model
+        self.request_timeout = request_timeout
+        self.retry = retry_policy or RetryPolicy(max_retries=max_retries)
+        self.server_kind: str | None = None  # the `owned_by` of the model, when listed
+        self.client: httpx.AsyncClient | None = None
+        self._rng = random.Random(seed)
+
+    # ---- connection ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.url + "/",
+            headers=headers,
+            timeout=httpx.Timeout(self.request_timeout, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        try:
+            response = await self.client.get("models")
+        except httpx.HTTPError as exc:
+            await self.aclose()
+            raise BackendError(f"{self.url}: cannot connect ({_reason(exc)})") from None
+        if response.status_code in (401, 403):
+            await self.aclose()
+            hint = "" if self.api_key else "; give --api-key"
+            raise BackendError(
+                f"{self.url}: the server refused the request ({error_message(response)}){hint}"
+            )
+        models = []
+        if response.status_code == 200:
+            try:
+                models = [m for m in response.json().get("data", []) if isinstance(m, dict)]
+            except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+                models = []
+        ids = [str(m.get("id")) for m in models if m.get("id") is not None]
+        if self.served_model is None:
+            if not ids:
+                await self.aclose()
+                raise BackendError(
+                    f"{self.url}: cannot list the server's models ({error_message(response)}); "
+                    "give --served-model NAME"
+                )
+            self.model_name = ids[0]
+        elif ids and self.served_model not in ids:
+            await self.aclose()
+            raise BackendError(
+                f"{self.url}: the server has no model {self.served_model!r} "
+                f"(it serves: {', '.join(ids)})"
+            )
+        listed = next((m for m in models if m.get("id") == self.model_name), None)
+        self.server_kind = str(listed.get("owned_by")) if listed else None
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.url, "server": self.server_kind, "model": self.model_name}
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def request_body(self, request: Request) -> tuple[str, dict[str, Any], bool]:
+        """(path, JSON body, whether it is a chat request)."""
+        prompt = request.prompt
+        chat = isinstance(prompt, list)
+        body: dict[str, Any] = {"model": self.model_name}
+        if chat:
+            body["messages"] = prompt
+        elif isinstance(prompt, dict):
+            body["prompt"] = list(prompt["prompt_token_ids"])
+        else:
+            body["prompt"] = prompt
+        body.update(sampling_body(request.params, chat))
+        if self.server_kind in TOKEN_ID_SERVERS:
+            body["return_token_ids"] = True
+        if request.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return ("chat/completions" if chat else "completions"), body, chat
+
+    async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
+        if self.client is None:
+            raise BackendError(f"{self.url}: not connected")
+        path, body, chat = self.request_body(request)
+        arrival = time.perf_counter()
+        attempt = 0
+        while True:
+            answer = _Answer(request, chat, arrival)
+            yielded = False
+            try:
+                if request.stream:
+                    async for output in self._stream(path, body, answer):
+                        yielded = True
+                        yield output
+                else:
+                    yield await self._post(path, body, answer)
+                return
+            except _Retry as exc:
+                if yielded or attempt >= self.retry.max_retries:
+                    tries = f" (after {attempt + 1} tries)" if attempt else ""
+                    why = "the connection broke mid-stream: " if yielded else ""
+                    raise RequestRejected(f"{why}{exc}{tries}", exc.status) from None
+                await asyncio.sleep(self.retry.delay(attempt, exc.retry_after, self._rng))
+                attempt += 1
+
+    async def _post(self, path: str, body: dict[str, Any], answer: _Answer) -> RequestOutput:
+        try:
+            response = await self.client.post(path, json=body)
+        except httpx.TransportError as exc:
+            raise _Retry(f"connection failed ({_reason(exc)})") from None
+        _check(response)
+        try:
+            data = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestRejected(
+                f"the server's answer is not JSON: {response.text[:80]!r}", response.status_code
+            ) from None
+        answer.take(data, streaming=False)
+        return answer.output(finished=True)
+
+    async def _stream(
+        self, path: str, body: dict[str, Any], answer: _Answer
+    ) -> AsyncIterator[RequestOutput]:
+        try:
+            async with self.client.stream("POST", path, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    _check(response)
+                ended = False
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # comments, event names, blank separators
+                    data = line[len("data:") :].strip()
+                    if data == "[DONE]":
+                        ended = True
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except json.JSONDecodeError:
+                        raise RequestRejected(
+                            f"a stream event is not JSON: {data[:80]!r}"
+                        ) from None
+                    answer.take(chunk, streaming=True)
+                    if any(c.delta for c in answer.choices.values()):
+                        yield answer.output(finished=False)
+                if not ended and not answer.done:
+                    raise _Retry("the server closed the stream before it ended")
+        except httpx.TransportError as exc:
+            raise _Retry(f"connection failed ({_reason(exc)})") from None
+        for choice in answer.choices.values():
+            choice.delta = ""
+        yield answer.output(finished=True)
+
+
+def _check(response: httpx.Response) -> None:
+    """Raise for a failed status: _Retry where it may pass, RequestRejected where not."""
+    status = response.status_code
+    if status < 400:
+        return
+    message = error_message(response)
+    if is_retryable_status(status):
+        raise _Retry(message, status, parse_retry_after(response.headers.get("retry-after")))
+    raise RequestRejected(message, status)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
