@@ -17,14 +17,15 @@ from typing import Annotated, Any, Optional, TextIO
 import typer
 from rich.console import Console, RenderableType
 
+from pagecli.backends.sync import SyncBackend
 from pagecli.cli.chat_commands import run_command
 from pagecli.cli.chat_state import SESSION_NAME, ChatError, ChatState, sessions_dir
 from pagecli.cli.chat_turn import TurnStats, run_turn
+from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
 from pagecli.cli.options import (
     CliError,
     VerboseOption,
     engine_options,
-    load_llm,
     sampling_options,
     set_verbose,
 )
@@ -167,6 +168,7 @@ def _given(ctx: typer.Context, names: Iterable[str]) -> list[str]:
 
 @engine_options
 @sampling_options
+@endpoint_options()
 def chat(
     ctx: typer.Context,
     *,
@@ -203,11 +205,13 @@ def chat(
     verbose: VerboseOption = False,
     sampling_defaults: dict[str, Any],
     engine_config: EngineConfig,
+    endpoint: EndpointSettings,
 ) -> int:
     """Chat with a model: streaming replies, sessions that share their system prompt's KV.
 
     On a terminal: /help lists the commands, Esc Enter adds a line, Ctrl-C stops a reply,
     Ctrl-D exits. With stdin from a pipe: one message per line, one reply per line on stdout.
+    With --endpoint URL the replies come from that OpenAI-compatible server.
     """
     set_verbose(verbose)
     system = _read_system(system, system_file)
@@ -220,13 +224,45 @@ def chat(
             exit_code=2,
         )
     interactive = sys.stdin.isatty()
+    backend = SyncBackend(endpoint.backend(engine_config))
+    try:
+        _start(backend, engine_config, endpoint, interactive)
+        return _run(backend, ctx, system, session, sampling_defaults, interactive)
+    finally:
+        backend.close()
+
+
+def _start(
+    backend: SyncBackend, engine_config: EngineConfig, endpoint: EndpointSettings, interactive: bool
+) -> None:
+    """Load the model or connect to the server; one line (exit 2) when that fails."""
     console = Console(stderr=True)
-    if interactive and console.is_terminal:
-        with console.status(f"loading {engine_config.model or 'the default model'}…"):
-            llm = load_llm(engine_config)
-    else:
-        llm = load_llm(engine_config)
-    state = ChatState(llm, system, sampling_defaults, name=session or "default")
+    what = (
+        f"connecting to {endpoint.urls[0]}"
+        if endpoint.remote
+        else f"loading {engine_config.model or 'the default model'}"
+    )
+    try:
+        if interactive and console.is_terminal:
+            with console.status(f"{what}…"):
+                backend.start()
+        else:
+            backend.start()
+    except (CliError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise start_error(backend.backend, engine_config, exc) from None
+
+
+def _run(
+    backend: SyncBackend,
+    ctx: typer.Context,
+    system: Optional[str],
+    session: Optional[str],
+    sampling_defaults: dict[str, Any],
+    interactive: bool,
+) -> int:
+    state = ChatState(backend, system, sampling_defaults, name=session or "default")
     saved = sessions_dir() / f"{session}.json"
     if session is not None and saved.is_file():
         try:

@@ -28,6 +28,7 @@ KEYS_HELP = (
 # Sampling parameters /set may change (chat shows one sample per turn, so not `n`).
 SETTABLE = [f.name for f in dataclasses.fields(SamplingParams) if f.name != "n"]
 _NULLABLE = {"max_tokens", "seed"}
+NOT_WITH_ENDPOINT = "not available with --endpoint (it needs the local engine)"
 _TRUE, _FALSE = {"true", "on", "yes", "1"}, {"false", "off", "no", "0"}
 
 
@@ -146,24 +147,33 @@ def _stats(chat: Chat, arg: str) -> None:
     from pagecli.cli.display import stats_table
 
     conversation = chat.state.current
-    chat.info(
-        f"session {conversation.name!r}: {turns_text(conversation.num_turns)}, "
-        f"{len(conversation.session.token_ids)} tokens"
+    tokens = (
+        f", {len(conversation.session.token_ids)} tokens" if chat.state.llm.is_local else ""
     )
+    chat.info(f"session {conversation.name!r}: {turns_text(conversation.num_turns)}{tokens}")
     if chat.last_stats is not None:
         chat.info(f"last turn: {chat.last_stats.line()}")
-    chat.show(stats_table(chat.state.llm.engine.stats()))
+    stats = chat.state.llm.stats()
+    if stats is None:
+        chat.info(f"engine numbers: {NOT_WITH_ENDPOINT}", style="dim")
+    else:
+        chat.show(stats_table(stats))
 
 
 def _blocks(chat: Chat, arg: str) -> None:
     from pagecli.cli.display import map_width_for, render
 
-    chat.show(render(chat.state.llm.engine.stats(), map_width_for(chat.console)))
+    stats = chat.state.llm.stats()
+    if stats is None:
+        raise ChatError(f"/blocks: {NOT_WITH_ENDPOINT}")
+    chat.show(render(stats, map_width_for(chat.console)))
 
 
 def _prompt(chat: Chat, arg: str) -> None:
     session = chat.state.current.session
     tokenizer = chat.state.llm.tokenizer
+    if tokenizer is None:
+        raise ChatError(f"/prompt: {NOT_WITH_ENDPOINT} (the server tokenizes the messages)")
     num_warnings = len(session.warnings)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

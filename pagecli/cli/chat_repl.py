@@ -94,7 +94,12 @@ def toolbar_text(chat: Chat) -> str:
     """model, dtype │ session, turns, tokens │ KV blocks in use / total, shared, cached."""
     state = chat.state
     conversation = state.current
-    stats = state.llm.engine.stats()
+    stats = state.llm.stats()
+    if stats is None:  # a server: no engine here to show
+        return (
+            f" {state.model_name} · {state.llm.backend.name} │ session {conversation.name}: "
+            f"{turns_text(conversation.num_turns)} │ /help "
+        )
     return (
         f" {state.model_name} · {state.llm.engine.dtype_choice.name} │ session "
         f"{conversation.name}: {turns_text(conversation.num_turns)}, "
@@ -143,9 +148,10 @@ class Repl:
 
     def run(self) -> int:
         chat = self.chat
+        engine = chat.state.llm.engine
+        where = engine.dtype_choice.reason if engine is not None else chat.state.llm.backend.name
         chat.info(
-            f"pagecli chat · {chat.state.model_name} · "
-            f"{chat.state.llm.engine.dtype_choice.reason} · /help lists commands · "
+            f"pagecli chat · {chat.state.model_name} · {where} · /help lists commands · "
             "Esc Enter adds a line · Ctrl-D exits",
             style="dim",
         )

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pagecli.llm import LLM, ChatSession
+from pagecli.llm import ChatSession
 from pagecli.sampling_params import SamplingParams
 
 DATA_DIR_ENV = "PAGECLI_DATA_DIR"
@@ -144,8 +144,9 @@ class Conversation:
         }
 
     @classmethod
-    def from_json(cls, llm: LLM, data: Any, model: str, where: str) -> Conversation:
-        """Rebuild a saved conversation; token ids are kept only for the same model."""
+    def from_json(cls, llm: Any, data: Any, model: str, where: str) -> Conversation:
+        """Rebuild a saved conversation; token ids are kept only for the same model, and only
+        where this process tokenizes (not on an endpoint)."""
         if not isinstance(data, dict) or data.get("format") != SESSION_FORMAT:
             raise ChatError(f"{where}: not a pagecli chat session file")
         try:
@@ -163,9 +164,9 @@ class Conversation:
             SamplingParams(**params)  # the same check as /set
         except (KeyError, TypeError, ValueError) as exc:
             raise ChatError(f"{where}: a bad session file ({type(exc).__name__}: {exc})") from None
-        session = ChatSession(llm, system=system, name=name)
+        session = llm.chat_session(system=system, name=name)
         session.messages = messages
-        if data.get("model") == model:
+        if data.get("model") == model and llm.tokenizer is not None:
             session.token_ids = token_ids
         else:
             for start in starts:
@@ -176,13 +177,14 @@ class Conversation:
 
 
 class ChatState:
-    """Every conversation of one chat process, which one is current, and the model they share."""
+    """Every conversation of one chat process, which one is current, and the model they share.
+    `llm` is a SyncBackend (pagecli/backends/sync.py): the local engine or an endpoint."""
 
     def __init__(
-        self, llm: LLM, system: str | None, params: dict[str, Any], name: str = DEFAULT_SESSION
+        self, llm: Any, system: str | None, params: dict[str, Any], name: str = DEFAULT_SESSION
     ) -> None:
         self.llm = llm
-        self.model_name = llm.engine.source.name
+        self.model_name = llm.model_name
         self.conversations: dict[str, Conversation] = {}
         first = Conversation(llm.chat_session(system=system, name=name), params)
         self.conversations[name] = self.current = first

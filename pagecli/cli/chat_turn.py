@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pagecli.backends.base import BackendError, RequestRejected
 from pagecli.cli.chat_state import ChatError, Conversation
 from pagecli.engine.llm_engine import RequestError
 from pagecli.outputs import RequestOutput
@@ -20,45 +21,69 @@ from pagecli.outputs import RequestOutput
 class TurnStats:
     """What one turn cost: prompt tokens computed and reused, latency and speed."""
 
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_generated_tokens: int
+    num_prompt_tokens: int | None  # None: a server that did not say (an interrupted turn)
+    num_cached_tokens: int | None
+    num_generated_tokens: int | None
     time_to_first_token: float | None
     tokens_per_s: float | None
     finish_reason: str | None
     interrupted: bool
 
+    remote: bool = False  # counted by a server (prompt and cached tokens), not here
+
     @property
     def num_prefilled_tokens(self) -> int:
-        return self.num_prompt_tokens - self.num_cached_tokens
+        return self.num_prompt_tokens - (self.num_cached_tokens or 0)
 
     @classmethod
-    def of(cls, output: RequestOutput, interrupted: bool) -> TurnStats:
+    def of(cls, output: RequestOutput, interrupted: bool, remote: bool = False) -> TurnStats:
         metrics = output.metrics
-        num_generated = len(output.token_ids)
+        server = output.server
+        if server is not None:
+            num_prompt, num_cached = server.prompt_tokens, server.cached_tokens
+            num_generated = server.completion_tokens
+        elif remote:  # stopped before the server's final count
+            num_prompt = num_cached = num_generated = None
+        else:
+            num_prompt, num_cached = len(output.prompt_token_ids), output.num_cached_tokens
+            num_generated = len(output.token_ids)
         first = metrics.get("first_token_time")
         end = metrics.get("finished_time", time.perf_counter())
         # Decode speed: the tokens after the first, over the time since the first.
-        rate = (num_generated - 1) / (end - first) if first and num_generated > 1 else None
+        rate = (
+            (num_generated - 1) / (end - first)
+            if first and num_generated is not None and num_generated > 1
+            else None
+        )
         return cls(
-            num_prompt_tokens=len(output.prompt_token_ids),
-            num_cached_tokens=output.num_cached_tokens,
+            num_prompt_tokens=num_prompt,
+            num_cached_tokens=num_cached,
             num_generated_tokens=num_generated,
             time_to_first_token=metrics.get("time_to_first_token"),
             tokens_per_s=rate if rate and end > first else None,
             finish_reason=output.finish_reason,
             interrupted=interrupted,
+            remote=remote,
         )
 
     def line(self) -> str:
-        """`29 prefilled · 16 reused · TTFT 0.41 s · 12 tokens at 8.3 tok/s`."""
-        parts = [f"{self.num_prefilled_tokens} prefilled", f"{self.num_cached_tokens} reused"]
+        """`29 prefilled · 16 reused · TTFT 0.41 s · 12 tokens at 8.3 tok/s`; from a server:
+        `45 prompt tokens · 32 cached · TTFT ...` (cached only when the server says)."""
+        parts = []
+        if self.remote:
+            if self.num_prompt_tokens is not None:
+                parts.append(f"{self.num_prompt_tokens} prompt tokens")
+            if self.num_cached_tokens is not None:
+                parts.append(f"{self.num_cached_tokens} cached")
+        else:
+            parts += [f"{self.num_prefilled_tokens} prefilled", f"{self.num_cached_tokens} reused"]
         if self.time_to_first_token is not None:
             parts.append(f"TTFT {self.time_to_first_token:.2f} s")
-        tokens = f"{self.num_generated_tokens} tokens"
-        if self.tokens_per_s is not None:
-            tokens += f" at {self.tokens_per_s:.1f} tok/s"
-        parts.append(tokens)
+        if self.num_generated_tokens is not None:
+            tokens = f"{self.num_generated_tokens} tokens"
+            if self.tokens_per_s is not None:
+                tokens += f" at {self.tokens_per_s:.1f} tok/s"
+            parts.append(tokens)
         if self.interrupted:
             parts.append("interrupted")
         elif self.finish_reason == "length":
@@ -120,30 +145,33 @@ def run_turn(
     """Send one user message and write the reply's text as it arrives. When `stoppable`, a
     Ctrl-C stops the reply (else KeyboardInterrupt propagates); either way the conversation
     keeps what was generated. Returns None when nothing was generated before the stop; raises
-    ChatError when the engine refuses the prompt."""
+    ChatError when the engine or the server refuses the prompt or is gone."""
     session = conversation.session
+    backend = session.llm  # a SyncBackend
     ids_before = list(session.token_ids)
     conversation.begin_turn()
     last = None
     interrupted = False
     stream = session.stream(user_text, conversation.sampling_params())
-    with ctrl_c_stops(stoppable) as stop_asked, no_ctrl_echo():
+    with ctrl_c_stops(stoppable) as stop_asked, no_ctrl_echo(), backend.stoppable(stop_asked):
         try:
             for last in stream:
                 write(last.delta)
                 if stop_asked():
-                    interrupted = not last.finished
                     break
+            interrupted = stop_asked() and not (last is not None and last.finished)
         except KeyboardInterrupt:
             if not stoppable:
                 raise
             interrupted = True
-        except RequestError as exc:
+        except (RequestError, RequestRejected) as exc:
             hint = " (/clear or /new starts afresh)" if conversation.num_turns else ""
             raise ChatError(f"{exc}{hint}") from None
+        except BackendError as exc:
+            raise ChatError(str(exc)) from None
         finally:
             stream.close()  # aborts the request; the session records what it has
             conversation.end_turn(ids_before)
     if last is None:
         return None
-    return TurnStats.of(last, interrupted)
+    return TurnStats.of(last, interrupted, remote=not backend.is_local)

@@ -41,9 +41,15 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def llm():
-    from pagecli.llm import LLM
+    """The chat's backend: the local engine on its own thread, driven synchronously."""
+    from pagecli.backends.local import LocalBackend
+    from pagecli.backends.sync import SyncBackend
+    from pagecli.config import EngineConfig
 
-    return LLM(kv_cache_memory=0.25)
+    backend = SyncBackend(LocalBackend(EngineConfig(kv_cache_memory=0.25)))
+    backend.start()
+    yield backend
+    backend.close()
 
 
 @pytest.fixture
@@ -212,7 +218,8 @@ def test_ctrl_c_stops_a_reply_and_the_session_keeps_it(llm, data_dir):
     stats = run_turn(conversation, "Once more.", write)
     assert stats is not None and stats.interrupted and stats.num_generated_tokens < 64
     assert conversation.num_turns == 3
-    assert not chat.state.llm.engine.has_unfinished_requests()
+    stats = chat.state.llm.stats()  # taken on the engine thread, after the abort
+    assert stats.num_running == 0 and stats.num_waiting == 0
 
 
 def test_save_load_round_trip_and_regen(llm, data_dir, tmp_path):
