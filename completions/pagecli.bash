@@ -25,6 +25,13 @@ _pagecli() {
                 --save-workload) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --compare) COMPREPLY=($(compgen -W "hf" -- "$cur")); return ;;
                 --hf-batch-size) COMPREPLY=(); return ;;
+                --max-concurrency) COMPREPLY=(); return ;;
+                --request-rate) COMPREPLY=(); return ;;
+                --endpoint) COMPREPLY=(); return ;;
+                --api-key) COMPREPLY=(); return ;;
+                --served-model) COMPREPLY=(); return ;;
+                --max-retries) COMPREPLY=(); return ;;
+                --request-timeout) COMPREPLY=(); return ;;
                 -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
@@ -44,7 +51,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display --max-concurrency --request-rate -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         blocks)
             case "$prev" in
                 --svg) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -73,6 +80,11 @@ _pagecli() {
                 -s|--system) COMPREPLY=(); return ;;
                 --system-file) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --session) COMPREPLY=(); return ;;
+                --endpoint) COMPREPLY=(); return ;;
+                --api-key) COMPREPLY=(); return ;;
+                --served-model) COMPREPLY=(); return ;;
+                --max-retries) COMPREPLY=(); return ;;
+                --request-timeout) COMPREPLY=(); return ;;
                 -n|--n) COMPREPLY=(); return ;;
                 --max-tokens) COMPREPLY=(); return ;;
                 --temperature) COMPREPLY=(); return ;;
@@ -104,13 +116,19 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         generate)
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 -o|--output) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --max-line-bytes) COMPREPLY=(); return ;;
                 --system) COMPREPLY=(); return ;;
+                --max-concurrency) COMPREPLY=(); return ;;
+                --endpoint) COMPREPLY=(); return ;;
+                --api-key) COMPREPLY=(); return ;;
+                --served-model) COMPREPLY=(); return ;;
+                --max-retries) COMPREPLY=(); return ;;
+                --request-timeout) COMPREPLY=(); return ;;
                 -n|--n) COMPREPLY=(); return ;;
                 --max-tokens) COMPREPLY=(); return ;;
                 --temperature) COMPREPLY=(); return ;;
@@ -142,7 +160,7 @@ _pagecli() {
                 --num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system -v --verbose -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system --max-concurrency -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --num-threads --seed -h --help" -- "$cur")) ;;
         serve)
             case "$prev" in
                 --host) COMPREPLY=(); return ;;

@@ -1,5 +1,7 @@
 """`pagecli bench`: throughput, prefix, chat and latency scenarios, in-process through the
-engine, optionally beside transformers on exactly the same workload (`--compare hf`).
+engine, optionally beside transformers on exactly the same workload (`--compare hf`). With
+`--endpoint URL` (repeatable) the throughput, prefix and chat scenarios run against
+OpenAI-compatible servers instead, one row each (bench_serving.py).
 
 Results go to stdout (a Rich table, `--json` or `--csv`); progress and the live block display
 go to stderr.
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import gc
+import math
 import os
 import platform
 import random
@@ -33,10 +36,12 @@ from pagecli.cli.bench_scenarios import (
     write_workload,
 )
 from pagecli.cli.display import LiveDisplay
+from pagecli.cli.endpoint import EndpointSettings, endpoint_options
 from pagecli.cli.options import CliError, VerboseOption, engine_options, load_llm, set_verbose
 from pagecli.config import EngineConfig
 
 WORKLOAD_PANEL = "Workload"
+SERVING_PANEL = "Serving (with --endpoint)"
 OUTPUT_PANEL = "Output"
 DEFAULTS = {"num_prompts": 64, "input_len": "32:512", "output_len": "16:256"}
 PRESETS = {"nano": {"num_prompts": 256, "input_len": "100:1024", "output_len": "100:1024"}}
@@ -58,6 +63,7 @@ def _opt(panel: str, help: str, *decls: str, **kw) -> typer.models.OptionInfo:
 
 
 @engine_options
+@endpoint_options(multiple=True)
 def bench(
     *,
     scenario: Annotated[Scenario, _opt(WORKLOAD_PANEL, "What to measure.")] = Scenario.throughput,
@@ -133,10 +139,32 @@ def bench(
             show_default=False,
         ),
     ] = None,
+    max_concurrency: Annotated[
+        Optional[int],
+        _opt(
+            SERVING_PANEL,
+            "Most requests in flight at once (default: no limit).",
+            show_default=False,
+        ),
+    ] = None,
+    request_rate: Annotated[
+        float,
+        _opt(
+            SERVING_PANEL,
+            "Requests per second, arriving as a Poisson process (inf: all at once).",
+        ),
+    ] = math.inf,
     verbose: VerboseOption = False,
     engine_config: EngineConfig,
+    endpoint: EndpointSettings,
 ) -> None:
-    """Measure throughput, latency, KV usage and prefix hits; optionally against transformers."""
+    """Measure throughput, latency, KV usage and prefix hits; optionally against transformers.
+
+    With --endpoint URL (repeatable, NAME=URL names a row, `local` is this process's engine)
+    the throughput, prefix and chat scenarios run against OpenAI-compatible servers, one row
+    each, with TTFT, TPOT, ITL and end-to-end latency measured on the client; the workload is
+    drawn with the vocabulary of --model.
+    """
     set_verbose(verbose)
     workload_seed = engine_config.seed  # --seed draws the workload (and seeds the engine)
     if json_out and csv_out:
@@ -152,6 +180,20 @@ def bench(
     ):
         if value is not None and value < 1:
             raise CliError(f"{name} must be >= 1, got {value}", exit_code=2)
+    if max_concurrency is not None and max_concurrency < 1:
+        raise CliError(f"--max-concurrency must be >= 1, got {max_concurrency}", exit_code=2)
+    if not request_rate > 0:  # NaN too
+        raise CliError(f"--request-rate must be > 0 (or inf), got {request_rate}", exit_code=2)
+    if endpoint.remote:
+        if compare is not None:
+            raise CliError("--compare hf runs in-process only, not with --endpoint", exit_code=2)
+        if scenario == Scenario.latency:
+            raise CliError(
+                "--endpoint runs the throughput, prefix and chat scenarios, not latency",
+                exit_code=2,
+            )
+    elif max_concurrency is not None or not math.isinf(request_rate):
+        raise CliError("--max-concurrency and --request-rate need --endpoint", exit_code=2)
     if compare is not None and scenario in (Scenario.chat, Scenario.latency):
         raise CliError(
             f"--compare hf applies to the throughput and prefix scenarios, not {scenario.value}",
@@ -164,6 +206,26 @@ def bench(
     show = display if display is not None else sys.stderr.isatty()
 
     requests = read_workload(workload) if workload is not None else None  # before loading
+    if endpoint.remote:
+        from pagecli.cli import bench_serving
+
+        plan, model = bench_serving.make_plan(
+            engine_config,
+            scenario.value,
+            workload=requests,
+            num_prompts=num_prompts,
+            input_len=in_range,
+            output_len=out_range,
+            prefix_len=prefix_len,
+            sessions=sessions,
+            turns=turns,
+            request_rate=request_rate,
+            max_concurrency=max_concurrency,
+            save_workload=save_workload,
+        )
+        report = bench_serving.bench_endpoints(endpoint, engine_config, plan, model)
+        print_report(report, json_out, csv_out)
+        return
     note(f"loading {engine_config.model or 'the default model'}")
     if scenario == Scenario.prefix:
         engine_config = dataclasses.replace(engine_config, enable_prefix_caching=True)

@@ -13,6 +13,7 @@ PIPE_WIDTH = 240  # a file or pipe gets the whole table, never a cropped one
 
 COLUMNS = [  # (header, row key, format)
     ("engine", "engine", "{}"),
+    ("backend", "backend", "{}"),
     ("test", "test", "{}"),
     ("requests", "num_requests", "{}"),
     ("prompt tok", "prompt_tokens", "{:,}"),
@@ -24,17 +25,23 @@ COLUMNS = [  # (header, row key, format)
     ("t/s mean ± std", "tokens_per_s_mean", None),
     ("TTFT p50/p99 ms", "ttft_s", None),
     ("TPOT p50/p99 ms", "tpot_s", None),
+    ("ITL p50/p99 ms", "itl_s", None),
+    ("E2E p50/p99 ms", "e2e_s", None),
     ("peak KV", "peak_kv_blocks", None),
     ("prefix hits", "prefix_hit_rate", "{:.1%}"),
     ("preempt", "preemptions", "{}"),
 ]
+# Shown only in a report of --endpoint rows (one with "endpoints"): the in-process table
+# keeps its columns.
+SERVING_COLUMNS = {"backend", "itl_s", "e2e_s"}
+LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 
 
 def _cell(row: dict, key: str, fmt: str | None) -> str:
     value = row.get(key)
     if value is None:
         return "-"
-    if key in ("ttft_s", "tpot_s"):
+    if key in LATENCY_KEYS:
         return f"{1000 * value['p50']:.0f} / {1000 * value['p99']:.0f}"
     if key == "tokens_per_s_mean":
         return f"{value:.1f} ± {row['tokens_per_s_std']:.1f}"
@@ -56,7 +63,7 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
         flat = [
             {
                 **{
-                    k: format_weights(v) if k == "weight_formats" else v
+                    k: _info_cell(k, v)
                     for k, v in report.items()
                     if k != "results" and k != "comparison"
                 },
@@ -70,14 +77,33 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
         writer.writerows(flat)
         return
     rows = report["results"]
-    used = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
-    title = (
-        f"pagecli bench · {report['scenario']} · {report['model']} · {report['dtype']} · "
-        f"{report['device']} · {report['threads']} threads"
-    )
-    table = Table(title=title, caption=report.get("dtype_reason"))
+    serving = "endpoints" in report
+    used = [
+        c
+        for c in COLUMNS
+        if any(r.get(c[1]) is not None for r in rows) and (serving or c[1] not in SERVING_COLUMNS)
+    ]
+    if serving:
+        concurrency = report.get("max_concurrency")
+        rate = report.get("request_rate")
+        title = (
+            f"pagecli bench · {report['scenario']} · {len(rows)} endpoint"
+            f"{'s' if len(rows) != 1 else ''} · request rate "
+            f"{'inf' if rate == 'inf' else f'{rate:g}/s'} · max concurrency "
+            f"{concurrency if concurrency is not None else 'unlimited'}"
+        )
+        caption = f"workload drawn with the vocabulary of {report.get('workload_model')}"
+    else:
+        title = (
+            f"pagecli bench · {report['scenario']} · {report['model']} · {report['dtype']} · "
+            f"{report['device']} · {report['threads']} threads"
+        )
+        caption = report.get("dtype_reason")
+    table = Table(title=title, caption=caption)
     for header, _, _ in used:
-        table.add_column(header, justify="left" if header in ("engine", "test") else "right")
+        table.add_column(
+            header, justify="left" if header in ("engine", "backend", "test") else "right"
+        )
     for row in rows:
         table.add_row(*(_cell(row, key, fmt) for _, key, fmt in used))
     console = Console(soft_wrap=False)
@@ -88,10 +114,15 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
         console.print(f"weights: {format_weights(report['weight_formats'])}")
     for row in rows:
         for turn in row.get("turns", []):
+            cached = (
+                "cache reuse not reported"
+                if turn["cached_tokens"] is None
+                else f"{turn['cached_tokens']:.0f} reused from the cache"
+            )
+            who = f"{row['engine']} " if serving else ""
             console.print(
-                f"turn {turn['turn']}: {turn['prompt_tokens']:.0f} prompt tokens, "
-                f"{turn['cached_tokens']:.0f} reused from the cache, "
-                f"TTFT {1000 * turn['ttft_s']:.0f} ms"
+                f"{who}turn {turn['turn']}: {turn['prompt_tokens']:.0f} prompt tokens, "
+                f"{cached}, TTFT {1000 * turn['ttft_s']:.0f} ms"
             )
         if row.get("ttft_first_session_s") is not None and row.get("ttft_later_sessions_s"):
             console.print(
@@ -106,6 +137,15 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
             else f"{name} output tok/s"
         )
         console.print(f"{label}: {value:.2f}x")
+
+
+def _info_cell(key: str, value):
+    """A report-level figure as one CSV cell."""
+    if key == "weight_formats":
+        return format_weights(value)
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return value
 
 
 def flatten(row: dict, prefix: str = "") -> dict:
