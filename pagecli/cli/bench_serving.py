@@ -4,8 +4,8 @@ servers, one row per `--endpoint`, measured on the client side as `vllm bench se
 The driver is written once against `Backend` (pagecli.backends): an OpenAI-compatible server
 (`pagecli serve`, vLLM, llama.cpp's llama-server, ...) and this process's own engine
 (`--endpoint local`) run exactly the same code. Backends run one after another: each is
-started, warmed up with one small request, measured and closed before the next one starts, so
-at most one in-process engine exists at a time.
+started, warmed up with a burst of small requests, measured and closed before the next one
+starts, so at most one in-process engine exists at a time.
 
 The workload is the in-process one (`draw_workload`: random token ids, greedy, ignore_eos,
 max_tokens per request), sent as token ids to /v1/completions, so every row does the same
@@ -73,6 +73,8 @@ from pagecli.config import EngineConfig
 SCENARIOS = ("throughput", "prefix", "chat")
 WARMUP_PROMPT_TOKENS = 16
 WARMUP_OUTPUT_TOKENS = 4
+WARMUP_REQUESTS = 16
+WARMUP_MAX_PROMPT_TOKENS = 512
 
 
 # ---- arrivals --------------------------------------------------------------------------
@@ -293,11 +295,30 @@ def make_plan(
 # ---- one backend: start, warm up, measure, close ---------------------------------------
 
 
-async def warm_up(backend: Backend, vocab_size: int) -> None:
-    ids = random_ids(random.Random(-1), WARMUP_PROMPT_TOKENS, vocab_size)
-    await backend.complete(
-        BackendRequest(
-            "bench-warmup", {"prompt_token_ids": ids}, params(WARMUP_OUTPUT_TOKENS), stream=True
+async def warm_up(backend: Backend, plan: Plan) -> None:
+    """A burst of up to WARMUP_REQUESTS small requests at once, prompts from 16 tokens to the
+    workload's longest (at most 512): every row, a fresh in-process engine as much as a server
+    that ran before, meets the measured batch shapes warm. Random ids of their own, so no
+    prefix-cache hit carries over into the workload."""
+    rng = random.Random(-1)
+    longest = max([len(ids) for ids, _ in plan.workload or []] or [WARMUP_PROMPT_TOKENS])
+    longest = max(WARMUP_PROMPT_TOKENS, min(WARMUP_MAX_PROMPT_TOKENS, longest))
+    num = min(WARMUP_REQUESTS, plan.max_concurrency or WARMUP_REQUESTS)
+    lengths = [
+        WARMUP_PROMPT_TOKENS + (longest - WARMUP_PROMPT_TOKENS) * i // max(1, num - 1)
+        for i in range(num)
+    ]
+    await asyncio.gather(
+        *(
+            backend.complete(
+                BackendRequest(
+                    f"bench-warmup-{i}",
+                    {"prompt_token_ids": random_ids(rng, n, plan.vocab_size)},
+                    params(WARMUP_OUTPUT_TOKENS),
+                    stream=True,
+                )
+            )
+            for i, n in enumerate(lengths)
         )
     )
 
@@ -392,7 +413,7 @@ async def bench_backend(backend: Backend, plan: Plan, engine_config: EngineConfi
         except Exception as exc:
             raise start_error(backend, engine_config, exc) from None
         try:
-            await warm_up(backend, plan.vocab_size)
+            await warm_up(backend, plan)
             if plan.scenario == "chat":
                 sessions = len(plan.chat_max_tokens[0])
                 note(
