@@ -129,7 +129,7 @@ def generate(
     """Answer JSONL records from stdin (or -i) with JSONL records on stdout (or -o).
 
     Input records: {"id", "prompt" | "messages" | "prompt_token_ids", sampling fields...}
-    or OpenAI batch-API lines. See docs/generate.md for the schema. With --endpoint URL the
+    or OpenAI batch-API lines (the README has the schema). With --endpoint URL the
     records run on that OpenAI-compatible server instead of the local engine.
     """
     set_verbose(verbose)

@@ -7,12 +7,14 @@ What a completion request gets depends on its prompt (text, or the first message
 - "cut...": the response starts, half the body is sent, then the connection is dropped;
 - "cutstream...": (streaming) one chunk, then the connection is dropped;
 - "dropfirst...": (streaming) dropped before any chunk once, then a whole stream;
+- "slow...": an answer after SLOW_S seconds (streaming: the headers at once, then silence);
 - anything else: an answer, " echo: <prompt>".
 Under /locked/v1 every request needs `Authorization: Bearer good`, else 401.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -22,6 +24,7 @@ from collections import defaultdict
 import uvicorn
 
 RETRY_AFTER_S = 2
+SLOW_S = 60
 
 
 class FaultApp:
@@ -96,6 +99,11 @@ class FaultApp:
                 {"type": "http.response.body", "body": data[: len(data) // 2], "more_body": True}
             )
             raise ConnectionResetError("dropped mid-body on purpose")
+        elif text.startswith("slow"):
+            if request.get("stream"):
+                await _stream_start(send)
+            await asyncio.sleep(SLOW_S)
+            await _json(send, 200, _answer(chat, request, " late"))
         elif text.startswith("dropfirst") and count == 1:
             raise ConnectionResetError("dropped before answering on purpose")
         elif request.get("stream"):

@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
+import threading
+import time
 
 import pytest
 
 from pagecli.backends.base import Request, RequestRejected
 from pagecli.backends.remote import RemoteBackend, base_url
 from pagecli.backends.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from pagecli.backends.sync import SyncBackend
 from pagecli.sampling_params import SamplingParams
-from tests.cli.helpers import jsonl, no_traceback, records, run
-from tests.server.fault_server import RETRY_AFTER_S, FaultServer
+from tests.cli.helpers import jsonl, no_traceback, records, run, start
+from tests.server.fault_server import RETRY_AFTER_S, SLOW_S, FaultServer
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +148,40 @@ def test_chat_streams_survive_a_drop_before_the_first_chunk_not_after(faults):
             await backend.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_keeps_the_finished_records_and_aborts_the_rest(faults, sig, code):
+    proc = start(["generate", "--endpoint", faults.url, "--max-concurrency", "4"])
+    slow = f"slow {sig.name}"  # a prompt of its own: the attempts are counted by prompt
+    proc.stdin.write(jsonl({"id": 1, "prompt": "quick"}, {"id": 2, "prompt": slow}))
+    proc.stdin.flush()  # stdin stays open: the run is waiting for the slow answer
+    deadline = time.monotonic() + 60
+    while not attempts(faults, slow) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    began = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - began < SLOW_S / 2  # it did not wait for the slow answer
+    assert proc.returncode == code
+    no_traceback(err)
+    assert [r["id"] for r in records(out)] == [1]  # the finished one, whole
+
+
+def test_a_stopped_chat_turn_does_not_wait_for_a_silent_server(faults):
+    backend = SyncBackend(RemoteBackend(faults.url))
+    backend.start()
+    try:
+        asked = {"stop": False}
+        with backend.stoppable(lambda: asked["stop"]):
+            stream = backend.stream([{"role": "user", "content": "slow chat"}])
+            began = time.monotonic()
+            threading.Timer(0.5, asked.update, kwargs={"stop": True}).start()
+            assert list(stream) == []  # nothing arrived; the stop ended the wait
+            assert time.monotonic() - began < 5
+    finally:
+        backend.close()
 
 
 def test_retry_rules():
