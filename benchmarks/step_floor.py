@@ -35,6 +35,7 @@ import torch
 import pagecli_kernels
 from pagecli import LLM, SamplingParams
 from pagecli.layers import linear as linear_module
+from pagecli.layers import quant_linear as quant_module
 
 TARGET_RATIO_64, TARGET_RATIO_1 = 2.0, 1.5
 clock = time.perf_counter  # --clock thread: this thread's CPU time (with --threads 1 only)
@@ -91,6 +92,8 @@ class Timers:
             self._wrap(pagecli_kernels, name, "attention")
         self._wrap(linear_module.PackedLinear, "forward", "matmul")
         self._wrap(torch.nn.Linear, "forward", "matmul")
+        self._wrap(quant_module.QuantLinear, "forward", "matmul")
+        self._wrap(quant_module.QuantEmbedding, "as_linear", "matmul")  # the tied head
         return self
 
     def __exit__(self, *exc) -> None:
@@ -107,6 +110,21 @@ def model_sizes(llm: LLM) -> tuple[int, int, int]:
     per_layer += 3 * cfg.hidden_size * cfg.intermediate_size
     params = cfg.num_hidden_layers * per_layer + cfg.vocab_size * cfg.hidden_size
     elem = torch.tensor([], dtype=llm.engine.dtype).element_size()
+    quantized = [
+        m
+        for m in model.modules()
+        if isinstance(m, (quant_module.QuantLinear, quant_module.QuantEmbedding))
+    ]
+    if quantized:  # GGUF blocks kept as they are: the bytes they really take
+        floats = params * elem - sum(
+            (m.in_features * m.out_features if isinstance(m, quant_module.QuantLinear) else 0)
+            * elem
+            for m in quantized
+        )
+        head = [m for m in quantized if isinstance(m, quant_module.QuantEmbedding)]
+        if head:  # the tied head streams the whole table
+            floats -= cfg.vocab_size * cfg.hidden_size * elem
+        return floats + sum(m.nbytes for m in quantized), params, elem
     return params * elem, params, elem
 
 
@@ -155,6 +173,12 @@ def main() -> None:
     parser.add_argument("--bandwidth-mib", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
+        "--quantization",
+        default="none",
+        help="none (default): float weights in --dtypes, as issue 14 measures them; auto: the "
+        "GGUF's own blocks (issue 13)",
+    )
+    parser.add_argument(
         "--clock",
         choices=["wall", "thread"],
         default="wall",
@@ -178,7 +202,13 @@ def main() -> None:
     rows = []
     for dtype in args.dtypes.split(","):
         note(f"loading the default model in {dtype}")
-        llm = LLM(None, dtype=dtype, num_threads=args.threads, max_num_seqs=64)
+        llm = LLM(
+            None,
+            dtype=dtype,
+            num_threads=args.threads,
+            max_num_seqs=64,
+            quantization=args.quantization,
+        )
         weight_bytes, params, elem = model_sizes(llm)
         cfg = llm.engine.hf_config
         head_dim = llm.engine.runner.head_dim
