@@ -38,11 +38,13 @@ class BackendError(Exception):
 
 class RequestRejected(Exception):
     """This request failed and will not succeed as it is (a 4xx, a prompt too long, retries
-    run out); the other requests go on. `status` is the HTTP status, where there was one."""
+    run out); the other requests go on. `status` is the HTTP status, where there was one;
+    `num_prompt_tokens` the prompt's length, where it is known."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, num_prompt_tokens: int = 0) -> None:
         super().__init__(message)
         self.status = status
+        self.num_prompt_tokens = num_prompt_tokens
 
 
 class EngineFailed(BackendError):

@@ -18,6 +18,8 @@ from pagecli.engine.llm_engine import RequestError
 from pagecli.engine.prompts import PromptEncoder
 from pagecli.outputs import RequestOutput
 
+LOAD_POLL_S = 0.05
+
 
 class LocalBackend(Backend):
     """The model loaded in this process. `start()` raises what loading raised (the CLI turns
@@ -31,8 +33,10 @@ class LocalBackend(Backend):
         self.encoder: PromptEncoder | None = None
 
     async def start(self) -> None:
+        """Load the model on the engine thread; a cancel (Ctrl-C) stops waiting at once."""
         self.async_engine.start()
-        await asyncio.get_running_loop().run_in_executor(None, self.async_engine.ready.wait)
+        while not self.async_engine.ready.is_set():
+            await asyncio.sleep(LOAD_POLL_S)
         if self.async_engine.state is not EngineState.READY:
             raise self.async_engine.load_exception or BackendError(
                 self.async_engine.unavailable_reason()
@@ -43,6 +47,11 @@ class LocalBackend(Backend):
         self.encoder = PromptEncoder(self.engine)
 
     async def aclose(self) -> None:
+        """Abort what runs and end the engine thread; one still loading is left to finish on
+        its own (a daemon thread), so closing never waits for a load."""
+        if not self.async_engine.ready.is_set():
+            self.async_engine.stop(timeout=0)
+            return
         await asyncio.get_running_loop().run_in_executor(None, self.async_engine.stop)
 
     def encode(self, request: Request) -> tuple[list[int], str | None]:
@@ -65,16 +74,14 @@ class LocalBackend(Backend):
         except EngineUnavailable as exc:
             raise EngineFailed(str(exc)) from None
         except (RequestError, ValueError) as exc:
-            raise RequestRejected(str(exc)) from None
+            raise RequestRejected(str(exc), num_prompt_tokens=len(token_ids)) from None
         try:
             async for output in stream:
-                if output.error and output.finished and not output.outputs:
-                    raise RequestRejected(output.error)
                 yield output
         except RequestFailed as exc:
             raise EngineFailed(str(exc)) from None
         except ValueError as exc:  # the engine refused it when it arrived there
-            raise RequestRejected(str(exc)) from None
+            raise RequestRejected(str(exc), num_prompt_tokens=len(token_ids)) from None
         finally:
             if not stream.finished:
                 self.async_engine.abort(request.request_id)

@@ -9,6 +9,7 @@ Retry-After) until the first output of a request has been handed on; any other 4
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -146,36 +147,63 @@ class _Answer:
         self.has_token_ids = False
         self.metrics: dict[str, float] = {"arrival_time": arrival}
 
-    def take(self, data: dict[str, Any], streaming: bool) -> None:
-        """Fold in a whole response or one stream chunk."""
+    def take(self, data: Any, streaming: bool) -> None:
+        """Fold in a whole response or one stream chunk; RequestRejected for one whose shape
+        is not an OpenAI answer."""
         if not isinstance(data, dict):
-            raise RequestRejected("the server sent something that is not a JSON object")
-        if isinstance(data.get("error"), dict):  # an error event inside a stream
-            raise RequestRejected(f"the server failed mid-stream: {data['error'].get('message')}")
-        if isinstance(data.get("prompt_token_ids"), list):
+            raise RequestRejected("the server's answer is not a JSON object")
+        error = data.get("error")
+        if error:  # an error event inside a stream, or a 200 that carries an error
+            message = error.get("message") if isinstance(error, dict) else error
+            raise RequestRejected(f"the server reported an error: {message}")
+        if _is_int_list(data.get("prompt_token_ids")):
             self.prompt_token_ids = data["prompt_token_ids"]
         if isinstance(data.get("usage"), dict):
             self.usage = data["usage"]
         for c in self.choices.values():
             c.delta = ""
-        for raw in data.get("choices") or []:
-            index = int(raw.get("index", 0))
-            choice = self.choices.setdefault(index, _Choice(index))
-            part = raw.get("delta" if streaming and self.chat else "message") if self.chat else raw
-            text = (part or {}).get("content") if self.chat else raw.get("text")
-            if text:
-                choice.text += text
-                choice.delta = text
-                self.metrics.setdefault("first_token_time", time.perf_counter())
-            if isinstance(raw.get("token_ids"), list):
-                choice.token_ids += raw["token_ids"]
-                self.has_token_ids = True
-            if isinstance(raw.get("prompt_token_ids"), list):
-                self.prompt_token_ids = raw["prompt_token_ids"]
-            if raw.get("logprobs") is not None:
-                choice.logprobs = _merge(choice.logprobs, raw["logprobs"])
-            if raw.get("finish_reason"):
-                choice.finish_reason = raw["finish_reason"]
+        choices = data.get("choices") or []
+        if not isinstance(choices, list):
+            raise RequestRejected("the server's answer has no list of choices")
+        for raw in choices:
+            self._take_choice(raw, streaming)
+
+    def _take_choice(self, raw: Any, streaming: bool) -> None:
+        if not isinstance(raw, dict):
+            raise RequestRejected("the server's answer has a choice that is not an object")
+        index = raw.get("index", 0)
+        if not isinstance(index, int) or not 0 <= index < max(1, self.request.params.n):
+            raise RequestRejected(f"the server's answer has a choice with index {index!r}")
+        choice = self.choices.setdefault(index, _Choice(index))
+        if self.chat:
+            part = raw.get("delta" if streaming else "message") or {}
+            text = part.get("content") if isinstance(part, dict) else None
+        else:
+            text = raw.get("text")
+        if text is not None and not isinstance(text, str):
+            raise RequestRejected("the server's answer has a choice whose text is not a string")
+        if text:
+            choice.text += text
+            choice.delta = text
+            self.metrics.setdefault("first_token_time", time.perf_counter())
+        if _is_int_list(raw.get("token_ids")):
+            choice.token_ids += raw["token_ids"]
+            self.has_token_ids = True
+        if _is_int_list(raw.get("prompt_token_ids")):
+            self.prompt_token_ids = raw["prompt_token_ids"]
+        if raw.get("logprobs") is not None:
+            choice.logprobs = _merge(choice.logprobs, raw["logprobs"])
+        if raw.get("finish_reason"):
+            choice.finish_reason = raw["finish_reason"]
+
+    def check_complete(self) -> None:
+        """RequestRejected for an answer without all `n` choices, each with its finish."""
+        n = self.request.params.n
+        if len(self.choices) < n:
+            got = len(self.choices)
+            raise RequestRejected(f"the server answered {got} of the {n} choices asked for")
+        if not all(c.finish_reason for c in self.choices.values()):
+            raise RequestRejected("the server's answer has a choice without a finish_reason")
 
     @property
     def done(self) -> bool:
@@ -217,6 +245,10 @@ class _Answer:
                 logprobs=[c.logprobs for c in choices],
             )
         return out
+
+
+def _is_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) for t in value)
 
 
 def _merge(old: Any, new: Any) -> Any:
@@ -282,20 +314,25 @@ class RemoteBackend(Backend):
             raise BackendError(
                 f"{self.url}: the server refused the request ({error_message(response)}){hint}"
             )
-        models = []
-        if response.status_code == 200:
-            try:
-                models = [m for m in response.json().get("data", []) if isinstance(m, dict)]
-            except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
-                models = []
+        if response.status_code != 200:
+            await self.aclose()
+            raise BackendError(
+                f"{self.url}: GET /models answered {error_message(response)} (is this the API "
+                "root of an OpenAI-compatible server, e.g. http://host:8000/v1?)"
+            )
+        try:
+            data = response.json().get("data")
+            models = [m for m in data if isinstance(m, dict)]
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError):
+            await self.aclose()
+            raise BackendError(
+                f"{self.url}: GET /models did not answer a model list ({response.text[:80]!r})"
+            ) from None
         ids = [str(m.get("id")) for m in models if m.get("id") is not None]
         if self.served_model is None:
             if not ids:
                 await self.aclose()
-                raise BackendError(
-                    f"{self.url}: cannot list the server's models ({error_message(response)}); "
-                    "give --served-model NAME"
-                )
+                raise BackendError(f"{self.url}: the server lists no model; give --served-model")
             self.model_name = ids[0]
         elif ids and self.served_model not in ids:
             await self.aclose()
@@ -346,9 +383,12 @@ class RemoteBackend(Backend):
             yielded = False
             try:
                 if request.stream:
-                    async for output in self._stream(path, body, answer):
-                        yielded = True
-                        yield output
+                    # aclosing: a caller that stops early closes the HTTP stream now, not at
+                    # the event loop's next garbage collection.
+                    async with contextlib.aclosing(self._stream(path, body, answer)) as outputs:
+                        async for output in outputs:
+                            yielded = True
+                            yield output
                 else:
                     yield await self._post(path, body, answer)
                 return
@@ -365,14 +405,11 @@ class RemoteBackend(Backend):
             response = await self.client.post(path, json=body)
         except httpx.TransportError as exc:
             raise _Retry(f"connection failed ({_reason(exc)})") from None
+        except httpx.HTTPError as exc:  # a body that cannot be decoded, a bad redirect
+            raise RequestRejected(f"a bad answer ({_reason(exc)})") from None
         _check(response)
-        try:
-            data = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RequestRejected(
-                f"the server's answer is not JSON: {response.text[:80]!r}", response.status_code
-            ) from None
-        answer.take(data, streaming=False)
+        answer.take(_json_body(response), streaming=False)
+        answer.check_complete()
         return answer.output(finished=True)
 
     async def _stream(
@@ -383,6 +420,13 @@ class RemoteBackend(Backend):
                 if response.status_code != 200:
                     await response.aread()
                     _check(response)
+                    raise RequestRejected(f"the server answered {error_message(response)}")
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    await response.aread()  # a server that ignored `stream`: a whole answer
+                    answer.take(_json_body(response), streaming=False)
+                    answer.check_complete()
+                    yield answer.output(finished=True)
+                    return
                 ended = False
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
@@ -404,9 +448,21 @@ class RemoteBackend(Backend):
                     raise _Retry("the server closed the stream before it ended")
         except httpx.TransportError as exc:
             raise _Retry(f"connection failed ({_reason(exc)})") from None
+        except httpx.HTTPError as exc:
+            raise RequestRejected(f"a bad answer ({_reason(exc)})") from None
+        answer.check_complete()
         for choice in answer.choices.values():
             choice.delta = ""
         yield answer.output(finished=True)
+
+
+def _json_body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestRejected(
+            f"the server's answer is not JSON: {response.text[:80]!r}", response.status_code
+        ) from None
 
 
 def _check(response: httpx.Response) -> None:

@@ -1,5 +1,5 @@
 """SyncBackend: a Backend driven from synchronous code (the chat REPL and its piped mode),
-on an event loop of its own; and the chat sessions it hands out."""
+on an event loop of its own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pagecli.backends.base import Backend, Prompt, Request
-from pagecli.llm import ChatSession
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import SamplingParams
 
@@ -19,8 +18,7 @@ POLL_S = 0.1  # how often a waiting stream looks at its stop flag
 
 class SyncBackend:
     """Blocking calls over a Backend. Offers what ChatSession needs of an LLM (`tokenizer`,
-    `encode_text`, `prompt_limit`, `stream`) where the backend has a tokenizer, and sessions
-    of the right kind through `chat_session`."""
+    `encode_text`, `prompt_limit`, `stream`) where the backend has a tokenizer."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -66,12 +64,6 @@ class SyncBackend:
     def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encoder.encode_text(text, add_special_tokens)
 
-    def chat_session(self, system: str | None = None, name: str = "default") -> ChatSession:
-        """Token-exact turns where this process holds the tokenizer, messages otherwise."""
-        if self.tokenizer is not None:
-            return ChatSession(self, system=system, name=name)
-        return MessagesChatSession(self, system=system, name=name)
-
     # ---- requests ------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -114,34 +106,3 @@ class SyncBackend:
                 self.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
             with contextlib.suppress(RuntimeError, StopAsyncIteration):
                 self.loop.run_until_complete(outputs.aclose())
-
-
-class MessagesChatSession(ChatSession):
-    """A conversation held as messages only: for a server that tokenizes them itself, so
-    there are no token ids to keep (the server's prefix cache does the reuse)."""
-
-    def __init__(self, llm: SyncBackend, system: str | None = None, name: str = "default"):
-        self.llm = llm
-        self.name = name
-        self.system = system
-        self.messages: list[dict[str, str]] = []
-        if system:
-            self.messages.append({"role": "system", "content": system})
-        self.token_ids: list[int] = []  # always empty: the server keeps the tokens
-        self.warnings: list[str] = []
-
-    def prompt_ids(self, user_text: str) -> list[int]:
-        raise NotImplementedError("a remote session has no token ids")
-
-    def stream(
-        self, user_text: str, sampling_params: SamplingParams | None = None
-    ) -> Iterator[RequestOutput]:
-        messages = self.messages + [{"role": "user", "content": user_text}]
-        last = None
-        try:
-            for last in self.llm.stream(messages, sampling_params):
-                yield last
-        finally:
-            if last is not None:
-                self.messages.append({"role": "user", "content": user_text})
-                self.messages.append({"role": "assistant", "content": last.text})

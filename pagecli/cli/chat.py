@@ -252,6 +252,9 @@ def _start(
         raise
     except Exception as exc:
         raise start_error(backend.backend, engine_config, exc) from None
+    if backend.is_local and backend.tokenizer is None:
+        name = backend.model_name
+        raise CliError(f"{name} has no tokenizer: chat needs one", exit_code=2)
 
 
 def _run(

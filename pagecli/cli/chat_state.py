@@ -8,10 +8,12 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pagecli.llm import ChatSession
+from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import SamplingParams
 
 DATA_DIR_ENV = "PAGECLI_DATA_DIR"
@@ -164,7 +166,7 @@ class Conversation:
             SamplingParams(**params)  # the same check as /set
         except (KeyError, TypeError, ValueError) as exc:
             raise ChatError(f"{where}: a bad session file ({type(exc).__name__}: {exc})") from None
-        session = llm.chat_session(system=system, name=name)
+        session = new_session(llm, system, name)
         session.messages = messages
         if data.get("model") == model and llm.tokenizer is not None:
             session.token_ids = token_ids
@@ -174,6 +176,45 @@ class Conversation:
         conversation = cls(session, params)
         conversation.turn_starts = starts
         return conversation
+
+
+class MessagesChatSession(ChatSession):
+    """A conversation held as messages only: for a server that tokenizes them itself, so
+    there are no token ids to keep (the server's prefix cache does the reuse)."""
+
+    def __init__(self, llm: Any, system: str | None = None, name: str = "default"):
+        self.llm = llm
+        self.name = name
+        self.system = system
+        self.messages: list[dict[str, str]] = []
+        if system:
+            self.messages.append({"role": "system", "content": system})
+        self.token_ids: list[int] = []  # always empty: the server keeps the tokens
+        self.warnings: list[str] = []
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        raise NotImplementedError("a remote session has no token ids")
+
+    def stream(
+        self, user_text: str, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        messages = self.messages + [{"role": "user", "content": user_text}]
+        last = None
+        try:
+            for last in self.llm.stream(messages, sampling_params):
+                yield last
+        finally:
+            if last is not None:
+                self.messages.append({"role": "user", "content": user_text})
+                self.messages.append({"role": "assistant", "content": last.text})
+
+
+def new_session(llm: Any, system: str | None, name: str) -> ChatSession:
+    """Token-exact turns where this process tokenizes (the local engine), messages only on
+    an endpoint."""
+    if llm.tokenizer is not None:
+        return ChatSession(llm, system=system, name=name)
+    return MessagesChatSession(llm, system=system, name=name)
 
 
 class ChatState:
@@ -186,7 +227,7 @@ class ChatState:
         self.llm = llm
         self.model_name = llm.model_name
         self.conversations: dict[str, Conversation] = {}
-        first = Conversation(llm.chat_session(system=system, name=name), params)
+        first = Conversation(new_session(llm, system, name), params)
         self.conversations[name] = self.current = first
 
     def new(self, name: str | None = None) -> Conversation:
@@ -199,7 +240,7 @@ class ChatState:
         if not SESSION_NAME.fullmatch(name):
             raise ChatError(f"bad session name {name!r}: use letters, digits, '.', '-' or '_'")
         old = self.current
-        session = self.llm.chat_session(system=old.system, name=name)
+        session = new_session(self.llm, old.system, name)
         self.conversations[name] = self.current = Conversation(session, old.params)
         return self.current
 
@@ -214,7 +255,7 @@ class ChatState:
         """Give the current conversation a new system prompt; its next prompt is rendered
         again from the messages (the old KV cache is reused only where they agree)."""
         old = self.current
-        session = self.llm.chat_session(system=system, name=old.name)
+        session = new_session(self.llm, system, old.name)
         session.messages += [m for m in old.session.messages if m["role"] != "system"]
         conversation = Conversation(session, old.params)
         conversation.turn_starts = [TurnStart(t.num_messages, None) for t in old.turn_starts]

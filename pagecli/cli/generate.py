@@ -14,7 +14,7 @@ import typer
 
 from pagecli.cli.display import generate_progress
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
-from pagecli.cli.generate_run import GenerateRun, RecordWriter
+from pagecli.cli.generate_run import GenerateRun, RecordWriter, StartFailed
 from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, read_resume_state
 from pagecli.cli.options import (
     CliError,
@@ -165,10 +165,8 @@ def generate(
     )
     try:
         code = run.run(source)
-    except (CliError, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # the backend did not start: a bad model, URL, key or server
-        raise start_error(backend, engine_config, exc) from None
+    except StartFailed as exc:  # a bad model, URL, key or server, before any line is read
+        raise start_error(backend, engine_config, exc.error) from None
     if run.reading:
         # The reader thread is blocked on an open pipe; a normal interpreter shutdown could
         # trip over its lock on the input. Everything is written: leave now.

@@ -63,9 +63,17 @@ class _Stop(Exception):
     """Ends the loop early: a signal, --fail-fast, a closed pipe, or a dead backend."""
 
 
+class StartFailed(Exception):
+    """The backend did not start (a bad model, URL, key or server): `error` says why."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class GenerateRun:
     """One pass over the input on one backend: start it, read, run, write; `run` returns the
-    exit code. A backend that does not start raises what it raised, before any line is read."""
+    exit code. A backend that does not start raises StartFailed, before any line is read."""
 
     def __init__(
         self,
@@ -115,7 +123,11 @@ class GenerateRun:
 
     async def _run(self, source: BinaryIO) -> int:
         with self.display.loading(self.loading_name):
-            await self.backend.start()
+            try:
+                await self.backend.start()
+            except Exception as exc:
+                await self.backend.aclose()
+                raise StartFailed(exc) from exc
         try:
             if self.terminal_note:
                 print("pagecli: reading JSONL from the terminal (Ctrl-D to end)", file=sys.stderr)
@@ -140,22 +152,30 @@ class GenerateRun:
             if self.tasks:
                 await asyncio.wait(list(self.tasks.values()))
             self._raise_if_stopped()
+            self._write_pending()  # nothing is left unless a slot was never answered
         except (_Stop, asyncio.CancelledError):
+            self._stopping = True  # from here on a signal only sets its flag
             await self._cancel_all()
-            if self.broken_pipe:
-                self.display.stop(summary=False)
-                _silence_stdout()
-                return BROKEN_PIPE_EXIT_CODE
-            if self.fatal is None:
-                with contextlib.suppress(CliError):
+            if not self.broken_pipe and self.fatal is None:
+                try:
                     self._write_pending()
+                except BrokenPipeError:
+                    self.broken_pipe = True
+                except CliError as exc:
+                    self.fatal = exc
+        except BrokenPipeError:
+            self.broken_pipe = True
         finally:
             refresher.cancel()
             for s in SIGNAL_EXIT_CODES:
                 loop.remove_signal_handler(s)
+        if self.broken_pipe:
+            self.display.stop(summary=False)
+            _silence_stdout()
+            return BROKEN_PIPE_EXIT_CODE
         if self.fatal is not None:
             self.display.stop(summary=False)
-            with contextlib.suppress(CliError, OSError):
+            with contextlib.suppress(CliError, OSError):  # OSError: BrokenPipeError too
                 self._write_pending()  # keep what finished, for --resume
             if isinstance(self.fatal, CliError):
                 raise self.fatal
@@ -251,10 +271,14 @@ class GenerateRun:
         try:
             output = await self.backend.complete(Request(str(slot), job.prompt, job.params))
         except RequestRejected as exc:
-            self._emit(slot, error_record(job, str(exc), status=exc.status), error=True)
+            record = error_record(job, str(exc), exc.num_prompt_tokens, status=exc.status)
+            self._emit(slot, record, error=True)
         except BackendError as exc:  # the engine is gone: nothing else will run either
             self.fatal = self.fatal or exc
             self._stop()
+        except Exception as exc:  # a bug or an answer nobody foresaw: this record, not the run
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            self._emit(slot, error_record(job, message), error=True)
         else:
             self._finish(slot, job, output)
         finally:

@@ -200,11 +200,12 @@ class AsyncEngine:
             self.state = EngineState.DRAINING
 
     def stop(self, timeout: float | None = None) -> None:
-        """Abort what is left and end the engine thread."""
+        """Abort what is left and end the engine thread (waiting at most `timeout` seconds;
+        a thread still loading ends once the load is done)."""
         if self.state is EngineState.READY:
             self.state = EngineState.DRAINING
         self._commands.put(_STOP)
-        if self._thread.is_alive():
+        if self._thread.is_alive() and timeout != 0:
             self._thread.join(timeout)
 
     def unavailable_reason(self) -> str:

@@ -196,3 +196,18 @@ def test_bad_flags_are_one_line_exit_2(args, word, capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("pagecli: ") and word in err, err
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_ctrl_c_while_the_model_loads_does_not_wait_for_the_load(command):
+    """The engine loads on its own thread; a Ctrl-C in the middle ends the process at once
+    (exit 130), not once loading is done."""
+    proc = start([command, *FAST])
+    time.sleep(4)  # imports done (about 2 s here), the engine thread is loading (about 8 s)
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert time.monotonic() - began < 2.5
+    no_traceback(err)
+    assert out == b""

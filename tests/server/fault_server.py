@@ -4,6 +4,9 @@ loopback in a thread of the test process, so tests can count and time the attemp
 What a completion request gets depends on its prompt (text, or the first message's text):
 - "flaky...": 503 with Retry-After twice, then an answer;
 - "bad...": 400 with the OpenAI error envelope, every time;
+- "deny...": 401, every time;
+- "throttle...": 429 without Retry-After once, then an answer;
+- "malformed...": a 200 whose choices are [null];
 - "cut...": the response starts, half the body is sent, then the connection is dropped;
 - "cutstream...": (streaming) one chunk, then the connection is dropped;
 - "dropfirst...": (streaming) dropped before any chunk once, then a whole stream;
@@ -77,6 +80,12 @@ class FaultApp:
                 {"error": {"message": "busy", "type": "server_error"}},
                 [(b"retry-after", str(RETRY_AFTER_S).encode())],
             )
+        elif text.startswith("deny"):
+            await _json(send, 401, {"error": {"message": "this key may not do that"}})
+        elif text.startswith("throttle") and count == 1:
+            await _json(send, 429, {"error": {"message": "slow down"}})
+        elif text.startswith("malformed"):
+            await _json(send, 200, {"id": "x", "choices": [None]})
         elif text.startswith("bad"):
             await _json(send, 400, {"error": {"message": "max_tokens is too large: 10^9"}})
         elif text.startswith("cut"):

@@ -40,13 +40,26 @@ def test_retries_then_errors_as_records_and_the_rest_goes_on(faults):
         {"id": "bad", "prompt": "bad one"},
         {"id": "cut", "prompt": "cut one"},
         {"id": "chat", "messages": [{"role": "user", "content": "hi there"}]},
+        {"id": "deny", "prompt": "deny me"},
+        {"id": "throttle", "prompt": "throttle me"},
+        {"id": "malformed", "prompt": "malformed me"},
         {"id": "z", "prompt": "last"},
     )
     proc = run(["generate", "--endpoint", faults.url, "--max-retries", "2"], stdin)
     no_traceback(proc.stderr)
     assert proc.returncode == 0, proc.stderr.decode()
     out = {r["id"]: r for r in records(proc.stdout)}
-    assert [r["id"] for r in records(proc.stdout)] == ["a", "flaky", "bad", "cut", "chat", "z"]
+    assert [r["id"] for r in records(proc.stdout)] == [
+        "a",
+        "flaky",
+        "bad",
+        "cut",
+        "chat",
+        "deny",
+        "throttle",
+        "malformed",
+        "z",
+    ]
 
     # 503 twice, then 200: the record succeeds after two retries, each Retry-After seconds
     # later (the backoff alone would wait under 0.5 s, then under 1 s).
@@ -67,6 +80,13 @@ def test_retries_then_errors_as_records_and_the_rest_goes_on(faults):
     assert out["cut"]["finish_reason"] == "error"
     assert "connection failed" in out["cut"]["error"]["message"]
     assert "after 3 tries" in out["cut"]["error"]["message"]
+
+    # A 401 mid-run is final too; a 429 is retried; an answer of the wrong shape is an error
+    # record, not a crash.
+    assert len(attempts(faults, "deny me")) == 1 and out["deny"]["error"]["status"] == 401
+    assert len(attempts(faults, "throttle me")) == 2 and out["throttle"]["error"] is None
+    assert out["malformed"]["finish_reason"] == "error"
+    assert "not an object" in out["malformed"]["error"]["message"]
 
     # The others are answered; what the server did not report stays null.
     for key, text in (("a", "hello"), ("chat", "hi there"), ("z", "last")):
@@ -89,8 +109,8 @@ def test_fail_fast_stops_at_the_first_error_record(faults):
     no_traceback(proc.stderr)
     assert proc.returncode == 1
     out = records(proc.stdout)
-    assert out[0]["id"] == 1 and out[0]["error"]["status"] == 400
-    assert len(out) < 39
+    # One at a time: the error record is the first answer, and the run stops there.
+    assert len(out) == 1 and out[0]["id"] == 1 and out[0]["error"]["status"] == 400
 
 
 @pytest.mark.parametrize(
