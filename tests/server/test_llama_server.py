@@ -1,6 +1,8 @@
 """`--endpoint` against llama.cpp's `llama-server`, a server nobody here wrote, on the default
 model's GGUF file. Skips (with the reason) where the peer binaries are absent or cannot run:
-they live in ../shared/peers/llama.cpp (or $PAGECLI_PEERS/llama.cpp)."""
+they live in $PAGECLI_PEERS/llama.cpp, else in ../shared/peers/llama.cpp beside the checkout,
+else in /work/shared/peers/llama.cpp (where this project's machines keep them, for a clone
+made anywhere else)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,15 @@ from tests.cli.helpers import jsonl, no_traceback, records, run
 from tests.server.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-PEERS = Path(os.environ.get("PAGECLI_PEERS", ROOT.parent / "shared" / "peers")) / "llama.cpp"
-BINARY = PEERS / "bin" / "llama-server"
+CANDIDATES = [
+    *([Path(os.environ["PAGECLI_PEERS"])] if os.environ.get("PAGECLI_PEERS") else []),
+    ROOT.parent / "shared" / "peers",
+    Path("/work/shared/peers"),
+]
+BINARY = next(
+    (c / "llama.cpp" / "bin" / "llama-server" for c in CANDIDATES if (c / "llama.cpp").is_dir()),
+    CANDIDATES[0] / "llama.cpp" / "bin" / "llama-server",
+)
 
 
 def _runnable() -> str | None:
