@@ -131,8 +131,12 @@ class ChatSession:
     through the prefix cache.
     """
 
+    #: Whether turns are tokenized here (token-exact); a session held as messages only, for
+    #: a server that tokenizes them itself, says False.
+    needs_tokenizer = True
+
     def __init__(self, llm: LLM, system: str | None = None, name: str = "default") -> None:
-        if llm.tokenizer is None:
+        if self.needs_tokenizer and llm.tokenizer is None:
             raise ValueError(f"{llm.engine.source.name} has no tokenizer: chat needs one")
         self.llm = llm
         self.name = name

@@ -58,9 +58,7 @@ class LocalBackend(Backend):
         """The request's prompt as token ids (and its text, when it has one)."""
         try:
             return self.encoder.encode_prompt(request.prompt)
-        except RequestError as exc:  # too long, found before tokenizing all of it
-            raise RequestRejected(str(exc)) from None
-        except ValueError as exc:
+        except ValueError as exc:  # RequestError too: too long, found before tokenizing it all
             raise RequestRejected(str(exc)) from None
         except Exception as exc:  # a chat template can reject a conversation in any way
             raise RequestRejected(f"cannot build the prompt: {_first_line(exc)}") from None

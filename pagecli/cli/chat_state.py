@@ -180,17 +180,10 @@ class Conversation:
 
 class MessagesChatSession(ChatSession):
     """A conversation held as messages only: for a server that tokenizes them itself, so
-    there are no token ids to keep (the server's prefix cache does the reuse)."""
+    there are no token ids to keep (the server's prefix cache does the reuse); `token_ids`
+    stays empty."""
 
-    def __init__(self, llm: Any, system: str | None = None, name: str = "default"):
-        self.llm = llm
-        self.name = name
-        self.system = system
-        self.messages: list[dict[str, str]] = []
-        if system:
-            self.messages.append({"role": "system", "content": system})
-        self.token_ids: list[int] = []  # always empty: the server keeps the tokens
-        self.warnings: list[str] = []
+    needs_tokenizer = False
 
     def prompt_ids(self, user_text: str) -> list[int]:
         raise NotImplementedError("a remote session has no token ids")
