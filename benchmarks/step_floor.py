@@ -36,6 +36,7 @@ import pagecli_kernels
 from pagecli import LLM, SamplingParams
 from pagecli.layers import linear as linear_module
 from pagecli.layers import quant_linear as quant_module
+from pagecli_kernels import layers_cpu
 
 TARGET_RATIO_64, TARGET_RATIO_1 = 2.0, 1.5
 clock = time.perf_counter  # --clock thread: this thread's CPU time (with --threads 1 only)
@@ -87,6 +88,16 @@ class Timers:
         setattr(owner, name, timed)
         self._undo.append((owner, name, original))
 
+    def clear(self) -> None:
+        self.spent.clear()
+        layers_cpu.set_timing(True)  # the one-call decoder layers time their kernels in C
+
+    def collected(self) -> dict[str, float]:
+        spent = dict(self.spent)
+        for key, seconds in layers_cpu.kernel_seconds().items():
+            spent[key] = spent.get(key, 0.0) + seconds
+        return spent
+
     def __enter__(self) -> Timers:
         for name in ("store_kv", "paged_decode_attention", "paged_prefill_attention"):
             self._wrap(pagecli_kernels, name, "attention")
@@ -99,6 +110,7 @@ class Timers:
     def __exit__(self, *exc) -> None:
         for owner, name, original in reversed(self._undo):
             setattr(owner, name, original)
+        layers_cpu.set_timing(False)
 
 
 def model_sizes(llm: LLM) -> tuple[int, int, int]:
@@ -156,10 +168,10 @@ def decode_steps(llm: LLM, num_seqs: int, prompt_len: int, steps: int) -> list[d
     records = []
     with Timers() as timers:
         for _ in range(steps):
-            timers.spent.clear()
+            timers.clear()
             start = clock()
             engine.step()
-            records.append({"step": clock() - start, **timers.spent})
+            records.append({"step": clock() - start, **timers.collected()})
     while engine.scheduler.has_unfinished():
         engine.step()
     return records

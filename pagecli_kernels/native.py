@@ -1,4 +1,4 @@
-"""The CPU's native paged-attention kernel (csrc/paged_attention_cpu.c): build, load, call.
+"""The CPU's native library (csrc/): build, load, and call its paged-attention kernel.
 
 The C source is compiled on first use with the system C compiler (`$CC`, else `cc`) for the
 architecture's baseline (`-O3 -fopenmp`, no -march=native: the AVX2 and AVX-512 versions are
@@ -9,9 +9,10 @@ loaded after torch's libgomp, under the same soname).
 The instruction-set path is chosen once at load time, the widest this CPU runs (`isa()`);
 `set_isa()` forces another one that `supported_isas()` lists (tests run them all).
 
-`build_and_load(name, sources, flags)` is the builder for every C library in csrc/ (this
-module's attention kernel; quant_cpu.py's quantized linear kernels): each library module keeps
-its own state and argument types.
+Every C file of csrc/ goes into this one library: the attention kernel (bound here), the
+fused small ops (fused_cpu.py), the quantized linear kernels (quant_cpu.py) and the decoder
+layers that string them together (layers_cpu.py). Each of those modules binds the argument
+types of its own functions; `build_and_load(name, sources, flags)` does the building.
 
 Nothing here is required: without a compiler, on a C library without OpenMP, or with
 PAGECLI_NATIVE_KERNELS=0, `library()` returns None, `unavailable_reason()` says why, and
@@ -34,8 +35,18 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "paged_attention_cpu.c"  # includes paged_attention_cpu_body.h once per ISA
-# built into the same library: the fused small ops of pagecli_kernels/fused_cpu.py
-EXTRA_SOURCES = [CSRC / "cpu_ops.c"]
+# built into the same library: the fused small ops (fused_cpu.py), the quantized linear
+# kernels (quant_cpu.py) and the decoder layers in one call (layers_cpu.py)
+EXTRA_SOURCES = [
+    CSRC / name
+    for name in (
+        "cpu_ops.c",
+        "quant_linear_cpu.c",
+        "quant_q4_q8.c",
+        "quant_k.c",
+        "llama_layers_cpu.c",
+    )
+]
 # No -march=native: each ISA path carries its own target attributes, so the portable one
 # runs anywhere and the choice is made at run time.
 FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
@@ -173,7 +184,7 @@ def build_and_load(name: str, sources: list[Path], flags: list[str]) -> ctypes.C
 
 
 def _load() -> ctypes.CDLL:
-    lib = build_and_load("paged_attention_cpu", [SOURCE, *EXTRA_SOURCES], FLAGS)
+    lib = build_and_load("pagecli_cpu", [SOURCE, *EXTRA_SOURCES], FLAGS)
     fn = lib.pagecli_paged_attention
     i64, i32 = ctypes.c_int64, ctypes.c_int
     ptr = ctypes.c_void_p

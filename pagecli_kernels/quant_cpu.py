@@ -2,8 +2,8 @@
 
 `quant_linear(x, w)` computes `x @ dequant(w).T` in float32 from a `QuantWeight`'s packed
 blocks; `dequantize(w, row_ids)` turns whole rows into float32 (an embedding lookup, or the
-dequantize-everything fallback). The library is built by `native.build_and_load` for the
-architecture's baseline; its AVX2 and AVX-512 functions carry target attributes, and the
+dequantize-everything fallback). The kernels are part of native.py's library, built for
+the architecture's baseline; their AVX2 and AVX-512 functions carry target attributes, and the
 path is chosen at run time from the CPU's flags (`isa()`, `set_isa()` for tests).
 
 For more than a few input rows the kernels multiply cache-sized float32 panels of W with
@@ -22,31 +22,28 @@ import torch
 from pagecli_kernels import native
 from pagecli_kernels.quant_formats import QuantWeight
 
-SOURCES = [native.CSRC / n for n in ("quant_linear_cpu.c", "quant_q4_q8.c", "quant_k.c")]
-FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 ISAS = ("portable", "avx2", "avx512")  # enum quant_isa's order
 _ERRORS = {-1: "unknown format or columns not whole blocks", -2: "row id out of range"}
 
 _lock = threading.Lock()
-_state: dict = {"tried": False, "lib": None, "reason": None, "blas": False}
+_state: dict = {"bound": False, "blas": False}
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded quantized-kernel library, built on first call; None when it cannot be had."""
+    """native.py's library with the quantized kernels bound; None when it cannot be had."""
+    lib = native.library()
+    if lib is None:
+        return None
     with _lock:
-        if not _state["tried"]:
-            _state["tried"] = True
-            try:
-                _state["lib"] = _load()
-            except native.NativeUnavailable as exc:
-                _state["reason"] = str(exc)
-        return _state["lib"]
+        if not _state["bound"]:
+            _bind(lib)
+            _state["bound"] = True
+    return lib
 
 
 def unavailable_reason() -> str | None:
     """Why `library()` is None, or None when it loaded."""
-    library()
-    return _state["reason"]
+    return native.unavailable_reason()
 
 
 def supported_isas() -> list[str]:
@@ -105,8 +102,7 @@ def _torch_blas() -> tuple[int | None, int | None]:
     return None, None
 
 
-def _load() -> ctypes.CDLL:
-    lib = native.build_and_load("quant_linear_cpu", SOURCES, FLAGS)
+def _bind(lib: ctypes.CDLL) -> None:
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.pagecli_quant_linear.argtypes = [i32, ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_quant_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
@@ -120,7 +116,6 @@ def _load() -> ctypes.CDLL:
     sgemm, set_threads = _torch_blas()
     lib.pagecli_quant_set_blas(sgemm, set_threads if sgemm else None)
     _state["blas"] = sgemm is not None
-    return lib
 
 
 def _check(status: int, what: str) -> None:

@@ -66,6 +66,12 @@ class QuantLinear(nn.Module):
         self._pending = [True] * len(self._pending)  # loaded; the buffers live in parts
 
     @property
+    def single_weight(self) -> QuantWeight | None:
+        """The weight when the layer is one block-format CPU buffer without a bias (what the
+        fast path and the one-call decoder layers take), else None."""
+        return self._fast.weight if self._fast is not None and self.bias is None else None
+
+    @property
     def formats(self) -> list[str]:
         """The parts' weight formats ("q4_k", ..., or "float32" for a float part)."""
         return [p.format.name if isinstance(p, QuantWeight) else "float32" for p in self.parts]

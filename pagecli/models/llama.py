@@ -21,7 +21,7 @@ from pagecli.layers.linear import PackedLinear, pack_linears
 from pagecli.layers.norm import RMSNorm
 from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
-from pagecli_kernels import fused_cpu
+from pagecli_kernels import fused_cpu, layers_cpu
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
 
@@ -126,6 +126,9 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.packed_head: PackedLinear | None = None  # set by pack_weights()
+        # the decoder layers bound for one native call (CPU, quantized), rebuilt when the
+        # caches or attention implementations change; see native_layers()
+        self._native: tuple[tuple, layers_cpu.DecoderLayers | None] = ((), None)
 
     @property
     def attention_layers(self) -> list[PagedAttention]:
@@ -136,9 +139,68 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [T, H]
         rope = self.rotary(positions)  # (cos, sin), [T, 1, D] each
+        native = self.native_layers(hidden, rope)
+        if native is not None:  # the same kernels as the loop below, in one call
+            native(hidden, rope[0][:, 0], rope[1][:, 0], meta.slot_mapping, _groups(meta))
+            return self.norm(hidden)
         for layer in self.layers:
             hidden = layer(rope, hidden, meta)
         return self.norm(hidden)
+
+    def native_layers(self, hidden: torch.Tensor, rope: Rope) -> layers_cpu.DecoderLayers | None:
+        """The decoder layers bound for one native call when this step can take it: float32
+        activations and caches on the CPU, every projection one GGUF block buffer without bias,
+        no q/k norm, the CPU attention kernels. None: the Python loop runs."""
+        if (
+            hidden.dtype != torch.float32
+            or hidden.device.type != "cpu"
+            or not hidden.is_contiguous()
+            or rope[0].dtype != torch.float32
+            or not rope[0].is_contiguous()
+            or not layers_cpu.enabled()
+        ):
+            return None
+        key = tuple(
+            (id(attn.k_cache), id(attn.v_cache), attn.impl) for attn in self.attention_layers
+        )
+        if key != self._native[0]:
+            self._native = (key, self._bind_native_layers())
+        return self._native[1]
+
+    def _bind_native_layers(self) -> layers_cpu.DecoderLayers | None:
+        bound = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            weights = [
+                getattr(mod, "single_weight", None)
+                for mod in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            ]
+            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            caches = [attn.attn.k_cache, attn.attn.v_cache]
+            if (
+                None in weights
+                or attn.q_norm is not None
+                or attn.attn.impl not in ("auto", "cpu")
+                or attn.head_dim > 512
+                or any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms)
+                or any(not _row_cache(c, attn.head_dim) for c in caches)
+                or caches[0].stride() != caches[1].stride()
+            ):
+                return None
+            bound.append(layers_cpu.LayerWeights(*(w.data for w in norms), *weights, *caches))
+        attn = self.layers[0].self_attn
+        try:
+            return layers_cpu.DecoderLayers(
+                bound,
+                num_heads=attn.num_heads,
+                num_kv_heads=attn.num_kv_heads,
+                head_dim=attn.head_dim,
+                intermediate_size=self.layers[0].mlp.intermediate_size,
+                eps=self.layers[0].input_layernorm.eps,
+                scale=attn.attn.scale,
+            )
+        except ValueError:  # caches of different layouts: the loop handles them
+            return None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
@@ -283,6 +345,41 @@ class LlamaForCausalLM(nn.Module):
     def _shard_range(self, param_name: str, shard: int) -> tuple[int, int]:
         sizes = self._shard_sizes(param_name)
         return sum(sizes[:shard]), sizes[shard]
+
+
+def _row_cache(cache: torch.Tensor | None, head_dim: int) -> bool:
+    """Whether a layer's cache takes the native loop: float32 on the CPU, token rows whole."""
+    return (
+        cache is not None
+        and cache.dtype == torch.float32
+        and cache.device.type == "cpu"
+        and cache.stride(-1) == 1
+        and cache.stride(-2) == head_dim
+    )
+
+
+def _groups(meta: AttentionMetadata) -> list[layers_cpu.AttentionGroup]:
+    """The step's attention calls, as the loop makes them: the decodes, then the prefills."""
+    groups = []
+    num_decode = meta.num_decode_tokens
+    if num_decode:
+        groups.append(
+            layers_cpu.AttentionGroup(
+                0, num_decode, meta.decode_block_tables, meta.decode_seq_lens, None
+            )
+        )
+    num_tokens = meta.slot_mapping.shape[0]
+    if num_tokens > num_decode:
+        groups.append(
+            layers_cpu.AttentionGroup(
+                num_decode,
+                num_tokens - num_decode,
+                meta.prefill_block_tables,
+                meta.prefill_seq_lens,
+                meta.prefill_query_start_loc,
+            )
+        )
+    return groups
 
 
 def _layer_module(layer: nn.Module, key: str) -> nn.Module:

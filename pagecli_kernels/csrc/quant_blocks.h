@@ -114,12 +114,20 @@ typedef void (*dequant_fn)(const void *blocks, float *out, int64_t num_blocks);
 typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int64_t ldx, int m,
                         float *out);
 
+/* out[r] = dot(dequant(W row r), x) for the WIDE_ROWS rows at w, w + row_bytes, ...: several
+ * rows against one input row (decode at batch 1), their FMA chains interleaved so that none
+ * waits on its own latency. Optional per format. */
+#define WIDE_ROWS 4
+typedef void (*wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
+                        float *out);
+
 struct quant_format {
     int type;
     int block_values; /* values per block */
     int block_bytes;
     dequant_fn dequant[3]; /* per quant_isa; NULL where the build lacks that path */
     rows_fn rows[3];       /* per quant_isa; NULL: dequantize into a buffer, then dot */
+    wide_fn wide[3];       /* per quant_isa; NULL: rows() one at a time */
 };
 
 /* Helpers for the register-fused row kernels: acc[i][k] += w * x[i][off..off+16). The kernel

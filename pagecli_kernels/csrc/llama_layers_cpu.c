@@ -1,0 +1,146 @@
+/*
+ * The decoder layers of a Llama-family model as one call (CPU, float32, GGUF-quantized
+ * projections): what pagecli/models/llama.py's per-layer Python loop does, without the
+ * Python. At decode sizes that loop's cost is dispatch, not arithmetic: 30 layers x 11 calls,
+ * each a few to tens of microseconds of Python for microseconds of work.
+ *
+ * Every layer runs the same kernels, with the same arguments and thread count, in the same
+ * order as the Python loop (cpu_ops.c, quant_linear_cpu.c, paged_attention_cpu.c), so the
+ * result is bit-for-bit the loop's:
+ *
+ *   normed = rms_norm(hidden; input_layernorm)
+ *   qkv    = normed @ dequant(W_qkv).T                    [T, Q + 2 KV]
+ *   rotary(q, k) in place; store k, v into the layer's cache slots
+ *   attn   = paged attention of q over the cache, per group (decode part, prefill part)
+ *   hidden += attn @ dequant(W_o).T; normed = rms_norm(hidden; post_attention_layernorm)
+ *   hidden += down(silu(gate) * up)  with gate_up = normed @ dequant(W_gate_up).T
+ *
+ * Layouts:
+ *   layers   [num_layers, LAYER_FIELDS] int64: the fields below, pointers as integers
+ *   hidden   [T, H] float32, contiguous, updated in place
+ *   cos/sin  [T, D] float32, the step's rotary table rows
+ *   slot_mapping [T] int64 (slot < 0: not stored)
+ *   groups   [num_groups, GROUP_FIELDS] int64: token_start, num_tokens, num_seqs,
+ *            block_tables (int32 [num_seqs, table_stride]), table_stride, seq_lens (int32),
+ *            query_start_loc (int32 [num_seqs + 1], from 0 within the group), split_tokens
+ *   caches   [num_blocks, block_size, KVH, D] float32, K and V with the same strides
+ *   timings  NULL, or [2] float64 seconds to add to: inside the projections, inside K/V stores
+ *            and attention (benchmarks/step_floor.py: what is left is glue and small ops)
+ * Returns 0, or LAYERS_E_* (the failing layer is not reported: every layer has the same
+ * shapes, so a failure is the step's arguments, and the first layer already fails).
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LAYERS_E_BLOCK -1  /* a block id outside [0, num_blocks) */
+#define LAYERS_E_MEMORY -2 /* no memory for the work buffers */
+#define LAYERS_E_SLOT -3   /* a slot past the cache */
+#define LAYERS_E_FORMAT -4 /* a weight format the kernels do not know */
+
+enum {
+    F_INPUT_NORM, F_POST_NORM, F_QKV_TYPE, F_QKV, F_O_TYPE, F_O, F_GATE_UP_TYPE, F_GATE_UP,
+    F_DOWN_TYPE, F_DOWN, F_K_CACHE, F_V_CACHE, LAYER_FIELDS
+};
+enum {
+    G_TOKEN_START, G_NUM_TOKENS, G_NUM_SEQS, G_BLOCK_TABLES, G_TABLE_STRIDE, G_SEQ_LENS,
+    G_QUERY_START_LOC, G_SPLIT_TOKENS, GROUP_FIELDS
+};
+
+/* the kernels this file strings together (same library) */
+int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
+                         int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);
+int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const void *k_cache,
+                            const void *v_cache, int64_t num_blocks, int64_t stride_block,
+                            int64_t stride_slot, int64_t stride_head, const int32_t *block_tables,
+                            int64_t table_stride, const int32_t *seq_lens,
+                            const int32_t *query_start_loc, float *out, int num_seqs,
+                            int num_heads, int num_kv_heads, int head_dim, int block_size,
+                            float scale, int split_tokens, int num_threads);
+int pagecli_store_kv(const void *key, const void *value, int64_t stride_key, int64_t stride_value,
+                     void *k_cache, void *v_cache, int64_t stride_block, int64_t stride_slot,
+                     const int64_t *slot_mapping, int64_t num_tokens, int64_t row_elems,
+                     int64_t elem_size, int64_t block_size, int64_t num_slots);
+void pagecli_rms_norm(void *x, const void *delta, const void *weight, void *out,
+                      int64_t num_rows, int64_t hidden, int64_t stride_x, int64_t stride_delta,
+                      int64_t stride_out, float eps, int dtype, int num_threads);
+void pagecli_rotary(void *q, void *k, const void *cos, const void *sin, int64_t num_tokens,
+                    int64_t num_q_heads, int64_t num_k_heads, int64_t head_dim,
+                    int64_t stride_q, int64_t stride_k, int dtype);
+void pagecli_silu_mul(const void *gate_up, void *out, int64_t num_rows, int64_t inter,
+                      int64_t stride_in, int64_t stride_out, int dtype, int num_threads);
+
+#define PTR(v) ((void *)(intptr_t)(v))
+
+static int linear(const int64_t *layer, int type_field, const float *x, int64_t m, int64_t k,
+                  float *y, int64_t n, int num_threads, double *timings) {
+    const double start = timings ? omp_get_wtime() : 0.0;
+    const int status = pagecli_quant_linear((int)layer[type_field], PTR(layer[type_field + 1]),
+                                            n, k, x, k, m, y, n, num_threads);
+    if (timings) timings[0] += omp_get_wtime() - start;
+    return status == 0 ? 0 : status == -3 ? LAYERS_E_MEMORY : LAYERS_E_FORMAT;
+}
+
+int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, int64_t T,
+                         int64_t H, int num_heads, int num_kv_heads, int head_dim, int64_t inter,
+                         float eps, const float *cos, const float *sin,
+                         const int64_t *slot_mapping, int64_t num_blocks, int block_size,
+                         int64_t stride_block, int64_t stride_slot, int64_t stride_head,
+                         const int64_t *groups, int num_groups, float scale, int attention_isa,
+                         int num_threads, double *timings) {
+    const int64_t Q = (int64_t)num_heads * head_dim, KV = (int64_t)num_kv_heads * head_dim;
+    const int64_t QKV = Q + 2 * KV;
+    /* work buffers: normed [T, H], qkv [T, QKV], query and attn [T, Q], proj [T, H],
+     * gate_up [T, 2I], act [T, I] */
+    const size_t floats = (size_t)T * (size_t)(2 * H + QKV + 2 * Q + 3 * inter);
+    float *buf = malloc(sizeof(float) * (floats ? floats : 1));
+    if (!buf) return LAYERS_E_MEMORY;
+    float *normed = buf, *qkv = normed + T * H, *query = qkv + T * QKV, *attn = query + T * Q;
+    float *proj = attn + T * Q, *gate_up = proj + T * H, *act = gate_up + T * 2 * inter;
+    int status = 0;
+
+    for (int l = 0; l < num_layers && status == 0; ++l) {
+        const int64_t *layer = layers + (int64_t)l * LAYER_FIELDS;
+        void *k_cache = PTR(layer[F_K_CACHE]), *v_cache = PTR(layer[F_V_CACHE]);
+
+        pagecli_rms_norm(hidden, NULL, PTR(layer[F_INPUT_NORM]), normed, T, H, H, 0, H, eps, 0,
+                         num_threads);
+        if ((status = linear(layer, F_QKV_TYPE, normed, T, H, qkv, QKV, num_threads, timings))) break;
+        pagecli_rotary(qkv, qkv + Q, cos, sin, T, num_heads, num_kv_heads, head_dim, QKV, QKV,
+                       0);
+        double start = timings ? omp_get_wtime() : 0.0;
+        if (pagecli_store_kv(qkv + Q, qkv + Q + KV, QKV, QKV, k_cache, v_cache, stride_block,
+                             stride_slot, slot_mapping, T, KV, 4, block_size,
+                             num_blocks * block_size)) {
+            status = LAYERS_E_SLOT;
+            break;
+        }
+        for (int64_t t = 0; t < T; ++t)
+            memcpy(query + t * Q, qkv + t * QKV, sizeof(float) * (size_t)Q);
+        for (int g = 0; g < num_groups && status == 0; ++g) {
+            const int64_t *grp = groups + (int64_t)g * GROUP_FIELDS;
+            const int64_t start = grp[G_TOKEN_START];
+            const int a = pagecli_paged_attention(
+                attention_isa, 0, query + start * Q, k_cache, v_cache, num_blocks, stride_block,
+                stride_slot, stride_head, PTR(grp[G_BLOCK_TABLES]), grp[G_TABLE_STRIDE],
+                PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]), attn + start * Q,
+                (int)grp[G_NUM_SEQS], num_heads, num_kv_heads, head_dim, block_size, scale,
+                (int)grp[G_SPLIT_TOKENS], num_threads);
+            if (a) status = a == -1 ? LAYERS_E_BLOCK : LAYERS_E_MEMORY;
+        }
+        if (timings) timings[1] += omp_get_wtime() - start;
+        if (status) break;
+        if ((status = linear(layer, F_O_TYPE, attn, T, Q, proj, H, num_threads, timings))) break;
+        pagecli_rms_norm(hidden, proj, PTR(layer[F_POST_NORM]), normed, T, H, H, H, H, eps, 0,
+                         num_threads); /* hidden += proj first */
+        if ((status = linear(layer, F_GATE_UP_TYPE, normed, T, H, gate_up, 2 * inter,
+                             num_threads, timings)))
+            break;
+        pagecli_silu_mul(gate_up, act, T, inter, 2 * inter, inter, 0, num_threads);
+        if ((status = linear(layer, F_DOWN_TYPE, act, T, inter, proj, H, num_threads, timings))) break;
+        for (int64_t i = 0; i < T * H; ++i) hidden[i] += proj[i];
+    }
+    free(buf);
+    return status;
+}

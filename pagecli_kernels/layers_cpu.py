@@ -1,0 +1,222 @@
+"""A Llama-family model's decoder layers in one native call (csrc/llama_layers_cpu.c).
+
+The per-layer Python loop of pagecli/models/llama.py costs, at decode sizes, more in dispatch
+than the layers cost in arithmetic: 30 layers x 11 kernel calls, each wrapped in checks and
+tensor allocations. `DecoderLayers` binds every layer's weights and caches once (a table of
+pointers) and runs the whole stack in C with the same kernels, arguments, order and thread
+count, so its results are bit-for-bit the loop's (tests/kernels/test_layers_cpu.py).
+
+It takes float32 activations and caches, GGUF-quantized projections without biases, and no
+q/k norm (the model decides, `pagecli.models.llama.LlamaForCausalLM.native_layers`).
+`set_enabled(False)` turns it off for this process (tests and benchmarks compare both).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from pagecli_kernels import native, quant_cpu
+from pagecli_kernels._checks import check_lengths_host
+from pagecli_kernels.quant_formats import QuantWeight
+
+LAYER_FIELDS = 12  # csrc/llama_layers_cpu.c: F_* per layer
+GROUP_FIELDS = 8  # G_* per attention group
+_ERRORS = {
+    -1: "block_tables holds a block id outside the cache",
+    -3: "slot_mapping has a slot past the cache",
+    -4: "a weight format the kernels do not know",
+}
+
+_state = {"enabled": True, "bound": False}
+# seconds inside the projections and inside K/V stores + attention, summed over the calls
+# made while timing is on (benchmarks/step_floor.py); None: not timed
+_timings: dict = {"buffer": None}
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn the one-call decoder layers on or off for this process."""
+    _state["enabled"] = enabled
+
+
+def enabled() -> bool:
+    """Whether the one-call layers are on and the native library is there."""
+    return _state["enabled"] and native.enabled() and _library() is not None
+
+
+def set_timing(on: bool) -> None:
+    """Start (from zero) or stop summing the time spent inside the kernels of each call."""
+    _timings["buffer"] = torch.zeros(2, dtype=torch.float64) if on else None
+
+
+def kernel_seconds() -> dict[str, float]:
+    """{"matmul": s, "attention": s} summed since `set_timing(True)` (zeros when off)."""
+    buffer = _timings["buffer"]
+    matmul, attention = (0.0, 0.0) if buffer is None else buffer.tolist()
+    return {"matmul": matmul, "attention": attention}
+
+
+def _library() -> ctypes.CDLL | None:
+    lib = quant_cpu.library()  # binds the quantized kernels and torch's sgemm they use
+    if lib is not None and not _state["bound"]:
+        i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+        lib.pagecli_llama_layers.argtypes = [ptr, i32, ptr, i64, i64, i32, i32, i32, i64, f32]
+        lib.pagecli_llama_layers.argtypes += [ptr, ptr, ptr, i64, i32, i64, i64, i64, ptr, i32]
+        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr]
+        lib.pagecli_llama_layers.restype = i32
+        _state["bound"] = True
+    return lib
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's tensors as the C loop reads them (float32 norms, packed blocks)."""
+
+    input_norm: torch.Tensor  # [H] float32
+    post_norm: torch.Tensor  # [H] float32
+    qkv: QuantWeight  # [Q + 2 KV, H]
+    o: QuantWeight  # [H, Q]
+    gate_up: QuantWeight  # [2 I, H]
+    down: QuantWeight  # [H, I]
+    k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] float32
+    v_cache: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """A run of the step's tokens attended in one kernel call (the decodes, or the prefill
+    chunks): `query_start_loc` counts from 0 within the group."""
+
+    token_start: int
+    num_tokens: int
+    block_tables: torch.Tensor  # [S, max_blocks] int32
+    seq_lens: torch.Tensor  # [S] int32
+    query_start_loc: torch.Tensor | None  # [S + 1] int32; None: one token per sequence
+
+
+class DecoderLayers:
+    """Every decoder layer of one model, bound once; `__call__` runs them over a step."""
+
+    def __init__(
+        self,
+        layers: list[LayerWeights],
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        intermediate_size: int,
+        eps: float,
+        scale: float,
+    ) -> None:
+        lib = _library()
+        if lib is None:
+            raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
+        self._fn = lib.pagecli_llama_layers
+        self.num_layers = len(layers)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.intermediate_size, self.eps, self.scale = intermediate_size, eps, scale
+        first = layers[0].k_cache
+        self._cache = first  # shape and strides, the same in every layer (checked)
+        rows = []
+        for layer in layers:
+            for cache in (layer.k_cache, layer.v_cache):
+                if cache.shape != first.shape or cache.stride() != first.stride():
+                    raise ValueError("every layer's K/V cache must have one shape and strides")
+            rows.append(
+                [
+                    layer.input_norm.data_ptr(),
+                    layer.post_norm.data_ptr(),
+                    *_weight(layer.qkv),
+                    *_weight(layer.o),
+                    *_weight(layer.gate_up),
+                    *_weight(layer.down),
+                    layer.k_cache.data_ptr(),
+                    layer.v_cache.data_ptr(),
+                ]
+            )
+        self._table = torch.tensor(rows, dtype=torch.int64)  # [L, LAYER_FIELDS]
+        self._keep = layers  # the table points into these tensors
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        groups: list[AttentionGroup],
+    ) -> None:
+        """Run every layer over `hidden` [T, H] (float32, contiguous) in place; cos/sin [T, D]
+        float32 contiguous; slot_mapping [T] int64. Checks the step's lengths once."""
+        num_tokens, hidden_size = hidden.shape
+        cache = self._cache
+        num_blocks, block_size = cache.shape[:2]
+        threads = torch.get_num_threads()
+        slot_mapping = slot_mapping.contiguous()
+        if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,):
+            raise ValueError(f"slot_mapping must be int64 [{num_tokens}]")
+        rows, keep = [], []
+        for g in groups:
+            tables = (
+                g.block_tables if g.block_tables.stride(1) == 1 else g.block_tables.contiguous()
+            )
+            seq_lens = g.seq_lens.contiguous()
+            if tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+                raise ValueError("block_tables and seq_lens must be int32")
+            num_seqs = seq_lens.shape[0]
+            if tables.shape[0] != num_seqs:
+                raise ValueError(
+                    f"block_tables has {tables.shape[0]} rows for {num_seqs} sequences"
+                )
+            starts = g.query_start_loc
+            if starts is None:
+                if g.num_tokens != num_seqs:
+                    raise ValueError(f"{g.num_tokens} decode tokens for {num_seqs} sequences")
+                starts = torch.arange(num_seqs + 1, dtype=torch.int32)
+            elif starts.dtype != torch.int32 or starts.shape != (num_seqs + 1,):
+                raise ValueError(f"query_start_loc must be int32 [{num_seqs + 1}]")
+            starts = starts.contiguous()
+            part = hidden[g.token_start : g.token_start + g.num_tokens]
+            lens, _ = check_lengths_host(part, tables, seq_lens, block_size, starts)
+            split = native.choose_split_tokens(num_seqs * self.num_kv_heads, max(lens), threads)
+            rows.append(
+                [g.token_start, g.num_tokens, num_seqs, tables.data_ptr(), tables.stride(0)]
+                + [seq_lens.data_ptr(), starts.data_ptr(), split]
+            )
+            keep += [tables, seq_lens, starts]
+        table = torch.tensor(rows, dtype=torch.int64)  # [G, GROUP_FIELDS]
+        status = self._fn(
+            self._table.data_ptr(),
+            self.num_layers,
+            hidden.data_ptr(),
+            num_tokens,
+            hidden_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.eps,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slot_mapping.data_ptr(),
+            num_blocks,
+            block_size,
+            cache.stride(0),
+            cache.stride(1),
+            cache.stride(2),
+            table.data_ptr(),
+            len(rows),
+            self.scale,
+            native.ISAS.index(native.isa()),
+            threads,
+            None if _timings["buffer"] is None else _timings["buffer"].data_ptr(),
+        )
+        if status == -2:
+            raise MemoryError("decoder layers: out of memory for the work buffers")
+        if status:
+            raise ValueError(f"decoder layers: {_ERRORS.get(status, f'status {status}')}")
+
+
+def _weight(weight: QuantWeight) -> tuple[int, int]:
+    return weight.format.ggml_type, weight.data.data_ptr()

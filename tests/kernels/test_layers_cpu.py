@@ -1,0 +1,130 @@
+"""The one-call decoder layers (pagecli_kernels/layers_cpu.py) against the per-layer loop.
+
+The C loop strings together the loop's own kernels with the same arguments, order and thread
+count, so a run through it must give the loop's results bit for bit: the same greedy ids and
+the same log-probabilities, exactly. The workload mixes chunked prefills with decodes (a
+64-token step budget), hits the prefix cache, and is preempted (a small KV cache); the tiny
+GGUF files cover every block format. Files or settings the C loop does not take (a layer of
+two formats, another attention implementation) fall back to the loop.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagecli import LLM, SamplingParams
+from pagecli_kernels import layers_cpu, native
+from tests.gguf_models import FORMATS, VOCAB, build_tiny_ggufs
+
+pytestmark = pytest.mark.skipif(
+    not native.enabled(), reason=f"native kernels unavailable: {native.unavailable_reason()}"
+)
+
+LENGTHS = [1, 3, 9, 31, 64, 150]
+
+
+@pytest.fixture(scope="module")
+def tiny_ggufs(tmp_path_factory):
+    return build_tiny_ggufs(tmp_path_factory.mktemp("gguf"))
+
+
+def _prompts() -> list[dict]:
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in LENGTHS]
+    shared = prompts[-1][:120]  # two prompts that share 120 tokens: a prefix-cache hit
+    prompts += [shared + [5, 6, 7], shared + [8, 9]]
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def _run(path, on: bool) -> tuple[LLM, list[tuple]]:
+    """A fresh engine (so that neither run finds the other's prefixes cached) over the
+    workload, with the C loop on or off: its greedy ids and log-probabilities."""
+    # 48 blocks of 4 tokens for 8 prompts of up to 162 tokens: sequences get preempted
+    llm = LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=64, num_kv_blocks=48)
+    layers_cpu.set_enabled(on)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+        outputs = llm.generate(_prompts(), params)
+    finally:
+        layers_cpu.set_enabled(True)
+    return llm, [
+        (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.outputs[0].logprobs])
+        for o in outputs
+    ]
+
+
+def _counting(monkeypatch) -> list[int]:
+    calls = [0]
+    original = layers_cpu.DecoderLayers.__call__
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(layers_cpu.DecoderLayers, "__call__", counted)
+    return calls
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_layers_equal_the_loop_bit_for_bit(tiny_ggufs, kind, monkeypatch):
+    calls = _counting(monkeypatch)
+    llm, native_run = _run(tiny_ggufs[kind], True)
+    used = calls[0]
+    stats = llm.engine.stats()
+    assert stats.preemptions_recompute > 0 and stats.chunked_prefills > 0
+    assert stats.prefix_hit_tokens > 0
+    _, loop_run = _run(tiny_ggufs[kind], False)
+    assert used > 0 and calls[0] == used  # the first run took the C loop, the second did not
+    assert native_run == loop_run
+
+
+def test_a_layer_of_two_formats_runs_the_loop(tiny_ggufs, monkeypatch):
+    calls = _counting(monkeypatch)
+    llm = LLM(str(tiny_ggufs["mixed"]), dtype="float32", block_size=4)
+    outputs = llm.generate(_prompts()[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    assert all(o.token_ids for o in outputs)
+    assert calls[0] == 0
+
+
+def test_the_reference_attention_runs_the_loop(tiny_ggufs, monkeypatch):
+    calls = _counting(monkeypatch)
+    llm = LLM(str(tiny_ggufs["q4_1"]), dtype="float32", block_size=4, attention_impl="reference")
+    outputs = llm.generate(_prompts()[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    assert all(o.token_ids for o in outputs)
+    assert calls[0] == 0
+
+
+def _one_token_step(llm: LLM):
+    model = llm.engine.runner.model
+    hidden = torch.zeros(1, model.config.hidden_size)
+    rope = model.rotary(torch.tensor([0]))
+    layers = model.native_layers(hidden, rope)
+    assert layers is not None
+    return layers, hidden, rope[0][:, 0], rope[1][:, 0]
+
+
+def test_bad_slots_and_block_ids_are_errors(tiny_ggufs):
+    llm = LLM(str(tiny_ggufs["q8_0"]), dtype="float32", block_size=4, num_kv_blocks=16)
+    layers, hidden, cos, sin = _one_token_step(llm)
+
+    def group(block: int) -> list[layers_cpu.AttentionGroup]:
+        tables = torch.tensor([[block]], dtype=torch.int32)
+        return [layers_cpu.AttentionGroup(0, 1, tables, torch.tensor([1], dtype=torch.int32), None)]
+
+    layers(hidden, cos, sin, torch.tensor([0]), group(0))  # a valid step runs
+    assert torch.isfinite(hidden).all()
+    with pytest.raises(ValueError, match="slot"):
+        layers(hidden, cos, sin, torch.tensor([16 * 4]), group(0))
+    with pytest.raises(ValueError, match="block id"):
+        layers(hidden, cos, sin, torch.tensor([0]), group(16))
+    tables = torch.tensor([[0]], dtype=torch.int32)
+    too_long = torch.tensor([5], dtype=torch.int32)  # more tokens than one block of 4 holds
+    with pytest.raises(ValueError, match="seq_lens"):
+        layers(
+            hidden,
+            cos,
+            sin,
+            torch.tensor([0]),
+            [layers_cpu.AttentionGroup(0, 1, tables, too_long, None)],
+        )
