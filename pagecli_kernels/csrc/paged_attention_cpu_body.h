@@ -78,6 +78,67 @@ PA_FN void PA_NAME(scores_dot)(const float *q, const float *const *krow, float *
     }
 }
 
+#if PA_W == 16
+/* AVX-512, few rows (decodes): each row's TC = 16 dot products as vectors, then one
+ * transposing reduction tree (46 shuffles and adds for 16 sums, against some 30 operations
+ * for each horizontal sum of scores_dot). Tokens past n score 0 (masked by the caller). */
+PA_FN void PA_NAME(scores_tree)(const float *q, const float *const *krow, float *s, int num_rows,
+                                int n, int dp) {
+    /* the tree leaves token 4 (L % 4) + L / 4 in lane L: this puts them back in order */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int r = 0; r < num_rows; ++r) {
+        const float *qr = q + (int64_t)r * dp;
+        __m512 t[16], u[8], v[4], w[2];
+        for (int j = 0; j < 16; ++j) {
+            __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+            if (j < n) {
+                int d = 0;
+                for (; d + 32 <= dp; d += 32) {
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(krow[j] + d), a);
+                    b = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d + 16),
+                                        _mm512_loadu_ps(krow[j] + d + 16), b);
+                }
+                if (d < dp)
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(krow[j] + d), a);
+            }
+            t[j] = _mm512_add_ps(a, b);
+        }
+        for (int i = 0; i < 8; ++i) /* 128-bit quarters: a's two sums, then b's */
+            u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x44),
+                                 _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xEE));
+        for (int i = 0; i < 4; ++i) /* one quarter per token */
+            v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                                 _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+        for (int i = 0; i < 2; ++i) /* within quarters: pairs of lanes */
+            w[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44),
+                                 _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));
+        const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88),
+                                       _mm512_shuffle_ps(w[0], w[1], 0xDD));
+        _mm512_storeu_ps(s + r * TC, _mm512_permutexvar_ps(order, z));
+    }
+}
+
+/* exp_nonpositive on 16 lanes (the same steps). */
+PA_FN __m512 PA_NAME(exp16)(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 n = _mm512_sub_ps(_mm512_add_ps(y, magic), magic);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+#endif
+
 /* The same for many rows: K transposed once into kt[d * TC + j], then each row's TC scores
  * accumulate in vectors over the tokens (no horizontal sums). PA_R rows at a time keep
  * eight independent accumulation chains in flight whatever the width. */
@@ -229,7 +290,11 @@ PA_TARGET static void PA_NAME(item)(const Problem *p, const Item *it, const Scra
         if (transposed)
             PA_NAME(scores_tr)(w->q, krow, w->s, w->kt, num_rows, n, dp);
         else
+#if PA_W == 16
+            PA_NAME(scores_tree)(w->q, krow, w->s, num_rows, n, dp);
+#else
             PA_NAME(scores_dot)(w->q, krow, w->s, num_rows, n, dp);
+#endif
 
         /* causal mask, online softmax; masked and past-the-chunk scores become 0 */
         for (int r = 0; r < num_rows; ++r) {
@@ -251,6 +316,13 @@ PA_TARGET static void PA_NAME(item)(const Problem *p, const Item *it, const Scra
                 for (int d = 0; d < dp; d += PA_W) *(VF *)(a + d) *= alpha;
             }
             w->m[r] = m_new;
+#if PA_W == 16
+            const __mmask16 live = nv >= TC ? 0xFFFF : (__mmask16)((1u << nv) - 1);
+            const __m512 e = _mm512_maskz_mov_ps(
+                live, PA_NAME(exp16)(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(m_new))));
+            _mm512_storeu_ps(s, e);
+            w->l[r] += _mm512_reduce_add_ps(e);
+#else
             float sum = 0.0f;
             for (int j = 0; j < TC; ++j) {
                 const float e = exp_nonpositive(s[j] - m_new);
@@ -258,6 +330,7 @@ PA_TARGET static void PA_NAME(item)(const Problem *p, const Item *it, const Scra
                 sum += s[j];
             }
             w->l[r] += sum;
+#endif
         }
         PA_NAME(accumulate_v)(w->acc, w->s, vrow, num_rows, n, dp);
     }
