@@ -159,19 +159,16 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const int64_t chunk_blocks = CHUNK_VALUES / f->block_values;
     const rows_fn rows = f->rows[isa];
     const wide_fn wide = f->wide[isa];
-    if (wide && m == 1) {
-        const int64_t groups = (n + WIDE_ROWS - 1) / WIDE_ROWS;
+    if (wide && m == 1 && n >= WIDE_ROWS) {
+        const int64_t groups = n / WIDE_ROWS;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t row = g * WIDE_ROWS;
-            if (row + WIDE_ROWS <= n) {
-                wide(w + row * row_bytes, row_bytes, blocks_per_row, x, y + row);
-                continue;
-            }
-            for (int64_t r = row; r < n; r++) /* the last rows, fewer than WIDE_ROWS */
-                rows(w + r * row_bytes, blocks_per_row, x, ldx, 1, y + r);
-        }
-        return;
+        for (int64_t g = 0; g < groups; g++)
+            wide(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks_per_row, x, y + g * WIDE_ROWS);
+        const int64_t done = groups * WIDE_ROWS;
+        if (done == n) return;
+        w += done * row_bytes; /* the last rows, fewer than WIDE_ROWS, take the paths below */
+        y += done;
+        n -= done;
     }
     if (rows) {
 #pragma omp parallel for num_threads(num_threads) schedule(static)

@@ -285,10 +285,88 @@ TARGET_AVX512 static void wide_q8_0_avx512(const void *w, int64_t row_bytes, int
     WIDE_END
 }
 
+/* AVX2: no 16-entry permute, so each 8 weights are converted and scaled: fma(q, d, m), exact
+ * as above (d * q is exact). */
+#define WIDE2_BEGIN                                                                            \
+    const int64_t ahead = wide_prefetch_distance(row_bytes);                                   \
+    __m256 acc[WIDE_ROWS][2];                                                                  \
+    for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm256_setzero_ps();
+#define WIDE2_END                                                                              \
+    for (int r_ = 0; r_ < WIDE_ROWS; r_++) {                                                   \
+        const __m256 s_ = _mm256_add_ps(acc[r_][0], acc[r_][1]);                               \
+        const __m128 h_ = _mm_add_ps(_mm256_castps256_ps128(s_), _mm256_extractf128_ps(s_, 1)); \
+        const __m128 q_ = _mm_add_ps(h_, _mm_movehl_ps(h_, h_));                               \
+        out[r_] = _mm_cvtss_f32(_mm_add_ss(q_, _mm_movehdup_ps(q_)));                          \
+    }
+/* acc[r][k & 1] += (fma(float(q), d, m)) * x[off..off+8) for the 8 bytes of v (as int32) */
+#define WIDE2_FMA8(k, v, d, m, off)                                                            \
+    acc[r][(k) & 1] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m),          \
+                                      _mm256_loadu_ps(x + (off)), acc[r][(k) & 1]);
+
+TARGET_AVX2 static void wide_q4_1_avx2(const void *w, int64_t row_bytes, int64_t nb,
+                                       const float *x, float *out) {
+    const __m128i low = _mm_set1_epi8(0xF);
+    WIDE2_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_q4_1 *b = (const block_q4_1 *)((const uint8_t *)w + r * row_bytes) + j;
+            WIDE_PREFETCH(b);
+            const __m256 d = _mm256_set1_ps(f16_table[b->d]), m = _mm256_set1_ps(f16_table[b->m]);
+            const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+            const __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+            WIDE2_FMA8(0, _mm256_cvtepu8_epi32(lo), d, m, 32 * j)
+            WIDE2_FMA8(1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), d, m, 32 * j + 8)
+            WIDE2_FMA8(2, _mm256_cvtepu8_epi32(hi), d, m, 32 * j + 16)
+            WIDE2_FMA8(3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), d, m, 32 * j + 24)
+        }
+    }
+    WIDE2_END
+}
+
+TARGET_AVX2 static void wide_q4_0_avx2(const void *w, int64_t row_bytes, int64_t nb,
+                                       const float *x, float *out) {
+    const __m128i low = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+    const __m256 zero = _mm256_setzero_ps();
+    WIDE2_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_q4_0 *b = (const block_q4_0 *)((const uint8_t *)w + r * row_bytes) + j;
+            WIDE_PREFETCH(b);
+            const __m256 d = _mm256_set1_ps(f16_table[b->d]);
+            const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+            const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
+            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
+            WIDE2_FMA8(0, _mm256_cvtepi8_epi32(lo), d, zero, 32 * j)
+            WIDE2_FMA8(1, _mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)), d, zero, 32 * j + 8)
+            WIDE2_FMA8(2, _mm256_cvtepi8_epi32(hi), d, zero, 32 * j + 16)
+            WIDE2_FMA8(3, _mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)), d, zero, 32 * j + 24)
+        }
+    }
+    WIDE2_END
+}
+
+TARGET_AVX2 static void wide_q8_0_avx2(const void *w, int64_t row_bytes, int64_t nb,
+                                       const float *x, float *out) {
+    const __m256 zero = _mm256_setzero_ps();
+    WIDE2_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + r * row_bytes) + j;
+            WIDE_PREFETCH(b);
+            const __m256 d = _mm256_set1_ps(f16_table[b->d]);
+            for (int k = 0; k < 4; k++) {
+                const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + 8 * k));
+                WIDE2_FMA8(k, _mm256_cvtepi8_epi32(q), d, zero, 32 * j + 8 * k)
+            }
+        }
+    }
+    WIDE2_END
+}
+
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, NULL, rows_##name##_avx512}
-#define WIDE(name) , {NULL, NULL, wide_##name##_avx512}
+#define WIDE(name) , {NULL, wide_##name##_avx2, wide_##name##_avx512}
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #define WIDE(name)
