@@ -110,7 +110,7 @@ typedef void (*dequant_fn)(const void *blocks, float *out, int64_t num_blocks);
 
 /* out[i] = dot(dequant(row), x[i * ldx ...]) for i < m <= ROWS_MAX: one row of W against m
  * input rows, dequantized in registers (the fused decode kernel; optional per format). */
-#define ROWS_MAX 4
+#define ROWS_MAX 8
 typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int64_t ldx, int m,
                         float *out);
 
@@ -148,7 +148,11 @@ struct quant_format {
         case 1: NAME##_m(row, nb, x, ldx, out, 1); break;                                      \
         case 2: NAME##_m(row, nb, x, ldx, out, 2); break;                                      \
         case 3: NAME##_m(row, nb, x, ldx, out, 3); break;                                      \
-        default: NAME##_m(row, nb, x, ldx, out, 4); break;                                     \
+        case 4: NAME##_m(row, nb, x, ldx, out, 4); break;                                      \
+        case 5: NAME##_m(row, nb, x, ldx, out, 5); break;                                      \
+        case 6: NAME##_m(row, nb, x, ldx, out, 6); break;                                      \
+        case 7: NAME##_m(row, nb, x, ldx, out, 7); break;                                      \
+        default: NAME##_m(row, nb, x, ldx, out, 8); break;                                     \
         }                                                                                      \
     }
 #define ROWS_KERNEL(NAME)                                                                      \
