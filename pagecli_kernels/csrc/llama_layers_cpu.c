@@ -116,6 +116,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
             status = LAYERS_E_SLOT;
             break;
         }
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (T >= 64)
         for (int64_t t = 0; t < T; ++t)
             memcpy(query + t * Q, qkv + t * QKV, sizeof(float) * (size_t)Q);
         for (int g = 0; g < num_groups && status == 0; ++g) {
@@ -139,6 +140,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
             break;
         pagecli_silu_mul(gate_up, act, T, inter, 2 * inter, inter, 0, num_threads);
         if ((status = linear(layer, F_DOWN_TYPE, act, T, inter, proj, H, num_threads, timings))) break;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (T >= 64)
         for (int64_t i = 0; i < T * H; ++i) hidden[i] += proj[i];
     }
     free(buf);
