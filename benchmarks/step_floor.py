@@ -36,6 +36,7 @@ import pagecli_kernels
 from pagecli import LLM, SamplingParams
 from pagecli.layers import linear as linear_module
 from pagecli.layers import quant_linear as quant_module
+from pagecli.models.llama import LlamaForCausalLM
 from pagecli_kernels import layers_cpu
 
 TARGET_RATIO_64, TARGET_RATIO_1 = 2.0, 1.5
@@ -73,17 +74,22 @@ class Timers:
     def __init__(self) -> None:
         self.spent: dict[str, float] = defaultdict(float)
         self._undo: list = []
+        self._depth = [0]  # only the outermost timed call counts (a head inside a head)
 
     def _wrap(self, owner, name: str, key: str) -> None:
         original = getattr(owner, name)
-        spent = self.spent
+        spent, depth = self.spent, self._depth
 
         def timed(*args, **kwargs):
+            if depth[0]:
+                return original(*args, **kwargs)
+            depth[0] += 1
             start = clock()
             try:
                 return original(*args, **kwargs)
             finally:
                 spent[key] += clock() - start
+                depth[0] -= 1
 
         setattr(owner, name, timed)
         self._undo.append((owner, name, original))
@@ -105,6 +111,7 @@ class Timers:
         self._wrap(torch.nn.Linear, "forward", "matmul")
         self._wrap(quant_module.QuantLinear, "forward", "matmul")
         self._wrap(quant_module.QuantEmbedding, "as_linear", "matmul")  # the tied head
+        self._wrap(LlamaForCausalLM, "compute_logits", "matmul")  # whichever head it is
         return self
 
     def __exit__(self, *exc) -> None:

@@ -44,6 +44,7 @@ EXTRA_SOURCES = [
         "quant_linear_cpu.c",
         "quant_q4_q8.c",
         "quant_k.c",
+        "quant_f32.c",
         "llama_layers_cpu.c",
     )
 ]

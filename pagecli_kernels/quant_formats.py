@@ -39,6 +39,10 @@ FORMATS = {
     )
 }
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
+# float32 rows taken as 32-value "blocks" of 128 bytes (csrc/quant_f32.c): float weights then
+# run the same CPU kernels and one-call layers as block formats. Not a GGUF block format (not
+# in FORMATS): a file's F32 tensors load as plain float tensors.
+F32 = QuantFormat("float32", 0, 32, 128)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,15 @@ class QuantWeight:
     def select_rows(self, index: torch.Tensor) -> QuantWeight:
         """The rows `index` (a permutation or subset), copied."""
         return QuantWeight(self.format, self.data[index].contiguous(), self.cols)
+
+
+def float_rows(weight: torch.Tensor) -> QuantWeight:
+    """A contiguous float32 `[rows, cols]` matrix as an F32 `QuantWeight`: a view of the same
+    memory, no copy (cols a multiple of 32)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(f"float_rows takes a contiguous 2-D float32 tensor, got {weight.dtype}")
+    rows, cols = weight.shape
+    return QuantWeight(F32, weight.view(torch.uint8).view(rows, cols * 4), cols)
 
 
 def concat_rows(parts: list[QuantWeight]) -> QuantWeight:

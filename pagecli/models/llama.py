@@ -21,7 +21,8 @@ from pagecli.layers.linear import PackedLinear, pack_linears
 from pagecli.layers.norm import RMSNorm
 from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
-from pagecli_kernels import fused_cpu, layers_cpu
+from pagecli_kernels import fused_cpu, layers_cpu, quant_cpu
+from pagecli_kernels.quant_formats import F32, float_rows
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
 
@@ -126,6 +127,8 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.packed_head: PackedLinear | None = None  # set by pack_weights()
+        # the tied output projection over the embedding's own float32 rows (native kernels)
+        self.float_head: quant_cpu.PreparedLinear | None = None  # set by pack_weights()
         # the decoder layers bound for one native call (CPU, quantized), rebuilt when the
         # caches or attention implementations change; see native_layers()
         self._native: tuple[tuple, layers_cpu.DecoderLayers | None] = ((), None)
@@ -204,6 +207,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
+        if self.float_head is not None and hidden.dtype == torch.float32:
+            return self.float_head(hidden.contiguous())
         if self.packed_head is not None:
             return self.packed_head(hidden).float()
         if self.lm_head is not None:
@@ -213,10 +218,24 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(hidden, self.embed_tokens.weight).float()
 
     def pack_weights(self) -> None:
-        """Pack every projection for oneDNN once (CPU, after loading; see layers/linear.py).
-        A tied output projection gets a packed copy; the embedding keeps the plain table."""
+        """Prepare float32 projections for the CPU, once after loading.
+
+        With the native kernels, each projection without bias becomes a `QuantLinear` over its
+        own float32 rows (quant_formats.F32): the decode kernels of the GGUF formats, and the
+        one-call decoder layers (`native_layers`). A tied output projection multiplies with the
+        embedding's rows in place, no copy. Without them (or for a projection with a bias), the
+        weights are packed for oneDNN (layers/linear.py), and a tied output projection gets a
+        packed copy."""
+        native = quant_cpu.library() is not None
+        hidden = self.config.hidden_size
         if self.lm_head is None and isinstance(self.embed_tokens, nn.Embedding):
-            self.packed_head = PackedLinear(self.embed_tokens.weight, None)
+            table = self.embed_tokens.weight
+            if native and hidden % F32.block_values == 0 and table.dtype == torch.float32:
+                self.float_head = quant_cpu.PreparedLinear(float_rows(table.data))
+            else:
+                self.packed_head = PackedLinear(table, None)
+        if native:
+            _float_rows_linears(self)
         pack_linears(self)
 
     def use_quantized(self, names: set[str]) -> None:
@@ -345,6 +364,23 @@ class LlamaForCausalLM(nn.Module):
     def _shard_range(self, param_name: str, shard: int) -> tuple[int, int]:
         sizes = self._shard_sizes(param_name)
         return sum(sizes[:shard]), sizes[shard]
+
+
+def _float_rows_linears(module: nn.Module) -> None:
+    """Replace every float32 `nn.Linear` without bias below `module` (columns whole 32-value
+    blocks) by a `QuantLinear` over its rows in the F32 format."""
+    for name, child in list(module.named_children()):
+        if (
+            type(child) is nn.Linear
+            and child.bias is None
+            and child.weight.dtype == torch.float32
+            and child.in_features % F32.block_values == 0
+        ):
+            layer = QuantLinear(child.in_features, [child.out_features], bias=False)
+            layer.set_part(0, float_rows(child.weight.data.contiguous()))
+            setattr(module, name, layer)
+        else:
+            _float_rows_linears(child)
 
 
 def _row_cache(cache: torch.Tensor | None, head_dim: int) -> bool:

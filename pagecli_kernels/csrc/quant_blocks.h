@@ -60,6 +60,7 @@ typedef struct __attribute__((packed)) {
 
 /* ggml's type ids (GGMLQuantizationType), the ids Python passes in. */
 enum quant_type {
+    QT_F32 = 0, /* float32 rows taken as 32-value blocks (quant_f32.c) */
     QT_Q4_0 = 2,
     QT_Q4_1 = 3,
     QT_Q8_0 = 8,
@@ -162,6 +163,7 @@ struct quant_format {
 /* Defined in quant_q4_q8.c and quant_k.c. */
 extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1;
 extern const struct quant_format FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K;
+extern const struct quant_format FORMAT_F32; /* quant_f32.c */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define QUANT_X86 1

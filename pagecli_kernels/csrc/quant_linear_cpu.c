@@ -89,6 +89,7 @@ void pagecli_quant_set_blas(void *sgemm, void *set_threads_local) {
 
 static const struct quant_format *format_of(int type) {
     switch (type) {
+    case QT_F32: return &FORMAT_F32;
     case QT_Q8_0: return &FORMAT_Q8_0;
     case QT_Q4_0: return &FORMAT_Q4_0;
     case QT_Q4_1: return &FORMAT_Q4_1;
@@ -213,7 +214,7 @@ static int64_t panel_rows(int64_t n, int64_t k, int num_threads) {
 static __thread float *panel_buf;
 static __thread int64_t panel_cap;
 
-/* Dequantized panels of W times x through sgemm. */
+/* Dequantized panels of W times x through sgemm (float32 weights: the rows in place). */
 static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
                   int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
                   int64_t ldy, int num_threads) {
@@ -221,10 +222,11 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
     const int64_t blocks_per_row = k / f->block_values;
     const int64_t rows = panel_rows(n, k, num_threads);
     const int64_t num_panels = (n + rows - 1) / rows;
+    const int in_place = f->type == QT_F32;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        if (panel_cap < rows * k) {
+        if (!in_place && panel_cap < rows * k) {
             free(panel_buf);
             panel_buf = aligned_alloc(64, (size_t)((rows * k * sizeof(float) + 63) / 64 * 64));
             panel_cap = panel_buf ? rows * k : 0;
@@ -232,19 +234,20 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
         const int previous = blas_set_threads_local ? blas_set_threads_local(1) : 0;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
-            if (!panel_buf) {
+            if (!in_place && !panel_buf) {
                 failed = 1;
                 continue;
             }
             const int64_t first = p * rows, count = min64(rows, n - first);
-            for (int64_t r = 0; r < count; r++)
+            const float *panel = in_place ? (const float *)(w + first * row_bytes) : panel_buf;
+            for (int64_t r = 0; !in_place && r < count; r++)
                 dequant(w + (first + r) * row_bytes, panel_buf + r * k, blocks_per_row);
             /* Column-major view: y^T[first:first+count, :] = panel (count x k) @ x^T (k x m). */
             const int ic = (int)count, im = (int)m, ik = (int)k, ildx = (int)ldx,
                       ildy = (int)ldy;
             const float one = 1.0f, zero = 0.0f;
-            blas_sgemm("T", "N", &ic, &im, &ik, &one, panel_buf, &ik, x, &ildx, &zero,
-                       y + first, &ildy);
+            blas_sgemm("T", "N", &ic, &im, &ik, &one, panel, &ik, x, &ildx, &zero, y + first,
+                       &ildy);
         }
         if (blas_set_threads_local) blas_set_threads_local(previous);
     }

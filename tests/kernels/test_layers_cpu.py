@@ -4,8 +4,9 @@ The C loop strings together the loop's own kernels with the same arguments, orde
 count, so a run through it must give the loop's results bit for bit: the same greedy ids and
 the same log-probabilities, exactly. The workload mixes chunked prefills with decodes (a
 64-token step budget), hits the prefix cache, and is preempted (a small KV cache); the tiny
-GGUF files cover every block format. Files or settings the C loop does not take (a layer of
-two formats, another attention implementation) fall back to the loop.
+GGUF files cover every block format, and tiny float32 checkpoints the float rows. Files or
+settings the C loop does not take (a layer of two formats, another attention implementation)
+fall back to the loop.
 """
 
 from __future__ import annotations
@@ -76,6 +77,18 @@ def test_layers_equal_the_loop_bit_for_bit(tiny_ggufs, kind, monkeypatch):
     assert stats.prefix_hit_tokens > 0
     _, loop_run = _run(tiny_ggufs[kind], False)
     assert used > 0 and calls[0] == used  # the first run took the C loop, the second did not
+    assert native_run == loop_run
+
+
+@pytest.mark.parametrize("name", ["llama3", "mistral"])
+def test_float32_checkpoints_take_the_layers_bit_for_bit(tiny_models, name, monkeypatch):
+    # safetensors float32 weights run as F32 rows (quant_formats.F32) through the same C loop
+    calls = _counting(monkeypatch)
+    llm, native_run = _run(tiny_models[name], True)
+    assert llm.engine.runner.model.weight_formats["o_proj"] == ["float32"]
+    used = calls[0]
+    _, loop_run = _run(tiny_models[name], False)
+    assert used > 0 and calls[0] == used
     assert native_run == loop_run
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pagecli_kernels import quant_cpu, reference
-from pagecli_kernels.quant_formats import FORMATS, QuantWeight
+from pagecli_kernels.quant_formats import FORMATS, QuantWeight, float_rows
 
 # |y - y_ref| <= TOL * (|x| @ |W|.T) per output. The weights are exact in float32 (each is an
 # f16 scale times a small integer, or a difference of two such products), so every format's
@@ -122,6 +122,34 @@ def test_many_rows_without_blas_take_the_fused_path(isa, fmt):
     finally:
         quant_cpu.use_blas(True)
     assert_within(got, x, weight, fmt)
+
+
+# float32 rows through the same drivers (quant_formats.F32): float weights of safetensors
+# checkpoints take these kernels on the CPU. Exact weights, so only the summation differs.
+TOLERANCES["float32"] = 2e-6
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_float_rows_match_float64(isa, rows):
+    dense = torch.randn(37, 736, generator=torch.Generator().manual_seed(rows))
+    weight = float_rows(dense)
+    assert weight.data.data_ptr() == dense.data_ptr()  # a view, no copy
+    x = torch.randn(rows, 736, generator=torch.Generator().manual_seed(rows + 1))
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, "float32")
+    assert torch.equal(quant_cpu.dequantize(weight), dense)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_float_rows_strided_input_rows(isa, rows):
+    weight = float_rows(torch.randn(45, 736, generator=torch.Generator().manual_seed(5)))
+    wide = torch.randn(2 * rows, 776, generator=torch.Generator().manual_seed(6))
+    x = wide[::2, 8:744]
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, "float32")
+
+
+def test_float_rows_need_whole_blocks():
+    with pytest.raises(ValueError, match="whole"):
+        float_rows(torch.zeros(4, 40))
 
 
 def test_output_into_a_column_slice():
