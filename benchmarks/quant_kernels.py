@@ -1,0 +1,96 @@
+"""Stream the default model's projections through the quantized CPU kernels (a script).
+
+The 30 layers' q/k/v, o, gate/up and down weights (and the 49152 x 576 output projection) are
+made as random blocks of one format with the default model's shapes, then multiplied in turn,
+as one decode step does, so they stream from memory as in the engine (66 MB in Q4_1, far
+past the L2 caches). For each format, instruction-set path and number of input rows it prints
+the time per pass and the GB/s of weights read, next to the machine's read bandwidth (a
+float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
+
+    .venv/bin/python benchmarks/quant_kernels.py [--threads 2] [--repeats 7]
+        [--formats q4_1,q8_0,q4_0] [--rows 1,4,8]
+
+Each product goes through quant_cpu.PreparedLinear, the engine's own call (its Python cost is
+a few microseconds of the pass). Runs on older checkouts too (it needs only PreparedLinear and
+set_isa), so two commits can be compared on one machine, one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from pagecli_kernels import quant_cpu
+from pagecli_kernels.quant_formats import FORMATS, QuantWeight
+
+HIDDEN, INTERMEDIATE, Q_KV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
+SHAPES = [(Q_KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2]}
+
+
+def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> QuantWeight:
+    f = FORMATS[fmt]
+    blocks = cols // f.block_values
+    data = rng.integers(0, 256, size=(rows, blocks, f.block_bytes), dtype=np.uint8)
+    for offset in SCALE_OFFSETS.get(fmt, [f.block_bytes - 2]):
+        scales = (rng.standard_normal((rows, blocks)) * 0.02).astype(np.float16)
+        data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, blocks, 2)
+    return QuantWeight(f, torch.from_numpy(data.reshape(rows, -1)), cols)
+
+
+def read_bandwidth() -> float:
+    data = torch.ones(1 << 28)  # 1 GiB of float32
+    data.sum()
+    best = min(_time(data.sum) for _ in range(5))
+    return data.numel() * 4 / best
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--formats", default="q4_1,q8_0,q4_0")
+    parser.add_argument("--rows", default="1,4,8")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"{args.threads} threads, read bandwidth {read_bandwidth() / 1e9:.1f} GB/s")
+    print(f"{'format':<7}{'isa':<9}{'rows':>5}{'ms/pass':>9}{'MB':>7}{'GB/s':>7}")
+    rng = np.random.default_rng(0)
+    for fmt in args.formats.split(","):
+        weights = [random_weight(fmt, n, k, rng) for _ in range(LAYERS) for n, k in SHAPES]
+        weights.append(random_weight(fmt, VOCAB, HIDDEN, rng))
+        total = sum(w.nbytes for w in weights)
+        for isa in quant_cpu.supported_isas():
+            if isa == "portable":
+                continue  # for correctness, not speed
+            quant_cpu.set_isa(isa)
+            for rows in map(int, args.rows.split(",")):
+                xs = {k: torch.randn(rows, k) for k in (HIDDEN, INTERMEDIATE)}
+
+                calls = [(quant_cpu.PreparedLinear(w), xs[w.cols]) for w in weights]
+
+                def one_pass() -> None:
+                    for prepared, x in calls:
+                        prepared(x)
+
+                one_pass()
+                ms = statistics.median(_time(one_pass) for _ in range(args.repeats)) * 1e3
+                print(
+                    f"{fmt:<7}{isa:<9}{rows:>5}{ms:>9.2f}{total / 1e6:>7.1f}"
+                    f"{total / (ms / 1e3) / 1e9:>7.1f}"
+                )
+        quant_cpu.set_isa(None)
+
+
+if __name__ == "__main__":
+    main()
