@@ -4,8 +4,10 @@
  *
  * A format's kernels only dequantize: they turn whole blocks into float32 values, exactly
  * those of gguf.quants.dequantize (every value is an f16 scale times a small integer, or two
- * such products' difference, computed in the same order and never fused into an FMA). The
- * activations are never quantized; the driver multiplies the float32 weights with them.
+ * such products' difference, computed in the same order; an FMA is used only where its
+ * product is exact in float32, so it rounds as the separate operations do; the dequantization
+ * tests check every format bit for bit). The activations are never quantized; the driver
+ * multiplies the float32 weights with them.
  *
  * Layouts follow ggml (ggml-common.h); QK_K = 256 values per K-quant super-block.
  */

@@ -2,8 +2,10 @@
  * The 32-value block formats Q8_0, Q4_0 and Q4_1: dequantization into float32.
  *
  * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2 and
- * AVX-512 versions that give the same bits (a product, then a sum, never an FMA: Q4_1's
- * d * q + m is rounded twice in gguf.quants.dequantize too). See quant_blocks.h.
+ * AVX-512 versions that give the same bits, then the fused decode kernels (rows, wide). Q4_1's
+ * d * q + m is rounded twice in gguf.quants.dequantize; since d * q (an f16 times a 4-bit
+ * integer) is exact in float32, an FMA's single rounding gives the same bits, so the kernels
+ * may use one. See quant_blocks.h.
  */
 #include "quant_blocks.h"
 
@@ -156,8 +158,8 @@ __attribute__((constructor)) static void fill_f16_table(void) {
 
 /* ---- register-fused decode rows (AVX-512) -------------------------------------------------
  * 4-bit formats take their weights from a 16-entry table per block, table[q] = d * q + m (or
- * d * (q - 8)), computed with the same two roundings as gguf: a permute replaces the
- * int-to-float conversion and the scaling of every weight. */
+ * d * (q - 8)), bit for bit gguf's values: a permute replaces the int-to-float conversion and
+ * the scaling of every weight. */
 
 ROWS_KERNEL(rows_q8_0_avx512) {
     const block_q8_0 *b = row;
