@@ -6,8 +6,9 @@ tensor allocations. `DecoderLayers` binds every layer's weights and caches once 
 pointers) and runs the whole stack in C with the same kernels, arguments, order and thread
 count, so its results are bit-for-bit the loop's (tests/kernels/test_layers_cpu.py).
 
-It takes float32 activations and caches, GGUF-quantized projections without biases, and no
-q/k norm (the model decides, `pagecli.models.llama.LlamaForCausalLM.native_layers`).
+It takes float32 activations and caches, projections of one block-format (or float32 rows)
+buffer each, with or without a bias, and no q/k norm (the model decides:
+`pagecli.models.llama.LlamaForCausalLM.native_layers`).
 `set_enabled(False)` turns it off for this process (tests and benchmarks compare both).
 """
 
@@ -22,7 +23,7 @@ from pagecli_kernels import native, quant_cpu
 from pagecli_kernels._checks import check_lengths_host
 from pagecli_kernels.quant_formats import QuantWeight
 
-LAYER_FIELDS = 12  # csrc/llama_layers_cpu.c: F_* per layer
+LAYER_FIELDS = 16  # csrc/llama_layers_cpu.c: F_* per layer
 GROUP_FIELDS = 8  # G_* per attention group
 _ERRORS = {
     -1: "block_tables holds a block id outside the cache",
@@ -82,6 +83,8 @@ class LayerWeights:
     down: QuantWeight  # [H, I]
     k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] float32
     v_cache: torch.Tensor
+    # float32 biases of qkv, o, gate_up, down (None: no bias)
+    biases: tuple[torch.Tensor | None, ...] = (None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -124,18 +127,18 @@ class DecoderLayers:
             for cache in (layer.k_cache, layer.v_cache):
                 if cache.shape != first.shape or cache.stride() != first.stride():
                     raise ValueError("every layer's K/V cache must have one shape and strides")
-            rows.append(
-                [
-                    layer.input_norm.data_ptr(),
-                    layer.post_norm.data_ptr(),
-                    *_weight(layer.qkv),
-                    *_weight(layer.o),
-                    *_weight(layer.gate_up),
-                    *_weight(layer.down),
-                    layer.k_cache.data_ptr(),
-                    layer.v_cache.data_ptr(),
-                ]
-            )
+            projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            row = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
+            for weight, bias in zip(projections, layer.biases, strict=True):
+                if bias is not None and (
+                    bias.dtype != torch.float32
+                    or not bias.is_contiguous()
+                    or bias.shape != (weight.rows,)
+                ):
+                    raise ValueError(f"a bias must be float32 [{weight.rows}], contiguous")
+                row += [weight.format.ggml_type, weight.data.data_ptr()]
+                row.append(0 if bias is None else bias.data_ptr())
+            rows.append(row + [layer.k_cache.data_ptr(), layer.v_cache.data_ptr()])
         self._table = torch.tensor(rows, dtype=torch.int64)  # [L, LAYER_FIELDS]
         self._keep = layers  # the table points into these tensors
 
@@ -217,6 +220,3 @@ class DecoderLayers:
         if status:
             raise ValueError(f"decoder layers: {_ERRORS.get(status, f'status {status}')}")
 
-
-def _weight(weight: QuantWeight) -> tuple[int, int]:
-    return weight.format.ggml_type, weight.data.data_ptr()

@@ -67,9 +67,9 @@ class QuantLinear(nn.Module):
 
     @property
     def single_weight(self) -> QuantWeight | None:
-        """The weight when the layer is one block-format CPU buffer without a bias (what the
-        fast path and the one-call decoder layers take), else None."""
-        return self._fast.weight if self._fast is not None and self.bias is None else None
+        """The weight when the layer is one block-format CPU buffer (what the one-call decoder
+        layers take, with `bias`), else None."""
+        return self._fast.weight if self._fast is not None else None
 
     @property
     def formats(self) -> list[str]:

@@ -152,8 +152,9 @@ class LlamaForCausalLM(nn.Module):
 
     def native_layers(self, hidden: torch.Tensor, rope: Rope) -> layers_cpu.DecoderLayers | None:
         """The decoder layers bound for one native call when this step can take it: float32
-        activations and caches on the CPU, every projection one GGUF block buffer without bias,
-        no q/k norm, the CPU attention kernels. None: the Python loop runs."""
+        activations and caches on the CPU, every projection one block-format or float32-rows
+        buffer (biases allowed), no q/k norm, the CPU attention kernels. None: the Python loop
+        runs."""
         if (
             hidden.dtype != torch.float32
             or hidden.device.type != "cpu"
@@ -174,10 +175,8 @@ class LlamaForCausalLM(nn.Module):
         bound = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            weights = [
-                getattr(mod, "single_weight", None)
-                for mod in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            ]
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            weights = [getattr(mod, "single_weight", None) for mod in projections]
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             caches = [attn.attn.k_cache, attn.attn.v_cache]
             if (
@@ -190,7 +189,10 @@ class LlamaForCausalLM(nn.Module):
                 or caches[0].stride() != caches[1].stride()
             ):
                 return None
-            bound.append(layers_cpu.LayerWeights(*(w.data for w in norms), *weights, *caches))
+            biases = tuple(None if mod.bias is None else mod.bias.data for mod in projections)
+            bound.append(
+                layers_cpu.LayerWeights(*(w.data for w in norms), *weights, *caches, biases)
+            )
         attn = self.layers[0].self_attn
         try:
             return layers_cpu.DecoderLayers(
@@ -202,7 +204,7 @@ class LlamaForCausalLM(nn.Module):
                 eps=self.layers[0].input_layernorm.eps,
                 scale=attn.attn.scale,
             )
-        except ValueError:  # caches of different layouts: the loop handles them
+        except ValueError:  # caches of different layouts, odd biases: the loop handles them
             return None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -220,12 +222,11 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self) -> None:
         """Prepare float32 projections for the CPU, once after loading.
 
-        With the native kernels, each projection without bias becomes a `QuantLinear` over its
-        own float32 rows (quant_formats.F32): the decode kernels of the GGUF formats, and the
-        one-call decoder layers (`native_layers`). A tied output projection multiplies with the
-        embedding's rows in place, no copy. Without them (or for a projection with a bias), the
-        weights are packed for oneDNN (layers/linear.py), and a tied output projection gets a
-        packed copy."""
+        With the native kernels, each projection becomes a `QuantLinear` over its own float32
+        rows (quant_formats.F32): the decode kernels of the GGUF formats, and the one-call
+        decoder layers (`native_layers`). A tied output projection multiplies with the
+        embedding's rows in place, no copy. Without them, the weights are packed for oneDNN
+        (layers/linear.py), and a tied output projection gets a packed copy."""
         native = quant_cpu.library() is not None
         hidden = self.config.hidden_size
         if self.lm_head is None and isinstance(self.embed_tokens, nn.Embedding):
@@ -367,17 +368,19 @@ class LlamaForCausalLM(nn.Module):
 
 
 def _float_rows_linears(module: nn.Module) -> None:
-    """Replace every float32 `nn.Linear` without bias below `module` (columns whole 32-value
-    blocks) by a `QuantLinear` over its rows in the F32 format."""
+    """Replace every float32 `nn.Linear` below `module` (columns whole 32-value blocks) by a
+    `QuantLinear` over its rows in the F32 format, with its bias if it has one."""
     for name, child in list(module.named_children()):
         if (
             type(child) is nn.Linear
-            and child.bias is None
             and child.weight.dtype == torch.float32
             and child.in_features % F32.block_values == 0
         ):
-            layer = QuantLinear(child.in_features, [child.out_features], bias=False)
+            bias = child.bias is not None
+            layer = QuantLinear(child.in_features, [child.out_features], bias=bias)
             layer.set_part(0, float_rows(child.weight.data.contiguous()))
+            if bias:
+                layer.bias.data.copy_(child.bias.data)
             setattr(module, name, layer)
         else:
             _float_rows_linears(child)

@@ -9,7 +9,7 @@
  * result is bit-for-bit the loop's:
  *
  *   normed = rms_norm(hidden; input_layernorm)
- *   qkv    = normed @ dequant(W_qkv).T                    [T, Q + 2 KV]
+ *   qkv    = normed @ dequant(W_qkv).T (+ bias)           [T, Q + 2 KV]
  *   rotary(q, k) in place; store k, v into the layer's cache slots
  *   attn   = paged attention of q over the cache, per group (decode part, prefill part)
  *   hidden += attn @ dequant(W_o).T; normed = rms_norm(hidden; post_attention_layernorm)
@@ -39,9 +39,11 @@
 #define LAYERS_E_SLOT -3   /* a slot past the cache */
 #define LAYERS_E_FORMAT -4 /* a weight format the kernels do not know */
 
+/* per projection: type, weight, bias (0: none), in that order */
 enum {
-    F_INPUT_NORM, F_POST_NORM, F_QKV_TYPE, F_QKV, F_O_TYPE, F_O, F_GATE_UP_TYPE, F_GATE_UP,
-    F_DOWN_TYPE, F_DOWN, F_K_CACHE, F_V_CACHE, LAYER_FIELDS
+    F_INPUT_NORM, F_POST_NORM, F_QKV_TYPE, F_QKV, F_QKV_BIAS, F_O_TYPE, F_O, F_O_BIAS,
+    F_GATE_UP_TYPE, F_GATE_UP, F_GATE_UP_BIAS, F_DOWN_TYPE, F_DOWN, F_DOWN_BIAS, F_K_CACHE,
+    F_V_CACHE, LAYER_FIELDS
 };
 enum {
     G_TOKEN_START, G_NUM_TOKENS, G_NUM_SEQS, G_BLOCK_TABLES, G_TABLE_STRIDE, G_SEQ_LENS,
@@ -73,11 +75,18 @@ void pagecli_silu_mul(const void *gate_up, void *out, int64_t num_rows, int64_t 
 
 #define PTR(v) ((void *)(intptr_t)(v))
 
+/* y = x @ W.T (+ bias, added afterwards as torch's `out += bias` does) */
 static int linear(const int64_t *layer, int type_field, const float *x, int64_t m, int64_t k,
                   float *y, int64_t n, int num_threads, double *timings) {
     const double start = timings ? omp_get_wtime() : 0.0;
     const int status = pagecli_quant_linear((int)layer[type_field], PTR(layer[type_field + 1]),
                                             n, k, x, k, m, y, n, num_threads);
+    const float *bias = PTR(layer[type_field + 2]);
+    if (status == 0 && bias) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m >= 64)
+        for (int64_t t = 0; t < m; ++t)
+            for (int64_t j = 0; j < n; ++j) y[t * n + j] += bias[j];
+    }
     if (timings) timings[0] += omp_get_wtime() - start;
     return status == 0 ? 0 : status == -3 ? LAYERS_E_MEMORY : LAYERS_E_FORMAT;
 }

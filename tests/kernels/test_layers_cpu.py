@@ -80,7 +80,7 @@ def test_layers_equal_the_loop_bit_for_bit(tiny_ggufs, kind, monkeypatch):
     assert native_run == loop_run
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral"])
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2"])
 def test_float32_checkpoints_take_the_layers_bit_for_bit(tiny_models, name, monkeypatch):
     # safetensors float32 weights run as F32 rows (quant_formats.F32) through the same C loop
     calls = _counting(monkeypatch)
