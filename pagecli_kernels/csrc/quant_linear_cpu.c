@@ -1,11 +1,13 @@
 /*
  * Quantized linear layers for the CPU: y = x @ dequant(W).T with float32 activations and
  * float32 sums, W in a GGUF block format (quant_blocks.h; the formats are quant_q4_q8.c and
- * quant_k.c).
+ * quant_k.c) or float32 rows taken as blocks (quant_f32.c).
  *
  * Two paths, chosen by the number of input rows m:
  *   - m <= FUSED_MAX_ROWS (decode): each thread takes a contiguous range of W's output rows and
- *     streams them once. Where the format has a register-fused row kernel for the path
+ *     streams them once. For m == 1, a format's wide kernel (where it has one for the path)
+ *     takes WIDE_ROWS rows of W at a time, with software prefetch; the last rows, and every
+ *     other m, go row by row. Where the format has a register-fused row kernel for the path
  *     (AVX-512: quant_q4_q8.c, quant_k.c), a row is dequantized in registers and dotted with
  *     up to ROWS_MAX input rows at a time; otherwise a chunk of the row is dequantized into an
  *     L1 buffer and dotted with the m input rows. Decode is bound by the bytes of W read, so W
