@@ -122,12 +122,27 @@ class DecoderLayers:
         self.intermediate_size, self.eps, self.scale = intermediate_size, eps, scale
         first = layers[0].k_cache
         self._cache = first  # shape and strides, the same in every layer (checked)
+        self.hidden_size = hidden = layers[0].input_norm.shape[0]
+        q, kv, inter = num_heads * head_dim, num_kv_heads * head_dim, intermediate_size
+        shapes = ((q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter))
         rows = []
-        for layer in layers:
+        for layer in layers:  # the C loop trusts these: check every size it reads by
             for cache in (layer.k_cache, layer.v_cache):
                 if cache.shape != first.shape or cache.stride() != first.stride():
                     raise ValueError("every layer's K/V cache must have one shape and strides")
+            if (
+                first.dtype != torch.float32
+                or tuple(first.shape[2:]) != (num_kv_heads, head_dim)
+                or first.stride(-1) != 1
+                or first.stride(-2) != head_dim
+            ):
+                raise ValueError(f"the caches must be float32 [*, *, {num_kv_heads}, {head_dim}]")
+            for norm in (layer.input_norm, layer.post_norm):
+                if norm.shape != (hidden,) or norm.dtype != torch.float32 or norm.stride(0) != 1:
+                    raise ValueError(f"a norm weight must be float32 [{hidden}]")
             projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            if any(w.shape != shape for w, shape in zip(projections, shapes, strict=True)):
+                raise ValueError(f"projection shapes must be {shapes}")
             row = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
             for weight, bias in zip(projections, layer.biases, strict=True):
                 if bias is not None and (
@@ -153,6 +168,18 @@ class DecoderLayers:
         """Run every layer over `hidden` [T, H] (float32, contiguous) in place; cos/sin [T, D]
         float32 contiguous; slot_mapping [T] int64. Checks the step's lengths once."""
         num_tokens, hidden_size = hidden.shape
+        rope_shape = (num_tokens, self.head_dim)
+        if (
+            hidden_size != self.hidden_size
+            or hidden.dtype != torch.float32
+            or not hidden.is_contiguous()
+            or any(t.shape != rope_shape or t.dtype != torch.float32 for t in (cos, sin))
+            or not (cos.is_contiguous() and sin.is_contiguous())
+        ):
+            raise ValueError(
+                f"hidden must be float32 [T, {self.hidden_size}] and cos/sin [T, "
+                f"{self.head_dim}], contiguous"
+            )
         cache = self._cache
         num_blocks, block_size = cache.shape[:2]
         threads = torch.get_num_threads()
@@ -219,4 +246,3 @@ class DecoderLayers:
             raise MemoryError("decoder layers: out of memory for the work buffers")
         if status:
             raise ValueError(f"decoder layers: {_ERRORS.get(status, f'status {status}')}")
-

@@ -141,3 +141,29 @@ def test_bad_slots_and_block_ids_are_errors(tiny_ggufs):
             torch.tensor([0]),
             [layers_cpu.AttentionGroup(0, 1, tables, too_long, None)],
         )
+    with pytest.raises(ValueError, match="hidden must be"):
+        layers(torch.zeros(1, hidden.shape[1] + 1), cos, sin, torch.tensor([0]), group(0))
+
+
+def test_the_binding_checks_every_size_the_c_loop_reads(tiny_ggufs):
+    import dataclasses
+
+    llm = LLM(str(tiny_ggufs["q4_0"]), dtype="float32", block_size=4, num_kv_blocks=16)
+    layers, *_ = _one_token_step(llm)
+    attn = llm.engine.runner.model.layers[0].self_attn
+    sizes = dict(
+        num_heads=attn.num_heads,
+        num_kv_heads=attn.num_kv_heads,
+        head_dim=attn.head_dim,
+        intermediate_size=layers.intermediate_size,
+        eps=layers.eps,
+        scale=layers.scale,
+    )
+    good = list(layers._keep)
+    assert layers_cpu.DecoderLayers(good, **sizes).num_layers == len(good)
+    swapped = [dataclasses.replace(good[0], qkv=good[0].o), *good[1:]]  # o is [H, Q]
+    with pytest.raises(ValueError, match="projection shapes"):
+        layers_cpu.DecoderLayers(swapped, **sizes)
+    short_bias = [dataclasses.replace(good[0], biases=(torch.zeros(3), None, None, None))]
+    with pytest.raises(ValueError, match="bias"):
+        layers_cpu.DecoderLayers(short_bias, **sizes)
