@@ -101,12 +101,19 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
     const int64_t Q = (int64_t)num_heads * head_dim, KV = (int64_t)num_kv_heads * head_dim;
     const int64_t QKV = Q + 2 * KV;
     /* work buffers: normed [T, H], qkv [T, QKV], query and attn [T, Q], proj [T, H],
-     * gate_up [T, 2I], act [T, I] */
-    const size_t floats = (size_t)T * (size_t)(2 * H + QKV + 2 * Q + 3 * inter);
-    float *buf = malloc(sizeof(float) * (floats ? floats : 1));
+     * gate_up [T, 2I], act [T, I]; each 64-byte aligned, as torch's tensors are, so that the
+     * kernels (and MKL's sgemm in the panel path) see the inputs the Python loop hands them */
+    const int64_t sizes[7] = {T * H, T * QKV, T * Q, T * Q, T * H, T * 2 * inter, T * inter};
+    int64_t offsets[7], total = 0;
+    for (int i = 0; i < 7; ++i) {
+        offsets[i] = total;
+        total += (sizes[i] + 15) / 16 * 16;
+    }
+    float *buf = aligned_alloc(64, sizeof(float) * (size_t)(total ? total : 16));
     if (!buf) return LAYERS_E_MEMORY;
-    float *normed = buf, *qkv = normed + T * H, *query = qkv + T * QKV, *attn = query + T * Q;
-    float *proj = attn + T * Q, *gate_up = proj + T * H, *act = gate_up + T * 2 * inter;
+    float *normed = buf + offsets[0], *qkv = buf + offsets[1], *query = buf + offsets[2];
+    float *attn = buf + offsets[3], *proj = buf + offsets[4], *gate_up = buf + offsets[5];
+    float *act = buf + offsets[6];
     int status = 0;
 
     for (int l = 0; l < num_layers && status == 0; ++l) {
@@ -115,10 +122,11 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
 
         pagecli_rms_norm(hidden, NULL, PTR(layer[F_INPUT_NORM]), normed, T, H, H, 0, H, eps, 0,
                          num_threads);
-        if ((status = linear(layer, F_QKV_TYPE, normed, T, H, qkv, QKV, num_threads, timings))) break;
+        if ((status = linear(layer, F_QKV_TYPE, normed, T, H, qkv, QKV, num_threads, timings)))
+            break;
         pagecli_rotary(qkv, qkv + Q, cos, sin, T, num_heads, num_kv_heads, head_dim, QKV, QKV,
                        0);
-        double start = timings ? omp_get_wtime() : 0.0;
+        const double attention_start = timings ? omp_get_wtime() : 0.0;
         if (pagecli_store_kv(qkv + Q, qkv + Q + KV, QKV, QKV, k_cache, v_cache, stride_block,
                              stride_slot, slot_mapping, T, KV, 4, block_size,
                              num_blocks * block_size)) {
@@ -130,16 +138,16 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
             memcpy(query + t * Q, qkv + t * QKV, sizeof(float) * (size_t)Q);
         for (int g = 0; g < num_groups && status == 0; ++g) {
             const int64_t *grp = groups + (int64_t)g * GROUP_FIELDS;
-            const int64_t start = grp[G_TOKEN_START];
+            const int64_t first = grp[G_TOKEN_START];
             const int a = pagecli_paged_attention(
-                attention_isa, 0, query + start * Q, k_cache, v_cache, num_blocks, stride_block,
+                attention_isa, 0, query + first * Q, k_cache, v_cache, num_blocks, stride_block,
                 stride_slot, stride_head, PTR(grp[G_BLOCK_TABLES]), grp[G_TABLE_STRIDE],
-                PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]), attn + start * Q,
+                PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]), attn + first * Q,
                 (int)grp[G_NUM_SEQS], num_heads, num_kv_heads, head_dim, block_size, scale,
                 (int)grp[G_SPLIT_TOKENS], num_threads);
             if (a) status = a == -1 ? LAYERS_E_BLOCK : LAYERS_E_MEMORY;
         }
-        if (timings) timings[1] += omp_get_wtime() - start;
+        if (timings) timings[1] += omp_get_wtime() - attention_start;
         if (status) break;
         if ((status = linear(layer, F_O_TYPE, attn, T, Q, proj, H, num_threads, timings))) break;
         pagecli_rms_norm(hidden, proj, PTR(layer[F_POST_NORM]), normed, T, H, H, H, H, eps, 0,
@@ -148,7 +156,8 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
                              num_threads, timings)))
             break;
         pagecli_silu_mul(gate_up, act, T, inter, 2 * inter, inter, 0, num_threads);
-        if ((status = linear(layer, F_DOWN_TYPE, act, T, inter, proj, H, num_threads, timings))) break;
+        if ((status = linear(layer, F_DOWN_TYPE, act, T, inter, proj, H, num_threads, timings)))
+            break;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (T >= 64)
         for (int64_t i = 0; i < T * H; ++i) hidden[i] += proj[i];
     }

@@ -374,6 +374,9 @@ TARGET_AVX2 static void wide_q8_0_avx2(const void *w, int64_t row_bytes, int64_t
 #define WIDE(name)
 #endif
 
-const struct quant_format FORMAT_Q8_0 = {QT_Q8_0, QK8_0, sizeof(block_q8_0), PATHS(q8_0) WIDE(q8_0)};
-const struct quant_format FORMAT_Q4_0 = {QT_Q4_0, QK4_0, sizeof(block_q4_0), PATHS(q4_0) WIDE(q4_0)};
-const struct quant_format FORMAT_Q4_1 = {QT_Q4_1, QK4_1, sizeof(block_q4_1), PATHS(q4_1) WIDE(q4_1)};
+const struct quant_format FORMAT_Q8_0 = {QT_Q8_0, QK8_0, sizeof(block_q8_0),
+                                         PATHS(q8_0) WIDE(q8_0)};
+const struct quant_format FORMAT_Q4_0 = {QT_Q4_0, QK4_0, sizeof(block_q4_0),
+                                         PATHS(q4_0) WIDE(q4_0)};
+const struct quant_format FORMAT_Q4_1 = {QT_Q4_1, QK4_1, sizeof(block_q4_1),
+                                         PATHS(q4_1) WIDE(q4_1)};
