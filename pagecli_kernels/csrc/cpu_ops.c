@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_entry_points.h"
+
 #define EXACT __attribute__((optimize("fp-contract=off")))
 
 static inline float bf16_load(const uint16_t *p) {

@@ -32,6 +32,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "cpu_entry_points.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif

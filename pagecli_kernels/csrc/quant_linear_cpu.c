@@ -31,6 +31,8 @@
 
 #include "quant_blocks.h"
 
+#include "cpu_entry_points.h"
+
 #if QUANT_X86
 #include <immintrin.h>
 #endif

@@ -1,0 +1,38 @@
+/*
+ * The C entry points of the native library (native.py builds every file of csrc/ into one
+ * library) that other files of it call: declared once here, and included by the files that
+ * define them, so the compiler checks that each declaration matches its definition.
+ */
+#ifndef PAGECLI_CPU_ENTRY_POINTS_H
+#define PAGECLI_CPU_ENTRY_POINTS_H
+
+#include <stdint.h>
+
+/* quant_linear_cpu.c */
+int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
+                         int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);
+
+/* paged_attention_cpu.c */
+int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const void *k_cache,
+                            const void *v_cache, int64_t num_blocks, int64_t stride_block,
+                            int64_t stride_slot, int64_t stride_head, const int32_t *block_tables,
+                            int64_t table_stride, const int32_t *seq_lens,
+                            const int32_t *query_start_loc, float *out, int num_seqs,
+                            int num_heads, int num_kv_heads, int head_dim, int block_size,
+                            float scale, int split_tokens, int num_threads);
+
+/* cpu_ops.c */
+int pagecli_store_kv(const void *key, const void *value, int64_t stride_key, int64_t stride_value,
+                     void *k_cache, void *v_cache, int64_t stride_block, int64_t stride_slot,
+                     const int64_t *slot_mapping, int64_t num_tokens, int64_t row_elems,
+                     int64_t elem_size, int64_t block_size, int64_t num_slots);
+void pagecli_rms_norm(void *x, const void *delta, const void *weight, void *out,
+                      int64_t num_rows, int64_t hidden, int64_t stride_x, int64_t stride_delta,
+                      int64_t stride_out, float eps, int dtype, int num_threads);
+void pagecli_rotary(void *q, void *k, const void *cos, const void *sin, int64_t num_tokens,
+                    int64_t num_q_heads, int64_t num_k_heads, int64_t head_dim,
+                    int64_t stride_q, int64_t stride_k, int dtype);
+void pagecli_silu_mul(const void *gate_up, void *out, int64_t num_rows, int64_t inter,
+                      int64_t stride_in, int64_t stride_out, int dtype, int num_threads);
+
+#endif
