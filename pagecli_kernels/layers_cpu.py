@@ -65,7 +65,7 @@ def _library() -> ctypes.CDLL | None:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
         lib.pagecli_llama_layers.argtypes = [ptr, i32, ptr, i64, i64, i32, i32, i32, i64, f32]
         lib.pagecli_llama_layers.argtypes += [ptr, ptr, ptr, i64, i32, i64, i64, i64, ptr, i32]
-        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr]
+        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, ptr]
         lib.pagecli_llama_layers.restype = i32
         _state["bound"] = True
     return lib
@@ -112,7 +112,11 @@ class DecoderLayers:
         intermediate_size: int,
         eps: float,
         scale: float,
+        final_norm: torch.Tensor | None = None,
+        final_eps: float = 0.0,
     ) -> None:
+        """`final_norm` ([H] float32, with its `final_eps`): the model's last RMSNorm, which
+        each call then also computes into the tensor it returns."""
         lib = _library()
         if lib is None:
             raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
@@ -154,6 +158,13 @@ class DecoderLayers:
                 row += [weight.format.ggml_type, weight.data.data_ptr()]
                 row.append(0 if bias is None else bias.data_ptr())
             rows.append(row + [layer.k_cache.data_ptr(), layer.v_cache.data_ptr()])
+        if final_norm is not None and (
+            final_norm.shape != (hidden,)
+            or final_norm.dtype != torch.float32
+            or final_norm.stride(0) != 1
+        ):
+            raise ValueError(f"the final norm weight must be float32 [{hidden}]")
+        self._final = (final_norm, float(final_eps))
         self._table = torch.tensor(rows, dtype=torch.int64)  # [L, LAYER_FIELDS]
         self._keep = layers  # the table points into these tensors
 
@@ -164,9 +175,10 @@ class DecoderLayers:
         sin: torch.Tensor,
         slot_mapping: torch.Tensor,
         groups: list[AttentionGroup],
-    ) -> None:
+    ) -> torch.Tensor | None:
         """Run every layer over `hidden` [T, H] (float32, contiguous) in place; cos/sin [T, D]
-        float32 contiguous; slot_mapping [T] int64. Checks the step's lengths once."""
+        float32 contiguous; slot_mapping [T] int64. Checks the step's lengths once. Returns
+        the final norm of the result ([T, H]) when bound with `final_norm`, else None."""
         num_tokens, hidden_size = hidden.shape
         rope_shape = (num_tokens, self.head_dim)
         if (
@@ -216,6 +228,8 @@ class DecoderLayers:
             )
             keep += [tables, seq_lens, starts]
         table = torch.tensor(rows, dtype=torch.int64)  # [G, GROUP_FIELDS]
+        final_norm, final_eps = self._final
+        normed = None if final_norm is None else torch.empty_like(hidden)  # [T, H]
         status = self._fn(
             self._table.data_ptr(),
             self.num_layers,
@@ -240,9 +254,13 @@ class DecoderLayers:
             self.scale,
             native.ISAS.index(native.isa()),
             threads,
+            None if final_norm is None else final_norm.data_ptr(),
+            final_eps,
+            None if normed is None else normed.data_ptr(),
             None if _timings["buffer"] is None else _timings["buffer"].data_ptr(),
         )
         if status == -2:
             raise MemoryError("decoder layers: out of memory for the work buffers")
         if status:
             raise ValueError(f"decoder layers: {_ERRORS.get(status, f'status {status}')}")
+        return normed

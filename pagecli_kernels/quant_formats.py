@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagecli_kernels import host_memory
+
 
 @dataclass(frozen=True)
 class QuantFormat:
@@ -99,4 +101,9 @@ def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
         raise ValueError("concat_rows needs one format and one column count")
     if len(parts) == 1:
         return first
-    return QuantWeight(first.format, torch.cat([p.data for p in parts]), first.cols)
+    datas = [p.data for p in parts]
+    if all(d.device.type == "cpu" for d in datas):  # streamed every step: on huge pages
+        shape = (sum(d.shape[0] for d in datas), datas[0].shape[1])
+        out = host_memory.empty(shape[0] * shape[1]).view(shape)
+        return QuantWeight(first.format, torch.cat(datas, out=out), first.cols)
+    return QuantWeight(first.format, torch.cat(datas), first.cols)

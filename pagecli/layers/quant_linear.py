@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagecli_kernels import quant_cpu
+from pagecli_kernels import host_memory, quant_cpu
 from pagecli_kernels.quant_formats import QuantWeight, concat_rows
 
 Part = QuantWeight | torch.Tensor  # a float part ([rows, cols]) where the file had F32/F16
@@ -111,9 +111,10 @@ class QuantLinear(nn.Module):
 
 
 def _owned(part: Part) -> Part:
-    if isinstance(part, QuantWeight):
-        return QuantWeight(part.format, part.data.clone(), part.cols)
-    return part.clone()
+    """A copy of the part in memory of its own: on the CPU, on huge pages (host_memory)."""
+    data = part.data if isinstance(part, QuantWeight) else part
+    data = host_memory.copy(data) if data.device.type == "cpu" else data.clone()
+    return QuantWeight(part.format, data, part.cols) if isinstance(part, QuantWeight) else data
 
 
 def _part_linear(x2d: torch.Tensor, part: Part, out: torch.Tensor | None) -> torch.Tensor:

@@ -21,7 +21,7 @@ from pagecli.layers.linear import PackedLinear, pack_linears
 from pagecli.layers.norm import RMSNorm
 from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
-from pagecli_kernels import fused_cpu, layers_cpu, quant_cpu
+from pagecli_kernels import fused_cpu, host_memory, layers_cpu, quant_cpu
 from pagecli_kernels.quant_formats import F32, float_rows
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
@@ -131,7 +131,8 @@ class LlamaForCausalLM(nn.Module):
         self.float_head: quant_cpu.PreparedLinear | None = None  # set by pack_weights()
         # the decoder layers bound for one native call (CPU, quantized), rebuilt when the
         # caches or attention implementations change; see native_layers()
-        self._native: tuple[tuple, layers_cpu.DecoderLayers | None] = ((), None)
+        self._native: tuple[list, layers_cpu.DecoderLayers | None] = ([], None)
+        self._attention: list[PagedAttention] | None = None  # attention_layers, kept
 
     @property
     def attention_layers(self) -> list[PagedAttention]:
@@ -144,8 +145,8 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary(positions)  # (cos, sin), [T, 1, D] each
         native = self.native_layers(hidden, rope)
         if native is not None:  # the same kernels as the loop below, in one call
-            native(hidden, rope[0][:, 0], rope[1][:, 0], meta.slot_mapping, _groups(meta))
-            return self.norm(hidden)
+            normed = native(hidden, rope[0][:, 0], rope[1][:, 0], meta.slot_mapping, _groups(meta))
+            return normed if normed is not None else self.norm(hidden)  # the last norm in C too
         for layer in self.layers:
             hidden = layer(rope, hidden, meta)
         return self.norm(hidden)
@@ -164,9 +165,9 @@ class LlamaForCausalLM(nn.Module):
             or not layers_cpu.enabled()
         ):
             return None
-        key = tuple(
-            (id(attn.k_cache), id(attn.v_cache), attn.impl) for attn in self.attention_layers
-        )
+        if self._attention is None:  # the layers never change; their caches and impl may
+            self._attention = self.attention_layers
+        key = [(id(a.k_cache), id(a.v_cache), a.impl) for a in self._attention]
         if key != self._native[0]:
             self._native = (key, self._bind_native_layers())
         return self._native[1]
@@ -194,6 +195,8 @@ class LlamaForCausalLM(nn.Module):
                 layers_cpu.LayerWeights(*(w.data for w in norms), *weights, *caches, biases)
             )
         attn = self.layers[0].self_attn
+        final = self.norm.weight.data
+        final = final if final.dtype == torch.float32 and final.is_contiguous() else None
         try:
             return layers_cpu.DecoderLayers(
                 bound,
@@ -203,6 +206,8 @@ class LlamaForCausalLM(nn.Module):
                 intermediate_size=self.layers[0].mlp.intermediate_size,
                 eps=self.layers[0].input_layernorm.eps,
                 scale=attn.attn.scale,
+                final_norm=final,
+                final_eps=self.norm.eps,
             )
         except ValueError:  # caches of different layouts, odd biases: the loop handles them
             return None
@@ -232,6 +237,7 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None and isinstance(self.embed_tokens, nn.Embedding):
             table = self.embed_tokens.weight
             if native and hidden % F32.block_values == 0 and table.dtype == torch.float32:
+                table.data = host_memory.copy(table.data)  # streamed every step: huge pages
                 self.float_head = quant_cpu.PreparedLinear(float_rows(table.data))
             else:
                 self.packed_head = PackedLinear(table, None)

@@ -24,6 +24,8 @@
  *            block_tables (int32 [num_seqs, table_stride]), table_stride, seq_lens (int32),
  *            query_start_loc (int32 [num_seqs + 1], from 0 within the group), split_tokens
  *   caches   [num_blocks, block_size, KVH, D] float32, K and V with the same strides
+ *   final_norm NULL, or [H] float32: then also final_out [T, H] = rms_norm(hidden; final_norm,
+ *            final_eps), the model's last norm (the kernel and arguments of the Python RMSNorm)
  *   timings  NULL, or [2] float64 seconds to add to: inside the projections, inside K/V stores
  *            and attention (benchmarks/step_floor.py: what is left is glue and small ops)
  * Returns 0, or LAYERS_E_* (the failing layer is not reported: every layer has the same
@@ -76,7 +78,8 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
                          const int64_t *slot_mapping, int64_t num_blocks, int block_size,
                          int64_t stride_block, int64_t stride_slot, int64_t stride_head,
                          const int64_t *groups, int num_groups, float scale, int attention_isa,
-                         int num_threads, double *timings) {
+                         int num_threads, const float *final_norm, float final_eps,
+                         float *final_out, double *timings) {
     const int64_t Q = (int64_t)num_heads * head_dim, KV = (int64_t)num_kv_heads * head_dim;
     const int64_t QKV = Q + 2 * KV;
     /* work buffers: normed [T, H], qkv [T, QKV], query and attn [T, Q], proj [T, H],
@@ -140,6 +143,9 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, i
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (T >= 64)
         for (int64_t i = 0; i < T * H; ++i) hidden[i] += proj[i];
     }
+    if (status == 0 && final_norm)
+        pagecli_rms_norm(hidden, NULL, final_norm, final_out, T, H, H, 0, H, final_eps, 0,
+                         num_threads);
     free(buf);
     return status;
 }

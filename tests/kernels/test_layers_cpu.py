@@ -125,8 +125,10 @@ def test_bad_slots_and_block_ids_are_errors(tiny_ggufs):
         tables = torch.tensor([[block]], dtype=torch.int32)
         return [layers_cpu.AttentionGroup(0, 1, tables, torch.tensor([1], dtype=torch.int32), None)]
 
-    layers(hidden, cos, sin, torch.tensor([0]), group(0))  # a valid step runs
+    normed = layers(hidden, cos, sin, torch.tensor([0]), group(0))  # a valid step runs
     assert torch.isfinite(hidden).all()
+    # the model's last norm, computed in the same call: the Python RMSNorm's bits
+    assert torch.equal(normed, llm.engine.runner.model.norm(hidden))
     with pytest.raises(ValueError, match="slot"):
         layers(hidden, cos, sin, torch.tensor([16 * 4]), group(0))
     with pytest.raises(ValueError, match="block id"):
@@ -167,3 +169,6 @@ def test_the_binding_checks_every_size_the_c_loop_reads(tiny_ggufs):
     short_bias = [dataclasses.replace(good[0], biases=(torch.zeros(3), None, None, None))]
     with pytest.raises(ValueError, match="bias"):
         layers_cpu.DecoderLayers(short_bias, **sizes)
+    assert layers_cpu.DecoderLayers(good, **sizes)._final[0] is None  # no last norm: None back
+    with pytest.raises(ValueError, match="final norm"):
+        layers_cpu.DecoderLayers(good, **sizes, final_norm=torch.ones(3), final_eps=1e-5)
