@@ -4,12 +4,13 @@
  * quant_k.c) or float32 rows taken as blocks (quant_f32.c).
  *
  * Two paths, chosen by the number of input rows m:
- *   - m <= FUSED_MAX_ROWS (decode): each thread takes a contiguous range of W's output rows and
- *     streams them once. For m == 1, a format's wide kernel (where it has one for the path)
- *     takes WIDE_ROWS rows of W at a time, with software prefetch; the last rows, and every
- *     other m, go row by row. Where the format has a register-fused row kernel for the path
- *     (AVX-512: quant_q4_q8.c, quant_k.c), a row is dequantized in registers and dotted with
- *     up to ROWS_MAX input rows at a time; otherwise a chunk of the row is dequantized into an
+ *   - m <= FUSED_MAX_ROWS (decode): each thread takes contiguous ranges of W's output rows
+ *     (one range each; for m == 1, guided chunks) and streams them once. For m == 1, a
+ *     format's wide kernel (where it has one for the path) takes WIDE_ROWS rows of W at a
+ *     time, with software prefetch; the last rows, and every other m, go row by row. Where
+ *     the format has a register-fused row kernel for the path (AVX-512: quant_q4_q8.c,
+ *     quant_k.c), a row is dequantized in registers and dotted with up to ROWS_MAX input
+ *     rows at a time; otherwise a chunk of the row is dequantized into an
  *     L1 buffer and dotted with the m input rows. Decode is bound by the bytes of W read, so W
  *     is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
@@ -166,7 +167,9 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const wide_fn wide = f->wide[isa];
     if (wide && m == 1 && n >= WIDE_ROWS) {
         const int64_t groups = n / WIDE_ROWS;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+        /* guided: the threads rarely finish a static half at once (one of them also ran the
+         * Python step, or shares its core); the shrinking chunks even out the end */
+#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
         for (int64_t g = 0; g < groups; g++)
             wide(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks_per_row, x, y + g * WIDE_ROWS);
         const int64_t done = groups * WIDE_ROWS;
