@@ -50,6 +50,8 @@ def _new_chunk(nbytes: int) -> torch.Tensor | None:
 def empty(nbytes: int) -> torch.Tensor:
     """An uninitialized uint8 tensor of `nbytes`, 64-byte aligned, on huge pages where the OS
     gives them."""
+    if nbytes <= 0:
+        return torch.empty(0, dtype=torch.uint8)
     padded = -(-nbytes // ALIGN) * ALIGN
     with _lock:
         buffer, used = _chunk["buffer"], _chunk["used"]

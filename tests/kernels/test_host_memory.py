@@ -35,6 +35,13 @@ def test_allocations_are_aligned_disjoint_and_hold_their_bytes():
     assert all(bool((t == i).all()) for i, t in enumerate(tensors))
 
 
+def test_an_empty_request_takes_no_chunk(monkeypatch):
+    monkeypatch.setattr(host_memory, "_chunk", {"buffer": None, "used": 0})
+    assert host_memory.empty(0).numel() == 0
+    assert host_memory._chunk["buffer"] is None
+    assert host_memory.copy(torch.zeros(0, 576)).shape == (0, 576)
+
+
 def test_copy_keeps_dtype_shape_and_values():
     x = torch.randn(37, 96)
     y = host_memory.copy(x[:, :64])  # a non-contiguous source
