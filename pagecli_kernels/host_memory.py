@@ -9,7 +9,8 @@ Linux backs an anonymous private mapping with huge pages when the range is 2 MiB
 marked MADV_HUGEPAGE (transparent_hugepage set to `madvise` or `always`). A layer's weights
 are far smaller than 2 MiB, so they are carved, 64-byte aligned, out of shared chunks of at
 least CHUNK_BYTES; a chunk is unmapped when the last tensor in it is freed (each tensor holds
-its chunk's buffer). Where the OS has no madvise (or the mapping fails), `empty` returns
+its chunk's buffer; the chunk still being carved is held here too, so at most one chunk
+outlives its tensors). Where the OS has no madvise (or the mapping fails), `empty` returns
 ordinary torch memory: the kernels work the same, on small pages.
 """
 
