@@ -138,10 +138,15 @@ def choose_cpu_dtype(flags: set[str] | None = None, probe=None) -> DTypeChoice:
     )
 
 
-def choose_dtype(dtype: str, device: torch.device) -> DTypeChoice:
-    """The engine's dtype for `--dtype` (auto, float32, bfloat16, float16) on `device`."""
+def choose_dtype(dtype: str, device: torch.device, quantized: bool = False) -> DTypeChoice:
+    """The engine's dtype for `--dtype` (auto, float32, bfloat16, float16) on `device`;
+    `quantized`: the weights stay in block formats (pagecli.loader.weight_plan.quantizes)."""
     if dtype != "auto":
         return DTypeChoice(getattr(torch, dtype), f"{dtype}, as asked (--dtype)")
     if device.type == "cuda":
         return DTypeChoice(torch.bfloat16, "auto: bfloat16 on CUDA")
+    if quantized:
+        return DTypeChoice(
+            torch.float32, "auto: float32, the quantized weights' kernels compute in float32"
+        )
     return choose_cpu_dtype()

@@ -15,6 +15,7 @@ from pagecli.engine.scheduler import Scheduler
 from pagecli.engine.sequence import FinishReason, Sequence
 from pagecli.engine.stats import EngineStats, StepTimer
 from pagecli.loader.resolve import ModelLoadError, resolve_model
+from pagecli.loader.weight_plan import quantizes
 from pagecli.loader.weights import load_hf_config
 from pagecli.models.registry import model_class
 from pagecli.outputs import CompletionOutput, RequestOutput
@@ -56,7 +57,8 @@ class LLMEngine:
         self.hf_config = load_hf_config(self.source)
         model_class(self.hf_config)  # an unsupported architecture fails before any loading
         self.device = resolve_device(config.device)
-        self.dtype_choice = choose_dtype(config.dtype, self.device)  # the dtype and why
+        quantized = quantizes(self.source, config.quantization, self.device, config.load_format)
+        self.dtype_choice = choose_dtype(config.dtype, self.device, quantized)  # and why
         self.dtype = self.dtype_choice.dtype
         self.max_model_len = self._max_model_len()
         self.tokenizer = (

@@ -46,6 +46,18 @@ def _kernels_reason() -> str | None:
     return quant_cpu.unavailable_reason()
 
 
+def quantizes(
+    source: ModelSource, quantization: str, device: torch.device, load_format: str = "auto"
+) -> bool:
+    """Whether `plan_weights` will keep or make block-format weights (and so float32
+    activations for `--dtype auto`). Quiet: the warnings and errors are plan_weights'."""
+    if load_format == "dummy" or not source.has_weights or device.type != "cpu":
+        return False
+    if quantization in ("q8_0", "q4_k"):
+        return True
+    return quantization == "auto" and source.gguf_file is not None and _kernels_reason() is None
+
+
 def plan_weights(
     source: ModelSource, quantization: str, device: torch.device, dtype: torch.dtype
 ) -> WeightPlan:

@@ -65,3 +65,43 @@ def test_probe_is_sub_second_and_cached_per_machine(tmp_path, monkeypatch):
     assert (tmp_path / "cpu_dtype_probe.json").is_file()
     assert dtype_choice.cached_probe({"avx512_bf16"}, probe) == 2.5  # other flags: new key
     assert len(calls) == 2
+
+
+def test_quantized_weights_mean_float32_without_probing(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("quantized weights must not probe bfloat16")
+
+    monkeypatch.setattr(dtype_choice, "choose_cpu_dtype", refuse)
+    choice = choose_dtype("auto", torch.device("cpu"), quantized=True)
+    assert choice.dtype == torch.float32 and "quantized" in choice.reason
+    # asked for, bfloat16 stays bfloat16; CUDA dequantizes, so it keeps its own default
+    assert choose_dtype("bfloat16", torch.device("cpu"), quantized=True).dtype == torch.bfloat16
+    assert choose_dtype("auto", torch.device("cuda"), quantized=True).dtype == torch.bfloat16
+
+
+def test_quantizes_agrees_with_the_weight_plan(tiny_models):
+    from pagecli.loader.resolve import resolve_model
+    from pagecli.loader.weight_plan import plan_weights, quantizes
+
+    cpu = torch.device("cpu")
+    cases = [
+        (resolve_model(None), "auto"),  # the default GGUF: its own blocks
+        (resolve_model(None), "none"),
+        (resolve_model(str(tiny_models["llama3"])), "auto"),  # safetensors, as stored
+        (resolve_model(str(tiny_models["llama3"])), "q8_0"),
+        (resolve_model(str(tiny_models["llama3"])), "q4_k"),
+    ]
+    for source, mode in cases:
+        expected = plan_weights(source, mode, cpu, torch.float32).mode != "none"
+        assert quantizes(source, mode, cpu) is expected, (source.name, mode)
+    assert quantizes(resolve_model(None), "auto", cpu) is True  # the kernels are built here
+    assert quantizes(resolve_model(None), "auto", cpu, load_format="dummy") is False
+    assert quantizes(resolve_model(None), "auto", torch.device("cuda")) is False
+
+
+def test_the_default_model_runs_in_float32_under_auto():
+    from pagecli import LLM
+
+    engine = LLM(num_kv_blocks=16).engine
+    assert engine.dtype == torch.float32
+    assert engine.dtype_choice.reason.startswith("auto: float32, the quantized weights")
