@@ -62,7 +62,7 @@ def test_gguf_parity(tiny_ggufs, kind):
 
 
 def test_quantization_none_dequantizes(tiny_ggufs):
-    llm = LLM(str(tiny_ggufs["q4_k"]), quantization="none", num_kv_blocks=64)
+    llm = LLM(str(tiny_ggufs["q4_k"]), quantization="none", dtype="float32", num_kv_blocks=64)
     formats = llm.engine.runner.model.weight_formats
     assert formats["embed_tokens"] == ["float32"]
     assert formats["o_proj"] == ["float32"]

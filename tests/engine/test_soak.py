@@ -74,7 +74,12 @@ def alone(soak_model):
     """An engine with room to spare that runs one request at a time: the reference."""
     engine = LLMEngine(
         EngineConfig(
-            model=soak_model, block_size=BLOCK_SIZE, num_kv_blocks=512, num_threads=1, seed=1
+            model=soak_model,
+            block_size=BLOCK_SIZE,
+            num_kv_blocks=512,
+            dtype="float32",  # the soak's dtype
+            num_threads=1,
+            seed=1,
         )
     )
 
@@ -130,6 +135,7 @@ def soak(model: str, mode: str, num_requests: int, seed: int) -> SoakResult:
         max_num_batched_tokens=64,
         max_model_len=256,
         preemption_mode=mode,
+        dtype="float32",  # BLOCK_BYTES; `auto` is bfloat16 on a CPU with native bfloat16
         num_threads=1,  # ops this small only pay for threads, more so on a loaded machine
         swap_space=NUM_SWAP_BLOCKS * BLOCK_BYTES / 2**30 if mode == "swap" else 0,
         seed=seed,
