@@ -108,6 +108,7 @@ class Timers:
         for name in ("store_kv", "paged_decode_attention", "paged_prefill_attention"):
             self._wrap(pagecli_kernels, name, "attention")
         self._wrap(linear_module.PackedLinear, "forward", "matmul")
+        self._wrap(linear_module.BF16Linear, "forward", "matmul")
         self._wrap(torch.nn.Linear, "forward", "matmul")
         self._wrap(quant_module.QuantLinear, "forward", "matmul")
         self._wrap(quant_module.QuantEmbedding, "as_linear", "matmul")  # the tied head

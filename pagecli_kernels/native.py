@@ -45,6 +45,7 @@ EXTRA_SOURCES = [
         "quant_q4_q8.c",
         "quant_k.c",
         "quant_f32.c",
+        "quant_bf16.c",
         "llama_layers_cpu.c",
     )
 ]

@@ -45,6 +45,10 @@ BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 # run the same CPU kernels and one-call layers as block formats. Not a GGUF block format (not
 # in FORMATS): a file's F32 tensors load as plain float tensors.
 F32 = QuantFormat("float32", 0, 32, 128)
+# bfloat16 rows the same way (csrc/quant_bf16.c, 64-byte "blocks"): a bfloat16 model's decode
+# products on the CPU. Not in FORMATS either.
+BF16 = QuantFormat("bfloat16", 30, 32, 64)
+_ROW_FORMATS = {torch.float32: F32, torch.bfloat16: BF16}
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,16 @@ class QuantWeight:
 
 
 def float_rows(weight: torch.Tensor) -> QuantWeight:
-    """A contiguous float32 `[rows, cols]` matrix as an F32 `QuantWeight`: a view of the same
-    memory, no copy (cols a multiple of 32)."""
-    if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
-        raise ValueError(f"float_rows takes a contiguous 2-D float32 tensor, got {weight.dtype}")
+    """A contiguous float32 or bfloat16 `[rows, cols]` matrix as an F32 or BF16 `QuantWeight`:
+    a view of the same memory, no copy (cols a multiple of 32)."""
+    fmt = _ROW_FORMATS.get(weight.dtype)
+    if fmt is None or weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(
+            f"float_rows takes a contiguous 2-D float32 or bfloat16 tensor, got {weight.dtype}"
+        )
     rows, cols = weight.shape
-    return QuantWeight(F32, weight.view(torch.uint8).view(rows, cols * 4), cols)
+    size = weight.element_size()
+    return QuantWeight(fmt, weight.view(torch.uint8).view(rows, cols * size), cols)
 
 
 def concat_rows(parts: list[QuantWeight]) -> QuantWeight:

@@ -9,7 +9,7 @@ import torch
 from pagecli.config import EngineConfig
 from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
 from pagecli.layers.attention import AttentionMetadata
-from pagecli.layers.linear import packing_supported
+from pagecli.layers.linear import bf16_rows_supported, packing_supported
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
 from pagecli.loader.weight_plan import plan_weights
@@ -188,6 +188,8 @@ class ModelRunner:
                 model.load_weights(plan.weights())
         if packing_supported(self.dtype, self.device):
             model.pack_weights()
+        elif bf16_rows_supported(self.dtype, self.device):
+            model.use_bf16_rows()
         if self.device.type == "cpu":
             import gc
 

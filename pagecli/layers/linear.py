@@ -18,7 +18,11 @@ from `F.linear` by float32 rounding only (`tests/unit/test_linear.py` bounds it)
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from pagecli_kernels import host_memory, quant_cpu
+from pagecli_kernels.quant_formats import float_rows
 
 BATCH_HINT = 64  # rows the packed layout is tuned for; measured best for decode batches
 
@@ -65,3 +69,60 @@ def pack_linears(module: nn.Module) -> int:
         else:
             count += pack_linears(child)
     return count
+
+
+def bf16_rows_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether bfloat16 linear layers on `device` can take `BF16Linear`'s row kernels."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and quant_cpu.library() is not None
+
+
+class BF16Linear(nn.Module):
+    """A bfloat16 `y = x @ weight.T + bias` for the CPU whose decode products take the native
+    row kernels (pagecli_kernels/quant_formats.BF16, a view of the same weight, no copy).
+
+    torch's bfloat16 product of one or two rows read the weights at a third of the machine's
+    bandwidth (Zen 4 with AVX512_BF16, 2 threads); the row kernels widen each bfloat16 weight
+    to float32 in registers and sum in float32, as oneDNN's bfloat16 GEMM does, so the result
+    differs from `F.linear` in summation order only before the output is rounded to
+    bfloat16. From `SMALL_ROWS + 1` rows on, torch's GEMM (on the CPU's native bfloat16 dot
+    products) is as fast or faster (benchmarks/RESULTS.md) and takes over."""
+
+    SMALL_ROWS = 2
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+            raise ValueError(f"BF16Linear takes a bfloat16 CPU weight, got {weight.dtype}")
+        self.out_features, self.in_features = weight.shape
+        # streamed whole by every decode step: on huge pages where the OS has them
+        self.weight = nn.Parameter(host_memory.copy(weight.contiguous()), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self._bias32 = None if bias is None else bias.detach().float()
+        self._rows = quant_cpu.PreparedLinear(float_rows(self.weight.data))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)  # [M, K]
+        if x2d.shape[0] > self.SMALL_ROWS or x.dtype != torch.bfloat16:
+            return F.linear(x, self.weight, self.bias)
+        out = self._rows(x2d.float())  # [M, N] float32 sums
+        if self._bias32 is not None:
+            out += self._bias32
+        return out.to(torch.bfloat16).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16"
+
+
+def use_bf16_rows(module: nn.Module) -> None:
+    """Replace every bfloat16 CPU `nn.Linear` below `module` whose columns are whole 32-value
+    blocks by a `BF16Linear` over the same weight."""
+    for name, child in list(module.named_children()):
+        if (
+            type(child) is nn.Linear
+            and child.weight.dtype == torch.bfloat16
+            and child.weight.device.type == "cpu"
+            and child.in_features % 32 == 0
+        ):
+            setattr(module, name, BF16Linear(child.weight.data, child.bias))
+        else:
+            use_bf16_rows(child)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli.layers.attention import AttentionMetadata, PagedAttention
-from pagecli.layers.linear import PackedLinear, pack_linears
+from pagecli.layers.linear import BF16Linear, PackedLinear, pack_linears, use_bf16_rows
 from pagecli.layers.norm import RMSNorm
 from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
@@ -129,6 +129,8 @@ class LlamaForCausalLM(nn.Module):
         self.packed_head: PackedLinear | None = None  # set by pack_weights()
         # the tied output projection over the embedding's own float32 rows (native kernels)
         self.float_head: quant_cpu.PreparedLinear | None = None  # set by pack_weights()
+        # the same over bfloat16 rows, for decode-sized batches (set by use_bf16_rows())
+        self.bf16_head: quant_cpu.PreparedLinear | None = None
         # the decoder layers bound for one native call (CPU, quantized), rebuilt when the
         # caches or attention implementations change; see native_layers()
         self._native: tuple[list, layers_cpu.DecoderLayers | None] = ([], None)
@@ -216,6 +218,12 @@ class LlamaForCausalLM(nn.Module):
         """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
         if self.float_head is not None and hidden.dtype == torch.float32:
             return self.float_head(hidden.contiguous())
+        if (
+            self.bf16_head is not None
+            and hidden.dtype == torch.bfloat16
+            and hidden.shape[0] <= BF16Linear.SMALL_ROWS
+        ):  # rounded to bfloat16 first, as the bfloat16 product below returns them
+            return self.bf16_head(hidden.float()).to(torch.bfloat16).float()
         if self.packed_head is not None:
             return self.packed_head(hidden).float()
         if self.lm_head is not None:
@@ -244,6 +252,22 @@ class LlamaForCausalLM(nn.Module):
         if native:
             _float_rows_linears(self)
         pack_linears(self)
+
+    def use_bf16_rows(self) -> None:
+        """Prepare bfloat16 projections for the CPU with the native kernels, once after
+        loading: each becomes a `BF16Linear` (decode-sized products on the row kernels, larger
+        ones on torch's GEMM), and a tied output projection reads the embedding's rows the
+        same way, in place."""
+        use_bf16_rows(self)  # an untied head included
+        table = self.embed_tokens.weight if isinstance(self.embed_tokens, nn.Embedding) else None
+        if (
+            self.lm_head is None
+            and table is not None
+            and table.dtype == torch.bfloat16
+            and table.shape[1] % 32 == 0
+        ):
+            table.data = host_memory.copy(table.data)  # streamed every step: huge pages
+            self.bf16_head = quant_cpu.PreparedLinear(float_rows(table.data))
 
     def use_quantized(self, names: set[str]) -> None:
         """Give the checkpoint tensors `names` (transformers' names) that arrive as

@@ -136,7 +136,9 @@ static inline float exp_nonpositive(float x) {
 }
 
 #define ROW static inline __attribute__((always_inline))
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+/* x86-64-v4 (AVX-512 F, BW, DQ, VL), not plain avx512f: without BW and VL, GCC 12 left the
+ * bfloat16 rows of SiLU x up scalar, 12x slower than with them (Zen 4, 64 rows) */
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 ROW void rms_row(void *x, const void *delta, const void *weight, void *out, int64_t hidden,
                  float eps, const int dtype) {

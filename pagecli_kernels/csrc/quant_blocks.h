@@ -69,6 +69,7 @@ enum quant_type {
     QT_Q4_K = 12,
     QT_Q5_K = 13,
     QT_Q6_K = 14,
+    QT_BF16 = 30, /* bfloat16 rows taken as 32-value blocks (quant_bf16.c) */
 };
 
 /* Instruction-set paths; a higher one needs a CPU that has the lower ones' features. */
@@ -165,7 +166,8 @@ struct quant_format {
 /* Defined in quant_q4_q8.c and quant_k.c. */
 extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1;
 extern const struct quant_format FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K;
-extern const struct quant_format FORMAT_F32; /* quant_f32.c */
+extern const struct quant_format FORMAT_F32;  /* quant_f32.c */
+extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define QUANT_X86 1

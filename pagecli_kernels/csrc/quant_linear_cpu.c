@@ -95,6 +95,7 @@ void pagecli_quant_set_blas(void *sgemm, void *set_threads_local) {
 static const struct quant_format *format_of(int type) {
     switch (type) {
     case QT_F32: return &FORMAT_F32;
+    case QT_BF16: return &FORMAT_BF16;
     case QT_Q8_0: return &FORMAT_Q8_0;
     case QT_Q4_0: return &FORMAT_Q4_0;
     case QT_Q4_1: return &FORMAT_Q4_1;

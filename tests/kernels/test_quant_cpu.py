@@ -126,30 +126,40 @@ def test_many_rows_without_blas_take_the_fused_path(isa, fmt):
 
 # float32 rows through the same drivers (quant_formats.F32): float weights of safetensors
 # checkpoints take these kernels on the CPU. Exact weights, so only the summation differs.
-TOLERANCES["float32"] = 2e-6
+# bfloat16 rows (quant_formats.BF16) likewise: widening a bfloat16 to float32 is exact.
+TOLERANCES["float32"] = TOLERANCES["bfloat16"] = 2e-6
+FLOAT_DTYPES = [torch.float32, torch.bfloat16]
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
-def test_float_rows_match_float64(isa, rows):
-    dense = torch.randn(37, 736, generator=torch.Generator().manual_seed(rows))
+def test_float_rows_match_float64(isa, rows, dtype):
+    dense = torch.randn(37, 736, generator=torch.Generator().manual_seed(rows)).to(dtype)
     weight = float_rows(dense)
+    assert weight.format.name == str(dtype).removeprefix("torch.")
     assert weight.data.data_ptr() == dense.data_ptr()  # a view, no copy
     x = torch.randn(rows, 736, generator=torch.Generator().manual_seed(rows + 1))
-    assert_within(quant_cpu.quant_linear(x, weight), x, weight, "float32")
-    assert torch.equal(quant_cpu.dequantize(weight), dense)
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, weight.format.name)
+    assert torch.equal(quant_cpu.dequantize(weight), dense.float())
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 64])
-def test_float_rows_strided_input_rows(isa, rows):
-    weight = float_rows(torch.randn(45, 736, generator=torch.Generator().manual_seed(5)))
+def test_float_rows_strided_input_rows(isa, rows, dtype):
+    dense = torch.randn(45, 736, generator=torch.Generator().manual_seed(5)).to(dtype)
+    weight = float_rows(dense)
     wide = torch.randn(2 * rows, 776, generator=torch.Generator().manual_seed(6))
     x = wide[::2, 8:744]
-    assert_within(quant_cpu.quant_linear(x, weight), x, weight, "float32")
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, weight.format.name)
 
 
 def test_float_rows_need_whole_blocks():
     with pytest.raises(ValueError, match="whole"):
         float_rows(torch.zeros(4, 40))
+    with pytest.raises(ValueError, match="whole"):
+        float_rows(torch.zeros(4, 40, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        float_rows(torch.zeros(4, 64, dtype=torch.float16))
 
 
 def test_output_into_a_column_slice():
