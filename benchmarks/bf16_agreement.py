@@ -96,6 +96,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--skip-float32", action="store_true", help="no pagecli-float32 row")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        help="none (default): the GGUF dequantized, so pagecli's bfloat16 weights are "
+        "transformers' bfloat16 weights; auto: the file's blocks (activations in --dtype)",
+    )
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -118,7 +124,14 @@ def main() -> None:
     del hf16
     for dtype in ["bfloat16"] + ([] if args.skip_float32 else ["float32"]):
         note(f"pagecli {dtype}")
-        llm = LLM(None, dtype=dtype, num_threads=args.threads, block_size=16, num_kv_blocks=64)
+        llm = LLM(
+            None,
+            dtype=dtype,
+            quantization=args.quantization,
+            num_threads=args.threads,
+            block_size=16,
+            num_kv_blocks=64,
+        )
         preds = [pagecli_predictions(llm, p, r) for p, r in zip(prompts, references)]
         rows.append((f"pagecli {dtype}", preds))
         del llm
