@@ -6,6 +6,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -40,6 +41,13 @@ def run(args: list[str], stdin: bytes = b"", timeout: float = TIMEOUT_S):
     )
 
 
+def _default_sigint() -> None:
+    # A test runner started in the background (`cmd &` without job control) ignores SIGINT,
+    # and a child inherits that: pagecli then rightly keeps ignoring Ctrl-C until its own
+    # handlers are installed. The tests play a user at a terminal, where Ctrl-C is live.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(
         PAGECLI + args,
@@ -47,6 +55,7 @@ def start(args: list[str], **kw) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env(),
+        preexec_fn=_default_sigint,
         **kw,
     )
 
