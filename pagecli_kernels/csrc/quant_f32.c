@@ -18,13 +18,6 @@ static void dequant_f32(const void *blocks, float *out, int64_t num_blocks) {
 
 #if QUANT_X86
 
-#define F32_PREFETCH_BYTES 6144 /* as the 4- and 8-bit wide kernels (quant_q4_q8.c) */
-
-static inline int64_t f32_prefetch_distance(int64_t row_bytes) {
-    const int64_t group = WIDE_ROWS * row_bytes;
-    return (F32_PREFETCH_BYTES + group - 1) / group * group;
-}
-
 ROWS_KERNEL(rows_f32_avx512) {
     const float *w = row;
     ROWS_BEGIN
@@ -38,7 +31,7 @@ ROWS_DISPATCH(rows_f32_avx512)
 
 TARGET_AVX512 static void wide_f32_avx512(const void *w, int64_t row_bytes, int64_t nb,
                                           const float *x, float *out) {
-    const int64_t ahead = f32_prefetch_distance(row_bytes);
+    const int64_t ahead = wide_prefetch_distance(row_bytes);
     __m512 acc[WIDE_ROWS][2];
     for (int r = 0; r < WIDE_ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nb; j++) {
@@ -57,7 +50,7 @@ TARGET_AVX512 static void wide_f32_avx512(const void *w, int64_t row_bytes, int6
 
 TARGET_AVX2 static void wide_f32_avx2(const void *w, int64_t row_bytes, int64_t nb,
                                       const float *x, float *out) {
-    const int64_t ahead = f32_prefetch_distance(row_bytes);
+    const int64_t ahead = wide_prefetch_distance(row_bytes);
     __m256 acc[WIDE_ROWS][2];
     for (int r = 0; r < WIDE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t j = 0; j < nb; j++) {
@@ -70,12 +63,7 @@ TARGET_AVX2 static void wide_f32_avx2(const void *w, int64_t row_bytes, int64_t 
                                                 _mm256_loadu_ps(x + 32 * j + 8 * k), acc[r][k & 1]);
         }
     }
-    for (int r = 0; r < WIDE_ROWS; r++) {
-        const __m256 s = _mm256_add_ps(acc[r][0], acc[r][1]);
-        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        out[r] = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-    }
+    for (int r = 0; r < WIDE_ROWS; r++) out[r] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
 const struct quant_format FORMAT_F32 = {QT_F32,

@@ -209,15 +209,7 @@ ROWS_DISPATCH(rows_q4_1_avx512)
  * Batch-1 decode: four rows at a time, so that eight FMA chains run side by side, and each
  * 32 values of x are loaded once for the four. */
 
-/* Software prefetch: the wide kernels read a group's WIDE_ROWS adjacent rows side by side,
- * so they prefetch the same spot whole groups ahead, PREFETCH_BYTES or more (the hardware
- * streamer alone leaves the arithmetic waiting on memory: 12 against 19 GB/s on 2 cores of
- * a Xeon streaming Q4_1 from DRAM). Prefetching past W's end is harmless. */
-#define PREFETCH_BYTES 6144
-static inline int64_t wide_prefetch_distance(int64_t row_bytes) {
-    const int64_t group = WIDE_ROWS * row_bytes;
-    return (PREFETCH_BYTES + group - 1) / group * group;
-}
+/* Software prefetch: wide_prefetch_distance (quant_blocks.h). */
 #define WIDE_PREFETCH(b) _mm_prefetch((const char *)(b) + ahead, _MM_HINT_T0)
 
 #define WIDE_BEGIN                                                                             \
@@ -294,12 +286,7 @@ TARGET_AVX512 static void wide_q8_0_avx512(const void *w, int64_t row_bytes, int
     __m256 acc[WIDE_ROWS][2];                                                                  \
     for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm256_setzero_ps();
 #define WIDE2_END                                                                              \
-    for (int r_ = 0; r_ < WIDE_ROWS; r_++) {                                                   \
-        const __m256 s_ = _mm256_add_ps(acc[r_][0], acc[r_][1]);                               \
-        const __m128 h_ = _mm_add_ps(_mm256_castps256_ps128(s_), _mm256_extractf128_ps(s_, 1)); \
-        const __m128 q_ = _mm_add_ps(h_, _mm_movehl_ps(h_, h_));                               \
-        out[r_] = _mm_cvtss_f32(_mm_add_ss(q_, _mm_movehdup_ps(q_)));                          \
-    }
+    for (int r_ = 0; r_ < WIDE_ROWS; r_++) out[r_] = hsum256(_mm256_add_ps(acc[r_][0], acc[r_][1]));
 /* acc[r][k & 1] += (fma(float(q), d, m)) * x[off..off+8) for the 8 bytes of v (as int32) */
 #define WIDE2_FMA8(k, v, d, m, off)                                                            \
     acc[r][(k) & 1] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m),          \
