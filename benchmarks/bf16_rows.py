@@ -13,27 +13,15 @@ rates, not memory rates; the head's 57 MB is the one that streams from memory.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
+from _timing import median_ms  # benchmarks/ is on sys.path when a script here runs
 
 from pagecli_kernels import quant_cpu
 from pagecli_kernels.quant_formats import float_rows
 
 SHAPES = [(3072, 576, "gate_up"), (576, 1536, "down"), (960, 576, "qkv"), (49152, 576, "head")]
-
-
-def median_us(fn, repeats: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2] * 1e6
 
 
 def main() -> None:
@@ -48,8 +36,8 @@ def main() -> None:
         kernel = quant_cpu.PreparedLinear(float_rows(weight))
         for rows in (1, 2, 4, 8, 16):
             x = torch.randn(rows, k, generator=gen).bfloat16()
-            ours = median_us(lambda: kernel(x.float()).bfloat16())
-            theirs = median_us(lambda: F.linear(x, weight))
+            ours = median_ms(lambda x=x, kernel=kernel: kernel(x.float()).bfloat16(), 50) * 1e3
+            theirs = median_ms(lambda x=x, weight=weight: F.linear(x, weight), 50) * 1e3
             print(
                 f"{name:<8}{f'{n}x{k}':>12}{rows:>5}{theirs:>10.0f}{ours:>9.0f}"
                 f"{n * k * 2 / ours / 1e3:>7.1f}"
