@@ -46,16 +46,24 @@ def _kernels_reason() -> str | None:
     return quant_cpu.unavailable_reason()
 
 
+def _mode(source: ModelSource, quantization: str, device: torch.device) -> str:
+    """The mode `quantization` comes to: "gguf", "q8_0", "q4_k" or "none". Quiet: the
+    refusals and the warning are plan_weights'."""
+    if quantization == "none" or device.type != "cpu" or _kernels_reason() is not None:
+        return "none"
+    if quantization == "auto":
+        return "gguf" if source.gguf_file is not None else "none"
+    return quantization
+
+
 def quantizes(
     source: ModelSource, quantization: str, device: torch.device, load_format: str = "auto"
 ) -> bool:
     """Whether `plan_weights` will keep or make block-format weights (and so float32
-    activations for `--dtype auto`). Quiet: the warnings and errors are plan_weights'."""
-    if load_format == "dummy" or not source.has_weights or device.type != "cpu":
+    activations for `--dtype auto`)."""
+    if load_format == "dummy" or not source.has_weights:
         return False
-    if quantization in ("q8_0", "q4_k"):
-        return True
-    return quantization == "auto" and source.gguf_file is not None and _kernels_reason() is None
+    return _mode(source, quantization, device) != "none"
 
 
 def plan_weights(
@@ -71,13 +79,12 @@ def plan_weights(
                 f"{source.name}: a GGUF keeps its own formats; --quantization {quantization} "
                 "quantizes safetensors checkpoints (use auto or none)"
             )
-    mode = quantization
-    if mode != "none" and device.type == "cpu":
+    if quantization != "none" and device.type == "cpu":
         reason = _kernels_reason()
         if reason is not None:
-            if mode != "auto":
+            if quantization != "auto":
                 raise ModelLoadError(
-                    f"--quantization {mode}: quantized kernels unavailable ({reason})"
+                    f"--quantization {quantization}: quantized kernels unavailable ({reason})"
                 )
             if source.gguf_file is not None:
                 warnings.warn(
@@ -85,9 +92,7 @@ def plan_weights(
                     "dequantized to float32",
                     stacklevel=2,
                 )
-            mode = "none"
-    if mode == "auto":
-        mode = "gguf" if source.gguf_file is not None and device.type == "cpu" else "none"
+    mode = _mode(source, quantization, device)
     if source.gguf_file is not None:
         return _gguf_plan(source.gguf_file, keep=mode == "gguf", dtype=dtype)
     if not source.has_weights:
