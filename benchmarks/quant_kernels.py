@@ -8,7 +8,11 @@ the time per pass and the GB/s of weights read, next to the machine's read bandw
 float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
 
     .venv/bin/python benchmarks/quant_kernels.py [--threads 2] [--repeats 7]
-        [--formats q4_1,q8_0,q4_0] [--rows 1,4,8]
+        [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2]
+
+--prefetch names the cache levels the batch-1 kernels' software prefetch may fill (the
+default: the CPU vendor's choice only); with two, their passes alternate, so both see the
+same neighbours.
 
 Each product goes through quant_cpu.PreparedLinear, the engine's own call (its Python cost is
 a few microseconds of the pass). Runs on older checkouts too (it needs only PreparedLinear and
@@ -61,10 +65,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--formats", default="q4_1,q8_0,q4_0")
     parser.add_argument("--rows", default="1,4,8")
+    parser.add_argument("--prefetch", default=None, help="l1, l2 or l1,l2 (default: the CPU's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    levels = args.prefetch.split(",") if args.prefetch else [None]
     print(f"{args.threads} threads, read bandwidth {read_bandwidth() / 1e9:.1f} GB/s")
-    print(f"{'format':<7}{'isa':<9}{'rows':>5}{'ms/pass':>9}{'MB':>7}{'GB/s':>7}")
+    print(f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'ms/pass':>9}{'MB':>7}{'GB/s':>7}")
     rng = np.random.default_rng(0)
     for fmt in args.formats.split(","):
         weights = [random_weight(fmt, n, k, rng) for _ in range(LAYERS) for n, k in SHAPES]
@@ -83,13 +89,26 @@ def main() -> None:
                     for prepared, x in calls:
                         prepared(x)
 
-                one_pass()
-                ms = statistics.median(_time(one_pass) for _ in range(args.repeats)) * 1e3
-                print(
-                    f"{fmt:<7}{isa:<9}{rows:>5}{ms:>9.2f}{total / 1e6:>7.1f}"
-                    f"{total / (ms / 1e3) / 1e9:>7.1f}"
-                )
+                times: dict = {level: [] for level in levels}
+                for repeat in range(args.repeats + 1):
+                    for level in levels:
+                        if hasattr(quant_cpu, "set_prefetch"):  # older checkouts lack it
+                            quant_cpu.set_prefetch(level)
+                        took = _time(one_pass)
+                        if repeat:  # the first round warms up
+                            times[level].append(took)
+                for level in levels:
+                    if hasattr(quant_cpu, "set_prefetch"):
+                        quant_cpu.set_prefetch(level)
+                    shown = quant_cpu.prefetch() if hasattr(quant_cpu, "prefetch") else "l1"
+                    ms = statistics.median(times[level]) * 1e3
+                    print(
+                        f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{ms:>9.2f}{total / 1e6:>7.1f}"
+                        f"{total / (ms / 1e3) / 1e9:>7.1f}"
+                    )
         quant_cpu.set_isa(None)
+        if hasattr(quant_cpu, "set_prefetch"):
+            quant_cpu.set_prefetch(None)
 
 
 if __name__ == "__main__":

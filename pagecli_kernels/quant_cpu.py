@@ -71,6 +71,26 @@ def set_isa(name: str | None) -> None:
     lib.pagecli_quant_set_isa(ISAS.index(name or found[-1]))
 
 
+PREFETCH_LEVELS = ("l1", "l2")  # pagecli_quant_set_prefetch's levels 1 and 2
+
+
+def prefetch() -> str | None:
+    """The cache level the batch-1 kernels prefetch W into: "l1" or "l2" (None: no library)."""
+    lib = library()
+    return None if lib is None else PREFETCH_LEVELS[lib.pagecli_quant_prefetch() - 1]
+
+
+def set_prefetch(level: str | None) -> None:
+    """Prefetch into "l1" or "l2" (benchmarks compare them); None: the CPU vendor's default
+    (the L2 on AMD, the L1 elsewhere)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if level is not None and level not in PREFETCH_LEVELS:
+        raise ValueError(f"prefetch level {level!r}: choose one of {PREFETCH_LEVELS}")
+    lib.pagecli_quant_set_prefetch(0 if level is None else PREFETCH_LEVELS.index(level) + 1)
+
+
 def has_blas() -> bool:
     """Whether the panel path found torch's sgemm (else large batches take the fused path)."""
     library()
@@ -107,6 +127,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_linear.argtypes = [i32, ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_quant_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
     lib.pagecli_quant_set_isa.argtypes = [i32]
+    lib.pagecli_quant_set_prefetch.argtypes = [i32]
+    lib.pagecli_quant_set_prefetch.restype = i32
+    lib.pagecli_quant_prefetch.restype = i32
     lib.pagecli_quant_set_blas.argtypes = [ptr, ptr]
     lib.pagecli_quant_set_blas.restype = None
     for fn in ("pagecli_quant_linear", "pagecli_quant_dequantize_rows", "pagecli_quant_set_isa"):

@@ -180,8 +180,15 @@ extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
 /* Software prefetch: the wide kernels read a group's WIDE_ROWS adjacent rows side by side,
  * so they prefetch the same spot whole groups ahead, PREFETCH_BYTES or more (the hardware
  * streamer alone leaves the arithmetic waiting on memory: 12 against 19 GB/s on 2 cores of
- * a Xeon streaming Q4_1 from DRAM). Prefetching past W's end is harmless. */
+ * a Xeon streaming Q4_1 from DRAM). Prefetching past W's end is harmless.
+ *
+ * Where the lines go depends on the CPU. Into the L1 (PREFETCHT0) suits the Xeon above. On
+ * an AMD Zen 4, the same distance into the L2 only (PREFETCHT1) streamed Q8_0 at 30.7
+ * against 15.6 GB/s and Q4_1 at 20.3 against 17.0 (2 cores, DRAM). So the library starts
+ * with the L2 on AMD CPUs and the L1 elsewhere (quant_linear_cpu.c), and
+ * pagecli_quant_set_prefetch() can choose either (benchmarks compare them). */
 #define PREFETCH_BYTES 6144
+extern int pagecli_quant_prefetch_l2; /* nonzero: the wide kernels prefetch into the L2 */
 static inline int64_t wide_prefetch_distance(int64_t row_bytes) {
     const int64_t group = WIDE_ROWS * row_bytes;
     return (PREFETCH_BYTES + group - 1) / group * group;
@@ -189,6 +196,14 @@ static inline int64_t wide_prefetch_distance(int64_t row_bytes) {
 
 #if QUANT_X86
 #include <immintrin.h>
+
+/* Prefetch the line at p into the L2 (l2 nonzero) or the L1; a hint must be a constant. */
+static inline void prefetch_w(int l2, const void *p) {
+    if (l2)
+        _mm_prefetch((const char *)p, _MM_HINT_T1);
+    else
+        _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
 
 /* The sum of v's 8 lanes, always in this order (halves, then pairs, then the last two). */
 TARGET_AVX2 static inline float hsum256(__m256 v) {

@@ -84,6 +84,34 @@ int pagecli_quant_isa(void) {
     return chosen_isa;
 }
 
+/* Where the wide kernels prefetch W (quant_blocks.h): the L2 on AMD CPUs, the L1 elsewhere,
+ * chosen when the library loads; pagecli_quant_set_prefetch() overrides it. */
+int pagecli_quant_prefetch_l2;
+
+static int default_prefetch_l2(void) {
+#if QUANT_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
+
+__attribute__((constructor)) static void choose_prefetch(void) {
+    pagecli_quant_prefetch_l2 = default_prefetch_l2();
+}
+
+/* Prefetch into the L1 (level 1), the L2 (level 2), or as the CPU's vendor suggests (0);
+ * -1 for any other level. */
+int pagecli_quant_set_prefetch(int level) {
+    if (level < 0 || level > 2) return -1;
+    pagecli_quant_prefetch_l2 = level == 0 ? default_prefetch_l2() : level == 2;
+    return 0;
+}
+
+/* The cache level the wide kernels prefetch into: 1 or 2. */
+int pagecli_quant_prefetch(void) { return pagecli_quant_prefetch_l2 ? 2 : 1; }
+
 /* The BLAS sgemm (Fortran interface, 32-bit ints) for the panel path, and optionally the
  * function that limits its threads for the calling thread (MKL_Set_Num_Threads_Local).
  * NULL turns the panel path off. */

@@ -210,10 +210,11 @@ ROWS_DISPATCH(rows_q4_1_avx512)
  * 32 values of x are loaded once for the four. */
 
 /* Software prefetch: wide_prefetch_distance (quant_blocks.h). */
-#define WIDE_PREFETCH(b) _mm_prefetch((const char *)(b) + ahead, _MM_HINT_T0)
+#define WIDE_PREFETCH(b) prefetch_w(l2, (const char *)(b) + ahead)
 
 #define WIDE_BEGIN                                                                             \
     const int64_t ahead = wide_prefetch_distance(row_bytes);                                   \
+    const int l2 = pagecli_quant_prefetch_l2;                                                  \
     __m512 acc[WIDE_ROWS][2];                                                                  \
     for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm512_setzero_ps();
 #define WIDE_END                                                                               \
@@ -283,6 +284,7 @@ TARGET_AVX512 static void wide_q8_0_avx512(const void *w, int64_t row_bytes, int
  * as above (d * q is exact). */
 #define WIDE2_BEGIN                                                                            \
     const int64_t ahead = wide_prefetch_distance(row_bytes);                                   \
+    const int l2 = pagecli_quant_prefetch_l2;                                                  \
     __m256 acc[WIDE_ROWS][2];                                                                  \
     for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm256_setzero_ps();
 #define WIDE2_END                                                                              \

@@ -184,3 +184,45 @@ def test_row_id_out_of_range_is_an_error():
 def test_columns_must_be_whole_blocks():
     with pytest.raises(ValueError, match="whole"):
         QuantWeight(FORMATS["q4_k"], torch.zeros(2, 144, dtype=torch.uint8), 200)
+
+
+@pytest.fixture
+def prefetch():
+    """Restores the vendor's prefetch level after a test that changes it."""
+    yield quant_cpu.set_prefetch
+    quant_cpu.set_prefetch(None)
+
+
+def _vendor() -> str:
+    with open("/proc/cpuinfo") as info:
+        vendors = (line.split(":")[1].strip() for line in info if line.startswith("vendor_id"))
+        return next(vendors, "")
+
+
+def test_prefetch_default_follows_the_vendor(prefetch):
+    if not _vendor():
+        pytest.skip("/proc/cpuinfo names no vendor")
+    want = "l2" if _vendor() == "AuthenticAMD" else "l1"
+    prefetch("l1" if want == "l2" else "l2")
+    prefetch(None)
+    assert quant_cpu.prefetch() == want
+
+
+def test_prefetch_levels_change_no_result(isa, prefetch):
+    """The batch-1 kernels (every format, float rows too) give the same bits either way."""
+    weights = [random_weight(fmt, 41, _cols(fmt), seed=3) for fmt in FORMATS]
+    weights += [float_rows(torch.randn(41, 736, dtype=dtype)) for dtype in FLOAT_DTYPES]
+    inputs = [torch.randn(1, w.cols, generator=torch.Generator().manual_seed(9)) for w in weights]
+    outs = {}
+    for level in ("l1", "l2"):
+        prefetch(level)
+        assert quant_cpu.prefetch() == level
+        outs[level] = [quant_cpu.quant_linear(x, w) for x, w in zip(inputs, weights)]
+    for x, w, a, b in zip(inputs, weights, outs["l1"], outs["l2"]):
+        assert torch.equal(a, b), w.format.name
+        assert_within(b, x, w, w.format.name)
+
+
+def test_prefetch_level_must_be_known(prefetch):
+    with pytest.raises(ValueError, match="prefetch level"):
+        prefetch("l3")
