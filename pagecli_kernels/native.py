@@ -46,6 +46,7 @@ EXTRA_SOURCES = [
         "quant_k.c",
         "quant_f32.c",
         "quant_bf16.c",
+        "gemm_f32.c",
         "llama_layers_cpu.c",
     )
 ]

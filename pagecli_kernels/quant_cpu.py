@@ -91,6 +91,29 @@ def set_prefetch(level: str | None) -> None:
     lib.pagecli_quant_set_prefetch(0 if level is None else PREFETCH_LEVELS.index(level) + 1)
 
 
+GEMMS = ("auto", "blas", "native")  # pagecli_quant_set_gemm's choices
+
+
+def gemm() -> str | None:
+    """Who multiplies the panels of large batches now: "native" (csrc/gemm_f32.c), "blas"
+    (torch's sgemm), or None (no library, or neither: the fused path takes every batch)."""
+    lib = library()
+    if lib is None:
+        return None
+    return {1: "blas", 2: "native"}.get(lib.pagecli_quant_gemm())
+
+
+def set_gemm(choice: str) -> None:
+    """"native", "blas", or "auto" (native where the path is AVX-512 on a CPU that is not
+    Intel's, whose AVX-512 code MKL skips; the BLAS elsewhere). Tests and benchmarks."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if choice not in GEMMS:
+        raise ValueError(f"gemm {choice!r}: choose one of {GEMMS}")
+    lib.pagecli_quant_set_gemm(GEMMS.index(choice))
+
+
 def has_blas() -> bool:
     """Whether the panel path found torch's sgemm (else large batches take the fused path)."""
     library()
@@ -132,6 +155,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_prefetch.restype = i32
     lib.pagecli_quant_set_blas.argtypes = [ptr, ptr]
     lib.pagecli_quant_set_blas.restype = None
+    lib.pagecli_quant_set_gemm.argtypes = [i32]
+    lib.pagecli_quant_set_gemm.restype = i32
+    lib.pagecli_quant_gemm.restype = i32
     for fn in ("pagecli_quant_linear", "pagecli_quant_dequantize_rows", "pagecli_quant_set_isa"):
         getattr(lib, fn).restype = i32
     lib.pagecli_quant_best_isa.restype = i32

@@ -33,6 +33,7 @@
 #include "quant_blocks.h"
 
 #include "cpu_entry_points.h"
+#include "gemm_f32.h"
 
 #if QUANT_X86
 #include <immintrin.h>
@@ -51,6 +52,10 @@ typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, c
                          const float *b, const int *ldb, const float *beta, float *c,
                          const int *ldc);
 typedef int (*set_threads_fn)(int);
+
+/* Who multiplies the panels (pagecli_quant_set_gemm). */
+enum gemm_choice { GEMM_AUTO = 0, GEMM_BLAS = 1, GEMM_NATIVE = 2 };
+static int gemm_choice = GEMM_AUTO;
 
 static sgemm_fn blas_sgemm;
 static set_threads_fn blas_set_threads_local;
@@ -118,6 +123,28 @@ int pagecli_quant_prefetch(void) { return pagecli_quant_prefetch_l2 ? 2 : 1; }
 void pagecli_quant_set_blas(void *sgemm, void *set_threads_local) {
     blas_sgemm = (sgemm_fn)sgemm;
     blas_set_threads_local = (set_threads_fn)set_threads_local;
+}
+
+/* Multiply panels with gemm_f32.c (GEMM_NATIVE) or the BLAS (GEMM_BLAS), or choose (GEMM_AUTO):
+ * the native kernel where the path is AVX-512 on a CPU that is not Intel's, whose AVX-512
+ * code MKL does not run (gemm_f32.c says what was measured); -1 for any other value. */
+int pagecli_quant_set_gemm(int choice) {
+    if (choice < GEMM_AUTO || choice > GEMM_NATIVE) return -1;
+    gemm_choice = choice;
+    return 0;
+}
+
+/* Who multiplies the panels now: GEMM_NATIVE, GEMM_BLAS, or 0 when neither (the fused path
+ * takes every batch). */
+int pagecli_quant_gemm(void) {
+    if (gemm_choice == GEMM_NATIVE) return GEMM_NATIVE;
+    if (gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512) {
+#if QUANT_X86
+        __builtin_cpu_init();
+        if (!__builtin_cpu_is("intel")) return GEMM_NATIVE;
+#endif
+    }
+    return blas_sgemm ? GEMM_BLAS : 0;
 }
 
 static const struct quant_format *format_of(int type) {
@@ -287,6 +314,55 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
     return failed ? QUANT_E_MEMORY : 0;
 }
 
+static __thread float *packed_x;
+static __thread int64_t packed_cap;
+
+/* Dequantized panels of W times x through gemm_f32.c: x packed once (all threads), then each
+ * thread's panels against all of it. */
+static int panels_native(const struct quant_format *f, int isa, const uint8_t *w,
+                         int64_t row_bytes, int64_t n, int64_t k, const float *x, int64_t ldx,
+                         int64_t m, float *y, int64_t ldy, int num_threads) {
+    const int64_t need = gemm_packed_floats(m, k);
+    if (packed_cap < need) { /* the calling thread's, kept for the next call */
+        free(packed_x);
+        packed_x = aligned_alloc(64, (size_t)((need * sizeof(float) + 63) / 64 * 64));
+        packed_cap = packed_x ? need : 0;
+        if (!packed_x) return QUANT_E_MEMORY;
+    }
+    float *xt = packed_x;
+    const dequant_fn dequant = f->dequant[isa];
+    const int64_t blocks_per_row = k / f->block_values;
+    const int64_t tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    const int64_t rows = panel_rows(n, k, num_threads);
+    const int64_t num_panels = (n + rows - 1) / rows;
+    const int in_place = f->type == QT_F32;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) gemm_pack_x(isa, x, ldx, m, k, xt, t);
+        if (!in_place && panel_cap < rows * k) {
+            free(panel_buf);
+            panel_buf = aligned_alloc(64, (size_t)((rows * k * sizeof(float) + 63) / 64 * 64));
+            panel_cap = panel_buf ? rows * k : 0;
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < num_panels; p++) {
+            if (!in_place && !panel_buf) {
+                failed = 1;
+                continue;
+            }
+            const int64_t first = p * rows, count = min64(rows, n - first);
+            const float *panel = in_place ? (const float *)(w + first * row_bytes) : panel_buf;
+            for (int64_t r = 0; !in_place && r < count; r++)
+                dequant(w + (first + r) * row_bytes, panel_buf + r * k, blocks_per_row);
+            gemm_panel(isa, xt, m, k, panel, in_place ? row_bytes / (int64_t)sizeof(float) : k,
+                       count, y + first, ldy);
+        }
+    }
+    return failed ? QUANT_E_MEMORY : 0;
+}
+
 /* ---- entry points ------------------------------------------------------------------------- */
 
 /* y[m, n] = x[m, k] @ dequant(W[n, k]).T */
@@ -298,7 +374,10 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
     const int64_t row_bytes = k / f->block_values * f->block_bytes;
     const int fits_int = n < (1LL << 31) && k < (1LL << 31) && m < (1LL << 31) &&
                          ldx < (1LL << 31) && ldy < (1LL << 31);
-    if (m > FUSED_MAX_ROWS && blas_sgemm && fits_int)
+    const int gemm = m > FUSED_MAX_ROWS ? pagecli_quant_gemm() : 0;
+    if (gemm == GEMM_NATIVE)
+        return panels_native(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
+    if (gemm == GEMM_BLAS && fits_int)
         return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
     for (int64_t i = 0; i < m; i += FUSED_MAX_ROWS)
         fused(f, isa, w, row_bytes, n, k, x + i * ldx, ldx, min64(FUSED_MAX_ROWS, m - i),

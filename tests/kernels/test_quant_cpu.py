@@ -4,8 +4,9 @@ Every format x every instruction-set path this machine runs (the portable one in
 - dequantization equals gguf.quants.dequantize bit for bit;
 - `quant_linear` equals the float64 product of the dequantized weights within a per-format
   tolerance, for 1, 2, 3, 7, 8, 64 and 300 input rows (the fused decode path up to 8, the
-  sgemm panel path above, and the fused path for many rows when the panel path is off), odd
-  output sizes, and input rows that are not contiguous.
+  panel path above, through each GEMM: torch's sgemm and csrc/gemm_f32.c; and the fused
+  path for many rows when the panel path is off), odd output sizes, and input rows that are
+  not contiguous.
 
 Weights are random bytes with finite random f16 scales, so every bit pattern of the quants
 occurs.
@@ -35,6 +36,7 @@ SCALE_OFFSETS = {
     "q6_k": [208],
 }
 ROWS = [1, 2, 3, 7, 8, 64, 300]
+FLOAT_DTYPES = [torch.float32, torch.bfloat16]
 
 
 def random_weight(fmt: str, rows: int, cols: int, seed: int = 0) -> QuantWeight:
@@ -111,16 +113,77 @@ def test_quant_linear_strided_input_rows(isa, fmt, rows):
     assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
 
 
+@pytest.fixture(params=["blas", "native"])
+def gemm(request):
+    """Each GEMM of the panel path in turn (the native one on every ISA path: the portable
+    loop where the CPU lacks AVX-512); "auto" again afterwards."""
+    quant_cpu.set_gemm(request.param)
+    assert quant_cpu.gemm() == request.param
+    yield request.param
+    quant_cpu.set_gemm("auto")
+
+
+@pytest.mark.parametrize("rows", [9, 31, 33, 64, 300])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_panel_gemms_match_float64(isa, gemm, fmt, rows):
+    """Token counts around the native GEMM's 32-token tiles; 37 and 45 outputs: not whole
+    12-row micro-tiles."""
+    cols = _cols(fmt)
+    weight = random_weight(fmt, 37, cols, seed=rows)
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
+    wide = torch.randn(2 * rows, cols + 40, generator=torch.Generator().manual_seed(3))
+    strided = wide[::2, 8 : 8 + cols]
+    weight = random_weight(fmt, 45, cols, seed=2)
+    assert_within(quant_cpu.quant_linear(strided, weight), strided, weight, fmt)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_panel_gemms_float_rows(isa, gemm, dtype):
+    """float32 rows multiply in place (no panel copy), bfloat16 rows widened into panels."""
+    dense = torch.randn(50, 736, generator=torch.Generator().manual_seed(7)).to(dtype)
+    weight = float_rows(dense)
+    x = torch.randn(70, 736, generator=torch.Generator().manual_seed(8))
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, weight.format.name)
+
+
+def test_native_gemm_into_a_column_slice(gemm):
+    weight = random_weight("q4_1", 30, 96)
+    x = torch.randn(40, 96)
+    out = torch.full((40, 50), float("nan"))
+    quant_cpu.quant_linear(x, weight, out[:, 12:42])
+    assert torch.isnan(out[:, :12]).all() and torch.isnan(out[:, 42:]).all()
+    assert_within(out[:, 12:42], x, weight, "q4_1")
+
+
+def test_gemm_auto_follows_the_cpu():
+    """Native where the path is AVX-512 on a CPU that is not Intel's (MKL runs its AVX-512
+    code on Intel's only), torch's sgemm elsewhere."""
+    quant_cpu.set_gemm("auto")
+    want = "native" if quant_cpu.isa() == "avx512" and _vendor() != "GenuineIntel" else "blas"
+    assert quant_cpu.gemm() == want
+    quant_cpu.set_isa("portable")
+    try:
+        assert quant_cpu.gemm() == "blas"
+    finally:
+        quant_cpu.set_isa(None)
+    with pytest.raises(ValueError, match="gemm"):
+        quant_cpu.set_gemm("mkl")
+
+
 @pytest.mark.parametrize("fmt", ["q4_1", "q6_k"])
 def test_many_rows_without_blas_take_the_fused_path(isa, fmt):
     cols = _cols(fmt)
     weight = random_weight(fmt, 21, cols, seed=4)
     x = torch.randn(64, cols, generator=torch.Generator().manual_seed(4))
     quant_cpu.use_blas(False)
+    quant_cpu.set_gemm("blas")
     try:
+        assert quant_cpu.gemm() is None
         got = quant_cpu.quant_linear(x, weight)
     finally:
         quant_cpu.use_blas(True)
+        quant_cpu.set_gemm("auto")
     assert_within(got, x, weight, fmt)
 
 
@@ -128,7 +191,6 @@ def test_many_rows_without_blas_take_the_fused_path(isa, fmt):
 # checkpoints take these kernels on the CPU. Exact weights, so only the summation differs.
 # bfloat16 rows (quant_formats.BF16) likewise: widening a bfloat16 to float32 is exact.
 TOLERANCES["float32"] = TOLERANCES["bfloat16"] = 2e-6
-FLOAT_DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -1,0 +1,190 @@
+/*
+ * float32 GEMM for the quantized linear drivers' panel path (quant_linear_cpu.c): y = x @ P.T
+ * for a panel P of W's rows, already float32 (a dequantized panel, or float32 weights in
+ * place), and many input rows x (prefill, batched decode).
+ *
+ * Why our own: MKL takes its AVX-512 code on Intel CPUs only. On an AMD EPYC Zen 5 (2 cores,
+ * AVX-512 on full-width units) torch's MKL sgemm ran at 168 GFLOP/s on 512 x 576 x 1536,
+ * oneDNN at 413, and the micro-kernel below at 375-433 (benchmarks/RESULTS.md). The driver
+ * uses it where the CPU has AVX-512 and is not Intel's (pagecli_quant_set_gemm overrides).
+ *
+ * Layout. The micro-kernel vectorizes over input rows ("tokens"), so the panel's rows are
+ * read as they are, one float at a time, broadcast: only x is repacked, once per call, into
+ * tiles of GEMM_TOKENS tokens, xt[tile][kk][j] = x[tile * GEMM_TOKENS + j][kk], zero past m.
+ * A micro-tile keeps GEMM_ROWS x GEMM_TOKENS sums in 24 registers for the whole of k (every
+ * product summed in order kk = 0, 1, ...), then writes them out transposed, as runs of
+ * GEMM_ROWS consecutive floats of y's rows.
+ */
+#include "quant_blocks.h"
+
+#include "gemm_f32.h"
+
+#if QUANT_X86
+#include <immintrin.h>
+#endif
+
+#define GEMM_CHUNK 64 /* values of k summed apart, then added up: error grows with k / 64 + 64 */
+#define TILE_BLOCK 8 /* token tiles swept per W group: 256 tokens x k stay in the L2 */
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- packing x ------------------------------------------------------------------------------ */
+
+static void pack_portable(const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
+                          int64_t tile) {
+    float *dst = xt + tile * k * GEMM_TOKENS;
+    for (int64_t kk = 0; kk < k; kk++)
+        for (int j = 0; j < GEMM_TOKENS; j++) {
+            const int64_t tok = tile * GEMM_TOKENS + j;
+            dst[kk * GEMM_TOKENS + j] = tok < m ? x[tok * ldx + kk] : 0.0f;
+        }
+}
+
+#if QUANT_X86
+/* r[i] (16 rows of 16) transposed in place. */
+TARGET_AVX512 static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++)
+        for (int h = 0; h < 2; h++) {
+            const __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
+            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    /* lanes now hold 4x4 transposed quads; move the 128-bit quads across the 4 row groups */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
+TARGET_AVX512 static void pack_avx512(const float *x, int64_t ldx, int64_t m, int64_t k,
+                                      float *xt, int64_t tile) {
+    float *dst = xt + tile * k * GEMM_TOKENS;
+    for (int half = 0; half < GEMM_TOKENS / 16; half++) {
+        const int64_t tok0 = tile * GEMM_TOKENS + half * 16;
+        for (int64_t kk = 0; kk < k; kk += 16) { /* k is whole 32-value blocks */
+            __m512 r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = tok0 + j < m ? _mm512_loadu_ps(x + (tok0 + j) * ldx + kk)
+                                    : _mm512_setzero_ps();
+            transpose16(r);
+            for (int i = 0; i < 16; i++)
+                _mm512_store_ps(dst + (kk + i) * GEMM_TOKENS + half * 16, r[i]);
+        }
+    }
+}
+#endif
+
+/* Tile `tile` of x into xt (64-byte aligned, gemm_packed_floats(m, k) floats in all). */
+void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
+                 int64_t tile) {
+#if QUANT_X86
+    if (isa == ISA_AVX512) {
+        pack_avx512(x, ldx, m, k, xt, tile);
+        return;
+    }
+#endif
+    (void)isa;
+    pack_portable(x, ldx, m, k, xt, tile);
+}
+
+/* ---- micro-kernels -------------------------------------------------------------------------- */
+
+/* y[tok][r] for the tokens of one tile (fewer where the tile passes m) and `rows` panel rows. */
+static void write_tile(const float *sums, int rows, int64_t tokens, float *y, int64_t ldy) {
+    for (int64_t j = 0; j < tokens; j++)
+        for (int r = 0; r < rows; r++) y[j * ldy + r] = sums[r * GEMM_TOKENS + j];
+}
+
+static void micro_portable(const float *xt, const float *w, int64_t ldw, int64_t k, int rows,
+                           float *sums) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < GEMM_TOKENS; j++) {
+            float total = 0.0f;
+            for (int64_t k0 = 0; k0 < k; k0 += GEMM_CHUNK) {
+                float s = 0.0f;
+                for (int64_t kk = k0; kk < min64(k0 + GEMM_CHUNK, k); kk++)
+                    s += w[r * ldw + kk] * xt[kk * GEMM_TOKENS + j];
+                total += s;
+            }
+            sums[r * GEMM_TOKENS + j] = total;
+        }
+}
+
+#if QUANT_X86
+/* One copy per constant R (1..GEMM_ROWS): R x 2 sums of 16 tokens in registers, over
+ * GEMM_CHUNK values of k at a time, each chunk's sums then added to the tile's. */
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+micro_avx512_r(const float *xt, const float *w, int64_t ldw, int64_t k, float *sums, const int R) {
+    for (int64_t k0 = 0; k0 < k; k0 += GEMM_CHUNK) {
+        __m512 acc[GEMM_ROWS][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const int64_t end = min64(k0 + GEMM_CHUNK, k);
+        for (int64_t kk = k0; kk < end; kk++) {
+            const __m512 x0 = _mm512_load_ps(xt + kk * GEMM_TOKENS);
+            const __m512 x1 = _mm512_load_ps(xt + kk * GEMM_TOKENS + 16);
+            for (int r = 0; r < R; r++) {
+                const __m512 b = _mm512_set1_ps(w[r * ldw + kk]);
+                acc[r][0] = _mm512_fmadd_ps(b, x0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(b, x1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            float *s = sums + r * GEMM_TOKENS;
+            if (k0) {
+                acc[r][0] = _mm512_add_ps(_mm512_load_ps(s), acc[r][0]);
+                acc[r][1] = _mm512_add_ps(_mm512_load_ps(s + 16), acc[r][1]);
+            }
+            _mm512_store_ps(s, acc[r][0]);
+            _mm512_store_ps(s + 16, acc[r][1]);
+        }
+    }
+}
+
+TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t ldw, int64_t k,
+                                       int rows, float *sums) {
+    switch (rows) {
+#define MICRO_CASE(R)                                                                          \
+    case R: micro_avx512_r(xt, w, ldw, k, sums, R); break;
+        MICRO_CASE(1) MICRO_CASE(2) MICRO_CASE(3) MICRO_CASE(4) MICRO_CASE(5) MICRO_CASE(6)
+        MICRO_CASE(7) MICRO_CASE(8) MICRO_CASE(9) MICRO_CASE(10) MICRO_CASE(11)
+#undef MICRO_CASE
+    default: micro_avx512_r(xt, w, ldw, k, sums, GEMM_ROWS); break;
+    }
+}
+#endif
+
+/* y[tok][r] = dot(x[tok], w[r]) for tok < m, r < count: w's rows at row stride ldw (floats),
+ * x packed by gemm_pack_x. Single-threaded; the driver splits W's rows over the threads. */
+void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
+                int64_t count, float *y, int64_t ldy) {
+    void (*micro)(const float *, const float *, int64_t, int64_t, int, float *) =
+        micro_portable;
+#if QUANT_X86
+    if (isa == ISA_AVX512) micro = micro_avx512;
+#endif
+    (void)isa;
+    float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    const int64_t tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    for (int64_t t0 = 0; t0 < tiles; t0 += TILE_BLOCK)
+        for (int64_t r0 = 0; r0 < count; r0 += GEMM_ROWS) {
+            const int rows = (int)min64(GEMM_ROWS, count - r0);
+            for (int64_t t = t0; t < min64(t0 + TILE_BLOCK, tiles); t++) {
+                micro(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows, sums);
+                const int64_t tok = t * GEMM_TOKENS;
+                write_tile(sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
+            }
+        }
+}

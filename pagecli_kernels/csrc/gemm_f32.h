@@ -1,0 +1,23 @@
+/*
+ * float32 GEMM for the panel path (gemm_f32.c): x packed once per call into token tiles,
+ * then each thread multiplies its panels of W's rows with all of them.
+ */
+#ifndef PAGECLI_GEMM_F32_H
+#define PAGECLI_GEMM_F32_H
+
+#include <stdint.h>
+
+#define GEMM_ROWS 12   /* W rows per micro-tile */
+#define GEMM_TOKENS 32 /* input rows per micro-tile (two 16-float vectors) */
+
+/* Floats of packed x for m rows of k values. */
+static inline int64_t gemm_packed_floats(int64_t m, int64_t k) {
+    return (m + GEMM_TOKENS - 1) / GEMM_TOKENS * GEMM_TOKENS * k;
+}
+
+void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
+                 int64_t tile);
+void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
+                int64_t count, float *y, int64_t ldy);
+
+#endif
