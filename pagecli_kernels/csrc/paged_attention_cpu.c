@@ -117,6 +117,28 @@ INLINE float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* Prefetch the K and V rows of kv head `head_off` for context tokens [t_begin, t_begin + TC)
+ * (cut at c_end) into the L1 (level 1) or the L2 (level 2). */
+INLINE void prefetch_rows(const Problem *p, const int32_t *table, int64_t head_off, int t_begin,
+                          int c_end, int level) {
+    const int t_end = c_end < t_begin + TC ? c_end : t_begin + TC;
+    const int row_bytes = p->head_dim * p->elem_size;
+    for (int t = t_begin; t < t_end; ++t) {
+        const int64_t off = ((int64_t)table[t / p->block_size] * p->stride_block +
+                             (int64_t)(t % p->block_size) * p->stride_slot + head_off) *
+                            p->elem_size;
+        for (int b = 0; b < row_bytes; b += 64) {
+            if (level == 1) {
+                __builtin_prefetch(p->k_cache + off + b, 0, 3);
+                __builtin_prefetch(p->v_cache + off + b, 0, 3);
+            } else {
+                __builtin_prefetch(p->k_cache + off + b, 0, 2);
+                __builtin_prefetch(p->v_cache + off + b, 0, 2);
+            }
+        }
+    }
+}
+
 typedef void (*ItemFn)(const Problem *, const Item *, const Scratch *);
 
 /* The item body, once per instruction-set path (see paged_attention_cpu_body.h). */

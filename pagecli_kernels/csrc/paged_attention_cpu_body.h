@@ -269,6 +269,14 @@ PA_TARGET static void PA_NAME(item)(const Problem *p, const Item *it, const Scra
     const float *krow[TC], *vrow[TC];
     for (int t0 = c_begin; t0 < c_end; t0 += TC) {
         const int n = c_end - t0 < TC ? c_end - t0 : TC;
+        /* The rows of the chunks ahead into the caches while this one computes: they sit in
+         * other blocks, wherever the table says, so no hardware prefetcher guesses them; the
+         * loads below had waited on memory (perf: most of the kernel's samples). Two chunks
+         * ahead into the L2, whose misses can be many in flight, and the next one on into
+         * the L1: 64 sequences at 300 tokens, 30 layers' caches from DRAM, AMD Zen 5, went
+         * from 84-89 ms to 63 with the L1 prefetch alone and about 50 with both. */
+        prefetch_rows(p, table, head_off, t0 + TC, c_end, 1);
+        prefetch_rows(p, table, head_off, t0 + 2 * TC, c_end, 2);
         for (int j = 0; j < n; ++j) {
             const int t = t0 + j;
             const int64_t block = table[t / p->block_size];
