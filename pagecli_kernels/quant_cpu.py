@@ -7,8 +7,10 @@ the architecture's baseline; their AVX2 and AVX-512 functions carry target attri
 path is chosen at run time from the CPU's flags (`isa()`, `set_isa()` for tests).
 
 For more than a few input rows the kernels multiply cache-sized float32 panels of W with
-torch's own BLAS (MKL's `sgemm_` in libtorch_cpu), which is looked up once here; where it is
-missing every call takes the fused path, correct but slower for prefill.
+torch's own BLAS (MKL's `sgemm_` in libtorch_cpu, looked up once here), or with the library's
+own AVX-512 GEMM (csrc/gemm_f32.c) on AVX-512 CPUs that are not Intel's, where MKL runs its
+AVX2 code (`gemm()`, `set_gemm()`); with neither, every call takes the fused path, correct but
+slower for prefill.
 """
 
 from __future__ import annotations

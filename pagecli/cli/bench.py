@@ -260,6 +260,8 @@ def bench(
         )
         if engine.runner.weight_plan.quantized_names:
             info["cpu_quant_kernels"] = f"native C kernels ({quant_cpu.isa()})"
+        if quant_cpu.library() is not None:  # who multiplies prefill and batched panels
+            info["cpu_gemm"] = quant_cpu.gemm()
     rows: list[dict] = []
     comparison: dict = {}
     with LiveDisplay(enabled=show) as live:

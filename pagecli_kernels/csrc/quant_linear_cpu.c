@@ -15,8 +15,9 @@
  *     is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
- *     that Python hands over (torch's MKL, run single-threaded inside the thread), or, without
- *     one, through the fused path.
+ *     that Python hands over (torch's MKL, run single-threaded inside the thread), or through
+ *     gemm_f32.c's kernel where MKL would not run its AVX-512 code (pagecli_quant_gemm), or,
+ *     with neither, through the fused path.
  *
  * Runtime dispatch: the instruction-set path (portable, AVX2+FMA, AVX-512) is the best one the
  * CPU reports, unless pagecli_quant_set_isa() chose a lower one (tests run every path). The
