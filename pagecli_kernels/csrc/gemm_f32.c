@@ -124,6 +124,23 @@ static void micro_portable(const float *xt, const float *w, int64_t ldw, int64_t
 }
 
 #if QUANT_X86
+/* write_tile with the sums transposed 16 x 16 in registers: a masked store of `rows` floats
+ * per token instead of a scalar store per value. */
+TARGET_AVX512 static void write_tile_avx512(const float *sums, int rows, int64_t tokens,
+                                            float *y, int64_t ldy) {
+    const __mmask16 mask = (__mmask16)((1u << rows) - 1);
+    for (int half = 0; half * 16 < tokens; half++) {
+        __m512 r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < rows ? _mm512_load_ps(sums + i * GEMM_TOKENS + half * 16)
+                            : _mm512_setzero_ps();
+        transpose16(r);
+        const int64_t count = min64(16, tokens - half * 16);
+        for (int j = 0; j < count; j++)
+            _mm512_mask_storeu_ps(y + (half * 16 + j) * ldy, mask, r[j]);
+    }
+}
+
 /* One copy per constant R (1..GEMM_ROWS): R x 2 sums of 16 tokens in registers, over
  * GEMM_CHUNK values of k at a time, each chunk's sums then added to the tile's. */
 TARGET_AVX512 static inline __attribute__((always_inline)) void
@@ -172,8 +189,12 @@ void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, 
                 int64_t count, float *y, int64_t ldy) {
     void (*micro)(const float *, const float *, int64_t, int64_t, int, float *) =
         micro_portable;
+    void (*write)(const float *, int, int64_t, float *, int64_t) = write_tile;
 #if QUANT_X86
-    if (isa == ISA_AVX512) micro = micro_avx512;
+    if (isa == ISA_AVX512) {
+        micro = micro_avx512;
+        write = write_tile_avx512;
+    }
 #endif
     (void)isa;
     float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
@@ -184,7 +205,7 @@ void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, 
             for (int64_t t = t0; t < min64(t0 + TILE_BLOCK, tiles); t++) {
                 micro(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows, sums);
                 const int64_t tok = t * GEMM_TOKENS;
-                write_tile(sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
+                write(sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
             }
         }
 }
