@@ -11,7 +11,7 @@ float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
         [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2]
 
 --prefetch names the cache levels the batch-1 kernels' software prefetch may fill (the
-default: the CPU vendor's choice only); with two, their passes alternate, so both see the
+default: the CPU's default only); with two, their passes alternate, so both see the
 same neighbours.
 
 Each product goes through quant_cpu.PreparedLinear, the engine's own call (its Python cost is

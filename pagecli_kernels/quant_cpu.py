@@ -83,8 +83,8 @@ def prefetch() -> str | None:
 
 
 def set_prefetch(level: str | None) -> None:
-    """Prefetch into "l1" or "l2" (benchmarks compare them); None: the CPU vendor's default
-    (the L2 on AMD, the L1 elsewhere)."""
+    """Prefetch into "l1" or "l2" (benchmarks compare them); None: the CPU's default (the
+    L2 on AMD CPUs before Zen 5, the L1 elsewhere)."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")

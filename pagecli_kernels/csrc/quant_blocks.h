@@ -184,9 +184,11 @@ extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
  *
  * Where the lines go depends on the CPU. Into the L1 (PREFETCHT0) suits the Xeon above. On
  * an AMD Zen 4, the same distance into the L2 only (PREFETCHT1) streamed Q8_0 at 30.7
- * against 15.6 GB/s and Q4_1 at 20.3 against 17.0 (2 cores, DRAM). So the library starts
- * with the L2 on AMD CPUs and the L1 elsewhere (quant_linear_cpu.c), and
- * pagecli_quant_set_prefetch() can choose either (benchmarks compare them). */
+ * against 15.6 GB/s and Q4_1 at 20.3 against 17.0 (2 cores, DRAM). On an AMD Zen 5 the L1
+ * won again (Q4_1 24.9 against 22.7 GB/s; a batch-1 step 3-5% faster in two alternating
+ * runs). So the library starts with the L2 on AMD CPUs before Zen 5 and the L1 elsewhere
+ * (quant_linear_cpu.c), and pagecli_quant_set_prefetch() can choose either (benchmarks
+ * compare them). */
 #define PREFETCH_BYTES 6144
 extern int pagecli_quant_prefetch_l2; /* nonzero: the wide kernels prefetch into the L2 */
 static inline int64_t wide_prefetch_distance(int64_t row_bytes) {

@@ -37,6 +37,7 @@
 #include "gemm_f32.h"
 
 #if QUANT_X86
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -90,14 +91,19 @@ int pagecli_quant_isa(void) {
     return chosen_isa;
 }
 
-/* Where the wide kernels prefetch W (quant_blocks.h): the L2 on AMD CPUs, the L1 elsewhere,
- * chosen when the library loads; pagecli_quant_set_prefetch() overrides it. */
+/* Where the wide kernels prefetch W (quant_blocks.h): the L2 on AMD CPUs before Zen 5
+ * (family 0x1A), the L1 elsewhere, chosen when the library loads;
+ * pagecli_quant_set_prefetch() overrides it. */
 int pagecli_quant_prefetch_l2;
 
 static int default_prefetch_l2(void) {
 #if QUANT_X86
     __builtin_cpu_init();
-    return __builtin_cpu_is("amd");
+    unsigned eax, ebx, ecx, edx;
+    if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+    unsigned family = (eax >> 8) & 0xf;
+    if (family == 0xf) family += (eax >> 20) & 0xff; /* the extended family */
+    return family < 0x1a;
 #else
     return 0;
 #endif
@@ -107,7 +113,7 @@ __attribute__((constructor)) static void choose_prefetch(void) {
     pagecli_quant_prefetch_l2 = default_prefetch_l2();
 }
 
-/* Prefetch into the L1 (level 1), the L2 (level 2), or as the CPU's vendor suggests (0);
+/* Prefetch into the L1 (level 1), the L2 (level 2), or as the CPU suggests (0);
  * -1 for any other level. */
 int pagecli_quant_set_prefetch(int level) {
     if (level < 0 || level > 2) return -1;
