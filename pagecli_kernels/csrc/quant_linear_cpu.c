@@ -280,11 +280,23 @@ static int64_t panel_rows(int64_t n, int64_t k, int num_threads) {
 
 static __thread float *panel_buf;
 static __thread int64_t panel_cap;
+static __thread float *packed_x;
+static __thread int64_t packed_cap;
 
-/* Dequantized panels of W times x through sgemm (float32 weights: the rows in place). */
+/* Dequantized panels of W (float32 weights: the rows in place) times x, through the BLAS
+ * sgemm, or through gemm_f32.c (`native`: x packed once by all threads, then each thread's
+ * panels against all of it). */
 static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
                   int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
-                  int64_t ldy, int num_threads) {
+                  int64_t ldy, int num_threads, int native) {
+    const int64_t need = native ? gemm_packed_floats(m, k) : 0;
+    if (packed_cap < need) { /* the calling thread's, kept for the next call */
+        free(packed_x);
+        packed_x = aligned_alloc(64, (size_t)((need * sizeof(float) + 63) / 64 * 64));
+        packed_cap = packed_x ? need : 0;
+        if (!packed_x) return QUANT_E_MEMORY;
+    }
+    float *const xt = packed_x; /* this thread's buffer, shared with the team below */
     const dequant_fn dequant = f->dequant[isa];
     const int64_t blocks_per_row = k / f->block_values;
     const int64_t rows = panel_rows(n, k, num_threads);
@@ -293,12 +305,17 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
+        if (native) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < (m + GEMM_TOKENS - 1) / GEMM_TOKENS; t++)
+                gemm_pack_x(isa, x, ldx, m, k, xt, t);
+        }
         if (!in_place && panel_cap < rows * k) {
             free(panel_buf);
             panel_buf = aligned_alloc(64, (size_t)((rows * k * sizeof(float) + 63) / 64 * 64));
             panel_cap = panel_buf ? rows * k : 0;
         }
-        const int previous = blas_set_threads_local ? blas_set_threads_local(1) : 0;
+        const int previous = !native && blas_set_threads_local ? blas_set_threads_local(1) : 0;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
             if (!in_place && !panel_buf) {
@@ -309,6 +326,10 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
             const float *panel = in_place ? (const float *)(w + first * row_bytes) : panel_buf;
             for (int64_t r = 0; !in_place && r < count; r++)
                 dequant(w + (first + r) * row_bytes, panel_buf + r * k, blocks_per_row);
+            if (native) { /* rows k floats apart, in place or not */
+                gemm_panel(isa, xt, m, k, panel, k, count, y + first, ldy);
+                continue;
+            }
             /* Column-major view: y^T[first:first+count, :] = panel (count x k) @ x^T (k x m). */
             const int ic = (int)count, im = (int)m, ik = (int)k, ildx = (int)ldx,
                       ildy = (int)ldy;
@@ -316,56 +337,7 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
             blas_sgemm("T", "N", &ic, &im, &ik, &one, panel, &ik, x, &ildx, &zero, y + first,
                        &ildy);
         }
-        if (blas_set_threads_local) blas_set_threads_local(previous);
-    }
-    return failed ? QUANT_E_MEMORY : 0;
-}
-
-static __thread float *packed_x;
-static __thread int64_t packed_cap;
-
-/* Dequantized panels of W times x through gemm_f32.c: x packed once (all threads), then each
- * thread's panels against all of it. */
-static int panels_native(const struct quant_format *f, int isa, const uint8_t *w,
-                         int64_t row_bytes, int64_t n, int64_t k, const float *x, int64_t ldx,
-                         int64_t m, float *y, int64_t ldy, int num_threads) {
-    const int64_t need = gemm_packed_floats(m, k);
-    if (packed_cap < need) { /* the calling thread's, kept for the next call */
-        free(packed_x);
-        packed_x = aligned_alloc(64, (size_t)((need * sizeof(float) + 63) / 64 * 64));
-        packed_cap = packed_x ? need : 0;
-        if (!packed_x) return QUANT_E_MEMORY;
-    }
-    float *xt = packed_x;
-    const dequant_fn dequant = f->dequant[isa];
-    const int64_t blocks_per_row = k / f->block_values;
-    const int64_t tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
-    const int64_t rows = panel_rows(n, k, num_threads);
-    const int64_t num_panels = (n + rows - 1) / rows;
-    const int in_place = f->type == QT_F32;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
-    {
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) gemm_pack_x(isa, x, ldx, m, k, xt, t);
-        if (!in_place && panel_cap < rows * k) {
-            free(panel_buf);
-            panel_buf = aligned_alloc(64, (size_t)((rows * k * sizeof(float) + 63) / 64 * 64));
-            panel_cap = panel_buf ? rows * k : 0;
-        }
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < num_panels; p++) {
-            if (!in_place && !panel_buf) {
-                failed = 1;
-                continue;
-            }
-            const int64_t first = p * rows, count = min64(rows, n - first);
-            const float *panel = in_place ? (const float *)(w + first * row_bytes) : panel_buf;
-            for (int64_t r = 0; !in_place && r < count; r++)
-                dequant(w + (first + r) * row_bytes, panel_buf + r * k, blocks_per_row);
-            gemm_panel(isa, xt, m, k, panel, in_place ? row_bytes / (int64_t)sizeof(float) : k,
-                       count, y + first, ldy);
-        }
+        if (!native && blas_set_threads_local) blas_set_threads_local(previous);
     }
     return failed ? QUANT_E_MEMORY : 0;
 }
@@ -382,10 +354,9 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
     const int fits_int = n < (1LL << 31) && k < (1LL << 31) && m < (1LL << 31) &&
                          ldx < (1LL << 31) && ldy < (1LL << 31);
     const int gemm = m > FUSED_MAX_ROWS ? pagecli_quant_gemm() : 0;
-    if (gemm == GEMM_NATIVE)
-        return panels_native(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
-    if (gemm == GEMM_BLAS && fits_int)
-        return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
+    if (gemm == GEMM_NATIVE || (gemm == GEMM_BLAS && fits_int))
+        return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads,
+                      gemm == GEMM_NATIVE);
     for (int64_t i = 0; i < m; i += FUSED_MAX_ROWS)
         fused(f, isa, w, row_bytes, n, k, x + i * ldx, ldx, min64(FUSED_MAX_ROWS, m - i),
               y + i * ldy, ldy, num_threads);
