@@ -71,7 +71,17 @@ def test_resume_after_kill(tmp_path):
     """SIGKILL after some records, then the same command with --resume: every id once."""
     ids = [f"r{i}" for i in range(4)]
     source = tmp_path / "in.jsonl"
-    source.write_bytes(jsonl(*({"id": i, "prompt": f"Count to {n}"} for n, i in enumerate(ids))))
+    # the last two run long, so that the kill lands while they do: four records of --max-tokens
+    # 6 came out together on a fast machine, between two looks at the file
+    long = {"max_tokens": 300, "ignore_eos": True}
+    source.write_bytes(
+        jsonl(
+            *(
+                {"id": i, "prompt": f"Count to {n}", **(long if n >= 2 else {})}
+                for n, i in enumerate(ids)
+            )
+        )
+    )
     target = tmp_path / "out.jsonl"
     args = ["generate", *FAST, "--max-num-seqs", "1", "-i", str(source), "-o", str(target)]
     proc = start(args, stdin=subprocess.DEVNULL)
