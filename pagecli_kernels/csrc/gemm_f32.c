@@ -4,16 +4,18 @@
  * place), and many input rows x (prefill, batched decode).
  *
  * Why our own: MKL takes its AVX-512 code on Intel CPUs only. On an AMD EPYC Zen 5 (2 cores,
- * AVX-512 on full-width units) torch's MKL sgemm ran at 168 GFLOP/s on 512 x 576 x 1536,
- * oneDNN at 413, and the micro-kernel below at 375-433 (benchmarks/RESULTS.md). The driver
- * uses it where the CPU has AVX-512 and is not Intel's (pagecli_quant_set_gemm overrides).
+ * AVX-512 on full-width units) torch's MKL sgemm ran at 155-168 GFLOP/s (64 to 2048 rows x
+ * 576 x 1536), oneDNN at 358-413, and the micro-kernel below at 375-433 in a C harness
+ * (benchmarks/RESULTS.md). The driver uses it where the CPU has AVX-512 and is not Intel's
+ * (pagecli_quant_set_gemm overrides); on a Zen 4, whose AVX-512 runs at AVX2's rate, the
+ * two should be about even (not measured).
  *
  * Layout. The micro-kernel vectorizes over input rows ("tokens"), so the panel's rows are
  * read as they are, one float at a time, broadcast: only x is repacked, once per call, into
  * tiles of GEMM_TOKENS tokens, xt[tile][kk][j] = x[tile * GEMM_TOKENS + j][kk], zero past m.
- * A micro-tile keeps GEMM_ROWS x GEMM_TOKENS sums in 24 registers for the whole of k (every
- * product summed in order kk = 0, 1, ...), then writes them out transposed, as runs of
- * GEMM_ROWS consecutive floats of y's rows.
+ * A micro-tile keeps GEMM_ROWS x GEMM_TOKENS sums in 24 registers over GEMM_CHUNK values of
+ * k at a time (each chunk's products summed in order, the chunks' sums then added up), and
+ * writes them out transposed, as runs of GEMM_ROWS consecutive floats of y's rows.
  */
 #include "quant_blocks.h"
 
