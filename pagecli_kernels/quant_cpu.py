@@ -106,8 +106,9 @@ def gemm() -> str | None:
 
 
 def set_gemm(choice: str) -> None:
-    """"native", "blas", or "auto" (native where the path is AVX-512 on a CPU that is not
-    Intel's, whose AVX-512 code MKL skips; the BLAS elsewhere). Tests and benchmarks."""
+    """Choose the panels' GEMM: "native", "blas", or "auto" (native where the path is
+    AVX-512 on a CPU that is not Intel's, whose AVX-512 code MKL skips; the BLAS elsewhere).
+    Tests and benchmarks."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
