@@ -117,6 +117,14 @@ INLINE float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* Byte offset in either cache of context token t's row for the kv head at `head_off`
+ * (elements), through the sequence's block table. */
+INLINE int64_t row_offset(const Problem *p, const int32_t *table, int64_t head_off, int t) {
+    return ((int64_t)table[t / p->block_size] * p->stride_block +
+            (int64_t)(t % p->block_size) * p->stride_slot + head_off) *
+           p->elem_size;
+}
+
 /* Prefetch the K and V rows of kv head `head_off` for context tokens [t_begin, t_begin + TC)
  * (cut at c_end) into the L1 (level 1) or the L2 (level 2). */
 INLINE void prefetch_rows(const Problem *p, const int32_t *table, int64_t head_off, int t_begin,
@@ -124,9 +132,7 @@ INLINE void prefetch_rows(const Problem *p, const int32_t *table, int64_t head_o
     const int t_end = c_end < t_begin + TC ? c_end : t_begin + TC;
     const int row_bytes = p->head_dim * p->elem_size;
     for (int t = t_begin; t < t_end; ++t) {
-        const int64_t off = ((int64_t)table[t / p->block_size] * p->stride_block +
-                             (int64_t)(t % p->block_size) * p->stride_slot + head_off) *
-                            p->elem_size;
+        const int64_t off = row_offset(p, table, head_off, t);
         for (int b = 0; b < row_bytes; b += 64) {
             if (level == 1) {
                 __builtin_prefetch(p->k_cache + off + b, 0, 3);

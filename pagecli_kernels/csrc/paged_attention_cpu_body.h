@@ -278,12 +278,7 @@ PA_TARGET static void PA_NAME(item)(const Problem *p, const Item *it, const Scra
         prefetch_rows(p, table, head_off, t0 + TC, c_end, 1);
         prefetch_rows(p, table, head_off, t0 + 2 * TC, c_end, 2);
         for (int j = 0; j < n; ++j) {
-            const int t = t0 + j;
-            const int64_t block = table[t / p->block_size];
-            const int64_t off =
-                (block * p->stride_block + (int64_t)(t % p->block_size) * p->stride_slot +
-                 head_off) *
-                p->elem_size;
+            const int64_t off = row_offset(p, table, head_off, t0 + j);
             if (direct) {
                 krow[j] = (const float *)(p->k_cache + off);
                 vrow[j] = (const float *)(p->v_cache + off);

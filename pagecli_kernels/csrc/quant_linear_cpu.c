@@ -109,8 +109,16 @@ static int default_prefetch_l2(void) {
 #endif
 }
 
-__attribute__((constructor)) static void choose_prefetch(void) {
+/* Whether the CPU is Intel's (MKL runs its AVX-512 code there only; pagecli_quant_gemm). */
+static int cpu_is_intel;
+
+/* The CPU's defaults, decided once when the library loads. */
+__attribute__((constructor)) static void choose_defaults(void) {
     pagecli_quant_prefetch_l2 = default_prefetch_l2();
+#if QUANT_X86
+    __builtin_cpu_init();
+    cpu_is_intel = __builtin_cpu_is("intel");
+#endif
 }
 
 /* Prefetch into the L1 (level 1), the L2 (level 2), or as the CPU suggests (0);
@@ -145,12 +153,8 @@ int pagecli_quant_set_gemm(int choice) {
  * takes every batch). */
 int pagecli_quant_gemm(void) {
     if (gemm_choice == GEMM_NATIVE) return GEMM_NATIVE;
-    if (gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512) {
-#if QUANT_X86
-        __builtin_cpu_init();
-        if (!__builtin_cpu_is("intel")) return GEMM_NATIVE;
-#endif
-    }
+    if (gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512 && !cpu_is_intel)
+        return GEMM_NATIVE;
     return blas_sgemm ? GEMM_BLAS : 0;
 }
 
