@@ -6,9 +6,10 @@ tensor allocations. `DecoderLayers` binds every layer's weights and caches once 
 pointers) and runs the whole stack in C with the same kernels, arguments, order and thread
 count, so its results are bit-for-bit the loop's (tests/kernels/test_layers_cpu.py).
 
-It takes float32 activations and caches, projections of one block-format (or float32 rows)
-buffer each, with or without a bias, and no q/k norm (the model decides:
-`pagecli.models.llama.LlamaForCausalLM.native_layers`).
+It takes float32 activations and caches with projections of one block-format (or float32
+rows) buffer each, or bfloat16 activations and caches with bfloat16 projections (rounding where
+the loop's bfloat16 tensors round), with or without a float32 bias, and no q/k norm (the model
+decides: `pagecli.models.llama.LlamaForCausalLM.native_layers`).
 `set_enabled(False)` turns it off for this process (tests and benchmarks compare both).
 """
 
@@ -23,6 +24,7 @@ from pagecli_kernels import native, quant_cpu
 from pagecli_kernels._checks import check_lengths_host
 from pagecli_kernels.quant_formats import QuantWeight
 
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/llama_layers_cpu.c: dtype
 LAYER_FIELDS = 16  # csrc/llama_layers_cpu.c: F_* per layer
 GROUP_FIELDS = 8  # G_* per attention group
 _ERRORS = {
@@ -65,7 +67,7 @@ def _library() -> ctypes.CDLL | None:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
         lib.pagecli_llama_layers.argtypes = [ptr, i32, ptr, i64, i64, i32, i32, i32, i64, f32]
         lib.pagecli_llama_layers.argtypes += [ptr, ptr, ptr, i64, i32, i64, i64, i64, ptr, i32]
-        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, ptr]
+        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, i32, ptr]
         lib.pagecli_llama_layers.restype = i32
         _state["bound"] = True
     return lib
@@ -73,15 +75,16 @@ def _library() -> ctypes.CDLL | None:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's tensors as the C loop reads them (float32 norms, packed blocks)."""
+    """One decoder layer's tensors as the C loop reads them (norms in the activations' dtype,
+    packed blocks)."""
 
-    input_norm: torch.Tensor  # [H] float32
-    post_norm: torch.Tensor  # [H] float32
+    input_norm: torch.Tensor  # [H] float32 or bfloat16, as the caches
+    post_norm: torch.Tensor  # [H]
     qkv: QuantWeight  # [Q + 2 KV, H]
     o: QuantWeight  # [H, Q]
     gate_up: QuantWeight  # [2 I, H]
     down: QuantWeight  # [H, I]
-    k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] float32
+    k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] float32 or bfloat16
     v_cache: torch.Tensor
     # float32 biases of qkv, o, gate_up, down (None: no bias)
     biases: tuple[torch.Tensor | None, ...] = (None, None, None, None)
@@ -115,8 +118,9 @@ class DecoderLayers:
         final_norm: torch.Tensor | None = None,
         final_eps: float = 0.0,
     ) -> None:
-        """`final_norm` ([H] float32, with its `final_eps`): the model's last RMSNorm, which
-        each call then also computes into the tensor it returns."""
+        """`final_norm` ([H] in the caches' dtype, with its `final_eps`): the model's last
+        RMSNorm, which each call then also computes into the tensor it returns. The caches'
+        dtype, float32 or bfloat16, is the activations' (`dtype`)."""
         lib = _library()
         if lib is None:
             raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
@@ -126,6 +130,7 @@ class DecoderLayers:
         self.intermediate_size, self.eps, self.scale = intermediate_size, eps, scale
         first = layers[0].k_cache
         self._cache = first  # shape and strides, the same in every layer (checked)
+        self.dtype = dtype = first.dtype
         self.hidden_size = hidden = layers[0].input_norm.shape[0]
         q, kv, inter = num_heads * head_dim, num_kv_heads * head_dim, intermediate_size
         shapes = ((q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter))
@@ -135,15 +140,17 @@ class DecoderLayers:
                 if cache.shape != first.shape or cache.stride() != first.stride():
                     raise ValueError("every layer's K/V cache must have one shape and strides")
             if (
-                first.dtype != torch.float32
+                dtype not in _DTYPES
                 or tuple(first.shape[2:]) != (num_kv_heads, head_dim)
                 or first.stride(-1) != 1
                 or first.stride(-2) != head_dim
             ):
-                raise ValueError(f"the caches must be float32 [*, *, {num_kv_heads}, {head_dim}]")
+                raise ValueError(
+                    f"the caches must be float32 or bfloat16 [*, *, {num_kv_heads}, {head_dim}]"
+                )
             for norm in (layer.input_norm, layer.post_norm):
-                if norm.shape != (hidden,) or norm.dtype != torch.float32 or norm.stride(0) != 1:
-                    raise ValueError(f"a norm weight must be float32 [{hidden}]")
+                if norm.shape != (hidden,) or norm.dtype != dtype or norm.stride(0) != 1:
+                    raise ValueError(f"a norm weight must be {dtype} [{hidden}]")
             projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
             if any(w.shape != shape for w, shape in zip(projections, shapes, strict=True)):
                 raise ValueError(f"projection shapes must be {shapes}")
@@ -159,11 +166,9 @@ class DecoderLayers:
                 row.append(0 if bias is None else bias.data_ptr())
             rows.append(row + [layer.k_cache.data_ptr(), layer.v_cache.data_ptr()])
         if final_norm is not None and (
-            final_norm.shape != (hidden,)
-            or final_norm.dtype != torch.float32
-            or final_norm.stride(0) != 1
+            final_norm.shape != (hidden,) or final_norm.dtype != dtype or final_norm.stride(0) != 1
         ):
-            raise ValueError(f"the final norm weight must be float32 [{hidden}]")
+            raise ValueError(f"the final norm weight must be {dtype} [{hidden}]")
         self._final = (final_norm, float(final_eps))
         self._table = torch.tensor(rows, dtype=torch.int64)  # [L, LAYER_FIELDS]
         self._keep = layers  # the table points into these tensors
@@ -176,20 +181,20 @@ class DecoderLayers:
         slot_mapping: torch.Tensor,
         groups: list[AttentionGroup],
     ) -> torch.Tensor | None:
-        """Run every layer over `hidden` [T, H] (float32, contiguous) in place; cos/sin [T, D]
-        float32 contiguous; slot_mapping [T] int64. Checks the step's lengths once. Returns
+        """Run every layer over `hidden` [T, H] (the caches' dtype, contiguous) in place;
+        cos/sin [T, D] of that dtype, contiguous; slot_mapping [T] int64. Checks the step's lengths once. Returns
         the final norm of the result ([T, H]) when bound with `final_norm`, else None."""
         num_tokens, hidden_size = hidden.shape
         rope_shape = (num_tokens, self.head_dim)
         if (
             hidden_size != self.hidden_size
-            or hidden.dtype != torch.float32
+            or hidden.dtype != self.dtype
             or not hidden.is_contiguous()
-            or any(t.shape != rope_shape or t.dtype != torch.float32 for t in (cos, sin))
+            or any(t.shape != rope_shape or t.dtype != self.dtype for t in (cos, sin))
             or not (cos.is_contiguous() and sin.is_contiguous())
         ):
             raise ValueError(
-                f"hidden must be float32 [T, {self.hidden_size}] and cos/sin [T, "
+                f"hidden must be {self.dtype} [T, {self.hidden_size}] and cos/sin [T, "
                 f"{self.head_dim}], contiguous"
             )
         cache = self._cache
@@ -257,6 +262,7 @@ class DecoderLayers:
             None if final_norm is None else final_norm.data_ptr(),
             final_eps,
             None if normed is None else normed.data_ptr(),
+            _DTYPES[self.dtype],
             None if _timings["buffer"] is None else _timings["buffer"].data_ptr(),
         )
         if status == -2:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli_kernels import host_memory, quant_cpu
-from pagecli_kernels.quant_formats import float_rows
+from pagecli_kernels.quant_formats import QuantWeight, float_rows
 
 BATCH_HINT = 64  # rows the packed layout is tuned for; measured best for decode batches
 
@@ -108,6 +108,17 @@ class BF16Linear(nn.Module):
         if self._bias32 is not None:
             out += self._bias32
         return out.to(torch.bfloat16).view(*x.shape[:-1], self.out_features)
+
+    @property
+    def single_weight(self) -> QuantWeight:
+        """The weight as the row kernels read it (a BF16 `QuantWeight`), for the one-call
+        decoder layers (pagecli_kernels/layers_cpu.py), which then add `float_bias`."""
+        return self._rows.weight
+
+    @property
+    def float_bias(self) -> torch.Tensor | None:
+        """The bias in float32, as `forward` adds it to the float32 sums before rounding."""
+        return self._bias32
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16"

@@ -155,14 +155,16 @@ class LlamaForCausalLM(nn.Module):
 
     def native_layers(self, hidden: torch.Tensor, rope: Rope) -> layers_cpu.DecoderLayers | None:
         """The decoder layers bound for one native call when this step can take it: float32
-        activations and caches on the CPU, every projection one block-format or float32-rows
-        buffer (biases allowed), no q/k norm, the CPU attention kernels. None: the Python loop
-        runs."""
+        or bfloat16 activations and caches on the CPU, every projection one block-format or
+        float32-rows buffer (bfloat16: the row kernels of `BF16Linear`, so only for steps of
+        at most `BF16Linear.SMALL_ROWS` tokens, where the loop takes them too; biases
+        allowed), no q/k norm, the CPU attention kernels. None: the Python loop runs."""
         if (
-            hidden.dtype != torch.float32
+            hidden.dtype not in (torch.float32, torch.bfloat16)
+            or (hidden.dtype == torch.bfloat16 and hidden.shape[0] > BF16Linear.SMALL_ROWS)
             or hidden.device.type != "cpu"
             or not hidden.is_contiguous()
-            or rope[0].dtype != torch.float32
+            or rope[0].dtype != hidden.dtype
             or not rope[0].is_contiguous()
             or not layers_cpu.enabled()
         ):
@@ -187,18 +189,18 @@ class LlamaForCausalLM(nn.Module):
                 or attn.q_norm is not None
                 or attn.attn.impl not in ("auto", "cpu")
                 or attn.head_dim > 512
-                or any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms)
                 or any(not _row_cache(c, attn.head_dim) for c in caches)
+                or any(w.dtype != caches[0].dtype or not w.is_contiguous() for w in norms)
                 or caches[0].stride() != caches[1].stride()
             ):
                 return None
-            biases = tuple(None if mod.bias is None else mod.bias.data for mod in projections)
+            biases = tuple(_float_bias(mod) for mod in projections)
             bound.append(
                 layers_cpu.LayerWeights(*(w.data for w in norms), *weights, *caches, biases)
             )
         attn = self.layers[0].self_attn
         final = self.norm.weight.data
-        final = final if final.dtype == torch.float32 and final.is_contiguous() else None
+        final = final if final.dtype == bound[0].k_cache.dtype and final.is_contiguous() else None
         try:
             return layers_cpu.DecoderLayers(
                 bound,
@@ -416,11 +418,19 @@ def _float_rows_linears(module: nn.Module) -> None:
             _float_rows_linears(child)
 
 
+def _float_bias(module: nn.Module) -> torch.Tensor | None:
+    """The float32 bias a projection adds to its float32 sums (None: no bias)."""
+    if isinstance(module, BF16Linear):
+        return module.float_bias
+    return None if module.bias is None else module.bias.data
+
+
 def _row_cache(cache: torch.Tensor | None, head_dim: int) -> bool:
-    """Whether a layer's cache takes the native loop: float32 on the CPU, token rows whole."""
+    """Whether a layer's cache takes the native loop: float32 or bfloat16 on the CPU, token
+    rows whole."""
     return (
         cache is not None
-        and cache.dtype == torch.float32
+        and cache.dtype in (torch.float32, torch.bfloat16)
         and cache.device.type == "cpu"
         and cache.stride(-1) == 1
         and cache.stride(-2) == head_dim

@@ -1,12 +1,15 @@
 /*
- * The decoder layers of a Llama-family model as one call (CPU, float32, GGUF-quantized
- * projections): what pagecli/models/llama.py's per-layer Python loop does, without the
- * Python. At decode sizes that loop's cost is dispatch, not arithmetic: 30 layers x 11 calls,
+ * The decoder layers of a Llama-family model as one call (CPU; float32 activations with
+ * GGUF-quantized or float32 projections, or bfloat16 activations with bfloat16 projections):
+ * what pagecli/models/llama.py's per-layer Python loop does, without the Python. At decode sizes that loop's cost is dispatch, not arithmetic: 30 layers x 11 calls,
  * each a few to tens of microseconds of Python for microseconds of work.
  *
  * Every layer runs the same kernels, with the same arguments and thread count, in the same
  * order as the Python loop (cpu_ops.c, quant_linear_cpu.c, paged_attention_cpu.c), so the
- * result is bit-for-bit the loop's:
+ * result is bit-for-bit the loop's. In bfloat16 (dtype 1) it also rounds where the loop's
+ * tensors are bfloat16: a projection widens its bfloat16 input to float32, sums in float32,
+ * adds the float32 bias and rounds (layers/linear.BF16Linear); attention takes the query
+ * widened and its float32 output is rounded; the residual adds round (torch's bfloat16 add):
  *
  *   normed = rms_norm(hidden; input_layernorm)
  *   qkv    = normed @ dequant(W_qkv).T (+ bias)           [T, Q + 2 KV]
@@ -17,14 +20,16 @@
  *
  * Layouts:
  *   layers   [num_layers, LAYER_FIELDS] int64: the fields below, pointers as integers
- *   hidden   [T, H] float32, contiguous, updated in place
- *   cos/sin  [T, D] float32, the step's rotary table rows
+ *   dtype    0: float32, 1: bfloat16, the type of hidden, the norm weights, cos/sin and the
+ *            caches (the biases are float32 in both)
+ *   hidden   [T, H] of dtype, contiguous, updated in place
+ *   cos/sin  [T, D] of dtype, the step's rotary table rows
  *   slot_mapping [T] int64 (slot < 0: not stored)
  *   groups   [num_groups, GROUP_FIELDS] int64: token_start, num_tokens, num_seqs,
  *            block_tables (int32 [num_seqs, table_stride]), table_stride, seq_lens (int32),
  *            query_start_loc (int32 [num_seqs + 1], from 0 within the group), split_tokens
- *   caches   [num_blocks, block_size, KVH, D] float32, K and V with the same strides
- *   final_norm NULL, or [H] float32: then also final_out [T, H] = rms_norm(hidden; final_norm,
+ *   caches   [num_blocks, block_size, KVH, D] of dtype, K and V with the same strides
+ *   final_norm NULL, or [H] of dtype: then also final_out [T, H] = rms_norm(hidden; final_norm,
  *            final_eps), the model's last norm (the kernel and arguments of the Python RMSNorm)
  *   timings  NULL, or [2] float64 seconds to add to: inside the projections, inside K/V stores
  *            and attention (benchmarks/step_floor.py: what is left is glue and small ops)
@@ -55,96 +60,180 @@ enum {
 };
 
 #define PTR(v) ((void *)(intptr_t)(v))
+#define PARALLEL_VALUES 16384 /* elementwise loops of at least this many values share threads */
 
-/* y = x @ W.T (+ bias, added afterwards as torch's `out += bias` does) */
-static int linear(const int64_t *layer, int type_field, const float *x, int64_t m, int64_t k,
-                  float *y, int64_t n, int num_threads, double *timings) {
+/* bfloat16 <-> float32 as torch converts: widening is exact; narrowing rounds to nearest
+ * even, and a NaN stays a NaN */
+static void widen_bf16(const uint16_t *in, float *out, int64_t count, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
+    for (int64_t i = 0; i < count; ++i) {
+        const uint32_t bits = (uint32_t)in[i] << 16;
+        memcpy(out + i, &bits, sizeof bits);
+    }
+}
+
+static inline uint16_t round_bf16(float f) {
+    uint32_t w;
+    memcpy(&w, &f, sizeof w);
+    if ((w & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((w >> 16) | 0x40);
+    w += 0x7fffu + ((w >> 16) & 1);
+    return (uint16_t)(w >> 16);
+}
+
+static void narrow_bf16(const float *in, uint16_t *out, int64_t count, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
+    for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(in[i]);
+}
+
+/* a += b elementwise over count values of dtype (bfloat16: each sum rounded) */
+static void add_into(void *a, const void *b, int64_t count, int dtype, int num_threads) {
+    if (dtype == 0) {
+        float *x = a;
+        const float *y = b;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
+        for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+        return;
+    }
+    uint16_t *x = a;
+    const uint16_t *y = b;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
+    for (int64_t i = 0; i < count; ++i) {
+        const uint32_t xb = (uint32_t)x[i] << 16, yb = (uint32_t)y[i] << 16;
+        float xf, yf;
+        memcpy(&xf, &xb, sizeof xf);
+        memcpy(&yf, &yb, sizeof yf);
+        x[i] = round_bf16(xf + yf);
+    }
+}
+
+/* y = x @ W.T (+ bias, added afterwards as torch's `out += bias` does), x [m, k] and y [m, n]
+ * of dtype. bfloat16 goes through the float32 scratch rows x32 and y32, as BF16Linear does. */
+static int linear(const int64_t *layer, int type_field, const void *x, int64_t m, int64_t k,
+                  void *y, int64_t n, int dtype, float *x32, float *y32, int num_threads,
+                  double *timings) {
     const double start = timings ? omp_get_wtime() : 0.0;
+    const float *xf = x;
+    float *yf = y;
+    if (dtype) {
+        widen_bf16(x, x32, m * k, num_threads);
+        xf = x32;
+        yf = y32;
+    }
     const int status = pagecli_quant_linear((int)layer[type_field], PTR(layer[type_field + 1]),
-                                            n, k, x, k, m, y, n, num_threads);
+                                            n, k, xf, k, m, yf, n, num_threads);
     const float *bias = PTR(layer[type_field + 2]);
     if (status == 0 && bias) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m >= 64)
         for (int64_t t = 0; t < m; ++t)
-            for (int64_t j = 0; j < n; ++j) y[t * n + j] += bias[j];
+            for (int64_t j = 0; j < n; ++j) yf[t * n + j] += bias[j];
     }
+    if (status == 0 && dtype) narrow_bf16(y32, y, m * n, num_threads);
     if (timings) timings[0] += omp_get_wtime() - start;
     return status == 0 ? 0 : status == -3 ? LAYERS_E_MEMORY : LAYERS_E_FORMAT;
 }
 
-int pagecli_llama_layers(const int64_t *layers, int num_layers, float *hidden, int64_t T,
+static int64_t max3(int64_t a, int64_t b, int64_t c) {
+    const int64_t ab = a > b ? a : b;
+    return ab > c ? ab : c;
+}
+
+int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, int64_t T,
                          int64_t H, int num_heads, int num_kv_heads, int head_dim, int64_t inter,
-                         float eps, const float *cos, const float *sin,
+                         float eps, const void *cos, const void *sin,
                          const int64_t *slot_mapping, int64_t num_blocks, int block_size,
                          int64_t stride_block, int64_t stride_slot, int64_t stride_head,
                          const int64_t *groups, int num_groups, float scale, int attention_isa,
-                         int num_threads, const float *final_norm, float final_eps,
-                         float *final_out, double *timings) {
+                         int num_threads, const void *final_norm, float final_eps,
+                         void *final_out, int dtype, double *timings) {
+    if (dtype != 0 && dtype != 1) return LAYERS_E_FORMAT;
     const int64_t Q = (int64_t)num_heads * head_dim, KV = (int64_t)num_kv_heads * head_dim;
     const int64_t QKV = Q + 2 * KV;
-    /* work buffers: normed [T, H], qkv [T, QKV], query and attn [T, Q], proj [T, H],
-     * gate_up [T, 2I], act [T, I]; each 64-byte aligned, as torch's tensors are, so that the
-     * kernels (and MKL's sgemm in the panel path) see the inputs the Python loop hands them */
-    const int64_t sizes[7] = {T * H, T * QKV, T * Q, T * Q, T * H, T * 2 * inter, T * inter};
-    int64_t offsets[7], total = 0;
-    for (int i = 0; i < 7; ++i) {
+    const size_t es = dtype ? sizeof(uint16_t) : sizeof(float); /* bytes of a dtype value */
+    /* work buffers, in values of dtype: normed [T, H], qkv [T, QKV], proj [T, H],
+     * gate_up [T, 2I], act [T, I], attn_out [T, Q] (bfloat16 only: the rounded attention);
+     * in float32: query and attn [T, Q], and for bfloat16 the projections' float32 input and
+     * output rows x32 and y32. Each starts 64-byte aligned, as torch's tensors do, so that the
+     * kernels (and MKL's sgemm in the panel path) see the inputs the Python loop hands them. */
+    const int64_t wide_in = dtype ? T * max3(H, Q, inter) : 0;
+    const int64_t wide_out = dtype ? T * max3(QKV, H, 2 * inter) : 0;
+    const int64_t bytes[10] = {
+        T * H * (int64_t)es, T * QKV * (int64_t)es, T * H * (int64_t)es,
+        T * 2 * inter * (int64_t)es, T * inter * (int64_t)es, dtype ? T * Q * (int64_t)es : 0,
+        T * Q * 4, T * Q * 4, wide_in * 4, wide_out * 4};
+    int64_t offsets[10], total = 0;
+    for (int i = 0; i < 10; ++i) {
         offsets[i] = total;
-        total += (sizes[i] + 15) / 16 * 16;
+        total += (bytes[i] + 63) / 64 * 64;
     }
-    float *buf = aligned_alloc(64, sizeof(float) * (size_t)(total ? total : 16));
+    char *buf = aligned_alloc(64, (size_t)(total ? total : 64));
     if (!buf) return LAYERS_E_MEMORY;
-    float *normed = buf + offsets[0], *qkv = buf + offsets[1], *query = buf + offsets[2];
-    float *attn = buf + offsets[3], *proj = buf + offsets[4], *gate_up = buf + offsets[5];
-    float *act = buf + offsets[6];
+    char *normed = buf + offsets[0], *qkv = buf + offsets[1], *proj = buf + offsets[2];
+    char *gate_up = buf + offsets[3], *act = buf + offsets[4], *attn_out = buf + offsets[5];
+    float *query = (float *)(buf + offsets[6]), *attn = (float *)(buf + offsets[7]);
+    float *x32 = (float *)(buf + offsets[8]), *y32 = (float *)(buf + offsets[9]);
+    if (!dtype) attn_out = (char *)attn; /* float32: the attention output as it is */
     int status = 0;
 
     for (int l = 0; l < num_layers && status == 0; ++l) {
         const int64_t *layer = layers + (int64_t)l * LAYER_FIELDS;
         void *k_cache = PTR(layer[F_K_CACHE]), *v_cache = PTR(layer[F_V_CACHE]);
 
-        pagecli_rms_norm(hidden, NULL, PTR(layer[F_INPUT_NORM]), normed, T, H, H, 0, H, eps, 0,
-                         num_threads);
-        if ((status = linear(layer, F_QKV_TYPE, normed, T, H, qkv, QKV, num_threads, timings)))
+        pagecli_rms_norm(hidden, NULL, PTR(layer[F_INPUT_NORM]), normed, T, H, H, 0, H, eps,
+                         dtype, num_threads);
+        if ((status = linear(layer, F_QKV_TYPE, normed, T, H, qkv, QKV, dtype, x32, y32,
+                             num_threads, timings)))
             break;
-        pagecli_rotary(qkv, qkv + Q, cos, sin, T, num_heads, num_kv_heads, head_dim, QKV, QKV,
-                       0);
+        pagecli_rotary(qkv, qkv + Q * es, cos, sin, T, num_heads, num_kv_heads, head_dim, QKV,
+                       QKV, dtype);
         const double attention_start = timings ? omp_get_wtime() : 0.0;
-        if (pagecli_store_kv(qkv + Q, qkv + Q + KV, QKV, QKV, k_cache, v_cache, stride_block,
-                             stride_slot, slot_mapping, T, KV, 4, block_size,
-                             num_blocks * block_size)) {
+        if (pagecli_store_kv(qkv + Q * es, qkv + (Q + KV) * es, QKV, QKV, k_cache, v_cache,
+                             stride_block, stride_slot, slot_mapping, T, KV, (int64_t)es,
+                             block_size, num_blocks * block_size)) {
             status = LAYERS_E_SLOT;
             break;
         }
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (T >= 64)
-        for (int64_t t = 0; t < T; ++t)
-            memcpy(query + t * Q, qkv + t * QKV, sizeof(float) * (size_t)Q);
+        for (int64_t t = 0; t < T; ++t) {
+            if (dtype == 0) {
+                memcpy(query + t * Q, (const float *)qkv + t * QKV, sizeof(float) * (size_t)Q);
+                continue;
+            }
+            const uint16_t *row = (const uint16_t *)qkv + t * QKV;
+            for (int64_t i = 0; i < Q; ++i) { /* widened: exact */
+                const uint32_t bits = (uint32_t)row[i] << 16;
+                memcpy(query + t * Q + i, &bits, sizeof bits);
+            }
+        }
         for (int g = 0; g < num_groups && status == 0; ++g) {
             const int64_t *grp = groups + (int64_t)g * GROUP_FIELDS;
             const int64_t first = grp[G_TOKEN_START];
             const int a = pagecli_paged_attention(
-                attention_isa, 0, query + first * Q, k_cache, v_cache, num_blocks, stride_block,
-                stride_slot, stride_head, PTR(grp[G_BLOCK_TABLES]), grp[G_TABLE_STRIDE],
-                PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]), attn + first * Q,
-                (int)grp[G_NUM_SEQS], num_heads, num_kv_heads, head_dim, block_size, scale,
-                (int)grp[G_SPLIT_TOKENS], num_threads);
+                attention_isa, dtype, query + first * Q, k_cache, v_cache, num_blocks,
+                stride_block, stride_slot, stride_head, PTR(grp[G_BLOCK_TABLES]),
+                grp[G_TABLE_STRIDE], PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]),
+                attn + first * Q, (int)grp[G_NUM_SEQS], num_heads, num_kv_heads, head_dim,
+                block_size, scale, (int)grp[G_SPLIT_TOKENS], num_threads);
             if (a) status = a == -1 ? LAYERS_E_BLOCK : LAYERS_E_MEMORY;
         }
         if (timings) timings[1] += omp_get_wtime() - attention_start;
         if (status) break;
-        if ((status = linear(layer, F_O_TYPE, attn, T, Q, proj, H, num_threads, timings))) break;
-        pagecli_rms_norm(hidden, proj, PTR(layer[F_POST_NORM]), normed, T, H, H, H, H, eps, 0,
-                         num_threads); /* hidden += proj first */
-        if ((status = linear(layer, F_GATE_UP_TYPE, normed, T, H, gate_up, 2 * inter,
+        if (dtype) narrow_bf16(attn, (uint16_t *)attn_out, T * Q, num_threads);
+        if ((status = linear(layer, F_O_TYPE, attn_out, T, Q, proj, H, dtype, x32, y32,
                              num_threads, timings)))
             break;
-        pagecli_silu_mul(gate_up, act, T, inter, 2 * inter, inter, 0, num_threads);
-        if ((status = linear(layer, F_DOWN_TYPE, act, T, inter, proj, H, num_threads, timings)))
+        pagecli_rms_norm(hidden, proj, PTR(layer[F_POST_NORM]), normed, T, H, H, H, H, eps,
+                         dtype, num_threads); /* hidden += proj first */
+        if ((status = linear(layer, F_GATE_UP_TYPE, normed, T, H, gate_up, 2 * inter, dtype,
+                             x32, y32, num_threads, timings)))
             break;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (T >= 64)
-        for (int64_t i = 0; i < T * H; ++i) hidden[i] += proj[i];
+        pagecli_silu_mul(gate_up, act, T, inter, 2 * inter, inter, dtype, num_threads);
+        if ((status = linear(layer, F_DOWN_TYPE, act, T, inter, proj, H, dtype, x32, y32,
+                             num_threads, timings)))
+            break;
+        add_into(hidden, proj, T * H, dtype, num_threads);
     }
     if (status == 0 && final_norm)
-        pagecli_rms_norm(hidden, NULL, final_norm, final_out, T, H, H, 0, H, final_eps, 0,
+        pagecli_rms_norm(hidden, NULL, final_norm, final_out, T, H, H, 0, H, final_eps, dtype,
                          num_threads);
     free(buf);
     return status;

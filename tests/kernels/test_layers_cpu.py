@@ -92,6 +92,41 @@ def test_float32_checkpoints_take_the_layers_bit_for_bit(tiny_models, name, monk
     assert native_run == loop_run
 
 
+@pytest.mark.parametrize("name", ["llama3", "qwen2"])
+def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, monkeypatch):
+    # bfloat16: the C loop takes the steps of at most BF16Linear.SMALL_ROWS tokens (two
+    # sequences decoding) and rounds where the loop's bfloat16 tensors round; the prefill
+    # chunks in between run the loop. Both runs must agree to the bit.
+    def run(on: bool):
+        llm = LLM(
+            str(tiny_models[name]),
+            dtype="bfloat16",
+            block_size=4,
+            max_num_seqs=2,
+            max_num_batched_tokens=64,
+            num_kv_blocks=48,
+        )
+        layers_cpu.set_enabled(on)
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+            outputs = llm.generate(_prompts(), params)
+        finally:
+            layers_cpu.set_enabled(True)
+        model = llm.engine.runner.model
+        assert model.layers[0].mlp.down_proj.single_weight.format.name == "bfloat16"
+        return [
+            (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.outputs[0].logprobs])
+            for o in outputs
+        ]
+
+    calls = _counting(monkeypatch)
+    native_run = run(True)
+    used = calls[0]
+    loop_run = run(False)
+    assert used >= 8 * 11 // 2 and calls[0] == used  # most decode steps took the C loop
+    assert native_run == loop_run
+
+
 def test_a_layer_of_two_formats_runs_the_loop(tiny_ggufs, monkeypatch):
     calls = _counting(monkeypatch)
     llm = LLM(str(tiny_ggufs["mixed"]), dtype="float32", block_size=4)
