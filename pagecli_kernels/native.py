@@ -47,6 +47,7 @@ EXTRA_SOURCES = [
         "quant_f32.c",
         "quant_bf16.c",
         "gemm_f32.c",
+        "gemm_bf16.c",
         "llama_layers_cpu.c",
     )
 ]

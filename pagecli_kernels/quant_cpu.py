@@ -117,6 +117,60 @@ def set_gemm(choice: str) -> None:
     lib.pagecli_quant_set_gemm(GEMMS.index(choice))
 
 
+BF16_GEMMS = ("auto", "off", "pairs")  # pagecli_bf16_set_gemm's choices
+
+
+def bf16_gemm() -> str | None:
+    """Who multiplies bfloat16 inputs of more than a few rows (`bf16_linear`): "pairs" (the
+    pair GEMM of csrc/gemm_bf16.c, on VDPBF16PS where the CPU has AVX512_BF16), "off" (the
+    caller keeps torch's bfloat16 GEMM), or None (no library)."""
+    lib = library()
+    if lib is None:
+        return None
+    return "pairs" if lib.pagecli_bf16_gemm() else "off"
+
+
+def set_bf16_gemm(choice: str) -> None:
+    """Choose "pairs", "off", or "auto" (pairs where the AVX-512 path runs on a CPU with
+    AVX512_BF16 and no AMX). Tests and benchmarks."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if choice not in BF16_GEMMS:
+        raise ValueError(f"bf16 gemm {choice!r}: choose one of {BF16_GEMMS}")
+    lib.pagecli_bf16_set_gemm(BF16_GEMMS.index(choice))
+
+
+def bf16_gemm_native() -> bool:
+    """Whether the pair GEMM runs VDPBF16PS here (else its portable loop)."""
+    lib = library()
+    return lib is not None and bool(lib.pagecli_bf16_gemm_native())
+
+
+def bf16_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
+    """`x @ weight.T` for a bfloat16 CPU `x` [M, cols] (unit column stride) and a BF16
+    `QuantWeight` -> [M, rows] float32 sums of the exact products (csrc/gemm_bf16.c)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if weight.format.ggml_type != 30 or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        raise ValueError("bf16_linear takes bfloat16 CPU input and a BF16 weight")
+    if x.dim() != 2 or x.shape[1] != weight.cols:
+        raise ValueError(f"input must be [M, {weight.cols}]")
+    if x.stride(-1) != 1 or x.stride(0) % 2:
+        x = x.contiguous()
+    num_rows = x.shape[0]
+    out = torch.empty(num_rows, weight.rows)  # [M, N] float32
+    if num_rows:
+        status = lib.pagecli_bf16_linear(
+            weight.data.data_ptr(), weight.rows, weight.cols, x.data_ptr(),
+            x.stride(0) if num_rows > 1 else weight.cols, num_rows, out.data_ptr(),
+            weight.rows, torch.get_num_threads(),
+        )  # fmt: skip
+        _check(status, "bf16_linear")
+    return out
+
+
 def has_blas() -> bool:
     """Whether the panel path found torch's sgemm (else large batches take the fused path)."""
     library()
@@ -161,6 +215,12 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_gemm.argtypes = [i32]
     lib.pagecli_quant_set_gemm.restype = i32
     lib.pagecli_quant_gemm.restype = i32
+    lib.pagecli_bf16_linear.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
+    lib.pagecli_bf16_linear.restype = i32
+    lib.pagecli_bf16_set_gemm.argtypes = [i32]
+    lib.pagecli_bf16_set_gemm.restype = i32
+    lib.pagecli_bf16_gemm.restype = i32
+    lib.pagecli_bf16_gemm_native.restype = i32
     for fn in ("pagecli_quant_linear", "pagecli_quant_dequantize_rows", "pagecli_quant_set_isa"):
         getattr(lib, fn).restype = i32
     lib.pagecli_quant_best_isa.restype = i32

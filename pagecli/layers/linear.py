@@ -77,17 +77,24 @@ def bf16_rows_supported(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class BF16Linear(nn.Module):
-    """A bfloat16 `y = x @ weight.T + bias` for the CPU whose decode products take the native
-    row kernels (pagecli_kernels/quant_formats.BF16, a view of the same weight, no copy).
+    """A bfloat16 `y = x @ weight.T + bias` for the CPU on the native kernels
+    (pagecli_kernels/quant_cpu.bf16_linear, over a view of the same weight, no copy).
 
-    torch's bfloat16 product of one or two rows read the weights at a third of the machine's
-    bandwidth (Zen 4 with AVX512_BF16, 2 threads); the row kernels widen each bfloat16 weight
-    to float32 in registers and sum in float32, as oneDNN's bfloat16 GEMM does, so the result
-    differs from `F.linear` in summation order only before the output is rounded to
-    bfloat16. From `SMALL_ROWS + 1` rows on, torch's GEMM (on the CPU's native bfloat16 dot
-    products) is as fast or faster (benchmarks/RESULTS.md) and takes over."""
+    Products of a few rows take the row kernels: torch's bfloat16 product of one or two rows
+    read the weights at a third of the machine's bandwidth (Zen 4 with AVX512_BF16, 2
+    threads). Larger ones take the pair GEMM of csrc/gemm_bf16.c where
+    `quant_cpu.bf16_gemm()` says "pairs" (AVX512_BF16 without AMX: as fast as oneDNN's, and
+    the one-call decoder layers run it too), torch's GEMM otherwise (from `SMALL_ROWS + 1`
+    rows on). All of them sum the exact products of the bfloat16 values in float32, as
+    oneDNN's bfloat16 GEMM does, so the result differs from `F.linear` in summation order only
+    before the output is rounded to bfloat16."""
 
     SMALL_ROWS = 2
+
+    @classmethod
+    def native_rows(cls) -> int | None:
+        """The most input rows the native kernels take (None: any number)."""
+        return None if quant_cpu.bf16_gemm() == "pairs" else cls.SMALL_ROWS
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -98,13 +105,14 @@ class BF16Linear(nn.Module):
         self.weight = nn.Parameter(host_memory.copy(weight.contiguous()), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._bias32 = None if bias is None else bias.detach().float()
-        self._rows = quant_cpu.PreparedLinear(float_rows(self.weight.data))
+        self._rows = float_rows(self.weight.data)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)  # [M, K]
-        if x2d.shape[0] > self.SMALL_ROWS or x.dtype != torch.bfloat16:
+        most = self.native_rows() if x2d.shape[0] > self.SMALL_ROWS else None
+        if x.dtype != torch.bfloat16 or (most is not None and x2d.shape[0] > most):
             return F.linear(x, self.weight, self.bias)
-        out = self._rows(x2d.float())  # [M, N] float32 sums
+        out = quant_cpu.bf16_linear(x2d, self._rows)  # [M, N] float32 sums
         if self._bias32 is not None:
             out += self._bias32
         return out.to(torch.bfloat16).view(*x.shape[:-1], self.out_features)
@@ -113,7 +121,7 @@ class BF16Linear(nn.Module):
     def single_weight(self) -> QuantWeight:
         """The weight as the row kernels read it (a BF16 `QuantWeight`), for the one-call
         decoder layers (pagecli_kernels/layers_cpu.py), which then add `float_bias`."""
-        return self._rows.weight
+        return self._rows
 
     @property
     def float_bias(self) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ from pagecli.layers.norm import RMSNorm
 from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
 from pagecli_kernels import fused_cpu, host_memory, layers_cpu, quant_cpu
-from pagecli_kernels.quant_formats import F32, float_rows
+from pagecli_kernels.quant_formats import F32, QuantWeight, float_rows
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
 
@@ -129,8 +129,8 @@ class LlamaForCausalLM(nn.Module):
         self.packed_head: PackedLinear | None = None  # set by pack_weights()
         # the tied output projection over the embedding's own float32 rows (native kernels)
         self.float_head: quant_cpu.PreparedLinear | None = None  # set by pack_weights()
-        # the same over bfloat16 rows, for decode-sized batches (set by use_bf16_rows())
-        self.bf16_head: quant_cpu.PreparedLinear | None = None
+        # the embedding's bfloat16 rows for quant_cpu.bf16_linear (set by use_bf16_rows())
+        self.bf16_head: QuantWeight | None = None
         # the decoder layers bound for one native call (CPU, quantized), rebuilt when the
         # caches or attention implementations change; see native_layers()
         self._native: tuple[list, layers_cpu.DecoderLayers | None] = ([], None)
@@ -156,12 +156,14 @@ class LlamaForCausalLM(nn.Module):
     def native_layers(self, hidden: torch.Tensor, rope: Rope) -> layers_cpu.DecoderLayers | None:
         """The decoder layers bound for one native call when this step can take it: float32
         or bfloat16 activations and caches on the CPU, every projection one block-format or
-        float32-rows buffer (bfloat16: the row kernels of `BF16Linear`, so only for steps of
-        at most `BF16Linear.SMALL_ROWS` tokens, where the loop takes them too; biases
-        allowed), no q/k norm, the CPU attention kernels. None: the Python loop runs."""
+        float32-rows buffer (bfloat16: the native kernels of `BF16Linear`, so only for steps
+        of at most `BF16Linear.native_rows()` tokens, which the loop's layers also give to
+        them; biases allowed), no q/k norm, the CPU attention kernels. None: the Python loop
+        runs."""
+        most = BF16Linear.native_rows() if hidden.dtype == torch.bfloat16 else None
         if (
             hidden.dtype not in (torch.float32, torch.bfloat16)
-            or (hidden.dtype == torch.bfloat16 and hidden.shape[0] > BF16Linear.SMALL_ROWS)
+            or (most is not None and hidden.shape[0] > most)
             or hidden.device.type != "cpu"
             or not hidden.is_contiguous()
             or rope[0].dtype != hidden.dtype
@@ -220,12 +222,12 @@ class LlamaForCausalLM(nn.Module):
         """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
         if self.float_head is not None and hidden.dtype == torch.float32:
             return self.float_head(hidden.contiguous())
-        if (
-            self.bf16_head is not None
-            and hidden.dtype == torch.bfloat16
-            and hidden.shape[0] <= BF16Linear.SMALL_ROWS
-        ):  # rounded to bfloat16 first, as the bfloat16 product below returns them
-            return self.bf16_head(hidden.float()).to(torch.bfloat16).float()
+        if self.bf16_head is not None and hidden.dtype == torch.bfloat16:
+            most = BF16Linear.native_rows() if hidden.shape[0] > BF16Linear.SMALL_ROWS else None
+            if most is None or hidden.shape[0] <= most:
+                # rounded to bfloat16 first, as the bfloat16 product below returns them
+                logits = quant_cpu.bf16_linear(hidden, self.bf16_head)
+                return logits.to(torch.bfloat16).float()
         if self.packed_head is not None:
             return self.packed_head(hidden).float()
         if self.lm_head is not None:
@@ -269,7 +271,7 @@ class LlamaForCausalLM(nn.Module):
             and table.shape[1] % 32 == 0
         ):
             table.data = host_memory.copy(table.data)  # streamed every step: huge pages
-            self.bf16_head = quant_cpu.PreparedLinear(float_rows(table.data))
+            self.bf16_head = float_rows(table.data)
 
     def use_quantized(self, names: set[str]) -> None:
         """Give the checkpoint tensors `names` (transformers' names) that arrive as

@@ -9,8 +9,13 @@
 #include <stdint.h>
 
 /* quant_linear_cpu.c */
+int pagecli_quant_isa(void);
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
                          int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);
+
+/* gemm_bf16.c */
+int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int64_t ldx,
+                        int64_t m, float *y, int64_t ldy, int num_threads);
 
 /* paged_attention_cpu.c */
 int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const void *k_cache,

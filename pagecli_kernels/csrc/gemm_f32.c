@@ -185,6 +185,19 @@ TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t 
 }
 #endif
 
+/* y[tok][r] = sums[r * GEMM_TOKENS + tok] for tok < tokens, r < rows (gemm_bf16.c too) */
+void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
+                     int64_t ldy) {
+#if QUANT_X86
+    if (isa == ISA_AVX512) {
+        write_tile_avx512(sums, rows, tokens, y, ldy);
+        return;
+    }
+#endif
+    (void)isa;
+    write_tile(sums, rows, tokens, y, ldy);
+}
+
 /* y[tok][r] = dot(x[tok], w[r]) for tok < m, r < count: w's rows at row stride ldw (floats),
  * x packed by gemm_pack_x. Single-threaded; the driver splits W's rows over the threads. */
 void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,

@@ -1,6 +1,8 @@
 /*
  * float32 GEMM for the panel path (gemm_f32.c): x packed once per call into token tiles,
- * then each thread multiplies its panels of W's rows with all of them.
+ * then each thread multiplies its panels of W's rows with all of them. gemm_bf16.c packs
+ * bfloat16 pairs as 32-bit values with the same gemm_pack_x and writes its sums with
+ * gemm_write_tile.
  */
 #ifndef PAGECLI_GEMM_F32_H
 #define PAGECLI_GEMM_F32_H
@@ -17,6 +19,8 @@ static inline int64_t gemm_packed_floats(int64_t m, int64_t k) {
 
 void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
                  int64_t tile);
+void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
+                     int64_t ldy);
 void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
                 int64_t count, float *y, int64_t ldy);
 

@@ -7,9 +7,10 @@
  * Every layer runs the same kernels, with the same arguments and thread count, in the same
  * order as the Python loop (cpu_ops.c, quant_linear_cpu.c, paged_attention_cpu.c), so the
  * result is bit-for-bit the loop's. In bfloat16 (dtype 1) it also rounds where the loop's
- * tensors are bfloat16: a projection widens its bfloat16 input to float32, sums in float32,
- * adds the float32 bias and rounds (layers/linear.BF16Linear); attention takes the query
- * widened and its float32 output is rounded; the residual adds round (torch's bfloat16 add):
+ * tensors are bfloat16: a projection sums in float32 (gemm_bf16.c for bfloat16 weights, as
+ * layers/linear.BF16Linear; the float32 drivers on the widened input for block formats),
+ * adds the float32 bias and rounds; attention takes the query widened and its float32 output
+ * is rounded; the residual adds round (torch's bfloat16 add):
  *
  *   normed = rms_norm(hidden; input_layernorm)
  *   qkv    = normed @ dequant(W_qkv).T (+ bias)           [T, Q + 2 KV]
@@ -42,6 +43,7 @@
 #include <string.h>
 
 #include "cpu_entry_points.h" /* the kernels this file strings together */
+#include "quant_blocks.h"     /* QT_BF16 */
 
 #define LAYERS_E_BLOCK -1  /* a block id outside [0, num_blocks) */
 #define LAYERS_E_MEMORY -2 /* no memory for the work buffers */
@@ -107,20 +109,27 @@ static void add_into(void *a, const void *b, int64_t count, int dtype, int num_t
 }
 
 /* y = x @ W.T (+ bias, added afterwards as torch's `out += bias` does), x [m, k] and y [m, n]
- * of dtype. bfloat16 goes through the float32 scratch rows x32 and y32, as BF16Linear does. */
+ * of dtype. bfloat16 sums into the float32 scratch rows y32 and rounds, as the loop's layers
+ * do: a bfloat16 weight through gemm_bf16.c (layers/linear.BF16Linear), a block format
+ * through the float32 drivers with x widened into x32 (layers/quant_linear.QuantLinear). */
 static int linear(const int64_t *layer, int type_field, const void *x, int64_t m, int64_t k,
                   void *y, int64_t n, int dtype, float *x32, float *y32, int num_threads,
                   double *timings) {
     const double start = timings ? omp_get_wtime() : 0.0;
-    const float *xf = x;
-    float *yf = y;
-    if (dtype) {
-        widen_bf16(x, x32, m * k, num_threads);
-        xf = x32;
-        yf = y32;
+    const int type = (int)layer[type_field];
+    const void *w = PTR(layer[type_field + 1]);
+    float *yf = dtype ? y32 : y;
+    int status;
+    if (dtype && type == QT_BF16) {
+        status = pagecli_bf16_linear(w, n, k, x, k, m, yf, n, num_threads);
+    } else {
+        const float *xf = x;
+        if (dtype) {
+            widen_bf16(x, x32, m * k, num_threads);
+            xf = x32;
+        }
+        status = pagecli_quant_linear(type, w, n, k, xf, k, m, yf, n, num_threads);
     }
-    const int status = pagecli_quant_linear((int)layer[type_field], PTR(layer[type_field + 1]),
-                                            n, k, xf, k, m, yf, n, num_threads);
     const float *bias = PTR(layer[type_field + 2]);
     if (status == 0 && bias) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m >= 64)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pagecli import LLM, SamplingParams
-from pagecli_kernels import layers_cpu, native
+from pagecli_kernels import layers_cpu, native, quant_cpu
 from tests.gguf_models import FORMATS, VOCAB, build_tiny_ggufs
 
 pytestmark = pytest.mark.skipif(
@@ -92,17 +92,21 @@ def test_float32_checkpoints_take_the_layers_bit_for_bit(tiny_models, name, monk
     assert native_run == loop_run
 
 
+@pytest.mark.parametrize("gemm", ["pairs", "off"])
 @pytest.mark.parametrize("name", ["llama3", "qwen2"])
-def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, monkeypatch):
-    # bfloat16: the C loop takes the steps of at most BF16Linear.SMALL_ROWS tokens (two
-    # sequences decoding) and rounds where the loop's bfloat16 tensors round; the prefill
-    # chunks in between run the loop. Both runs must agree to the bit.
+def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, monkeypatch):
+    # bfloat16: the C loop rounds where the loop's bfloat16 tensors round. With the pair GEMM
+    # it takes every step; without it, only the steps of at most BF16Linear.SMALL_ROWS tokens
+    # (two sequences decoding), and the prefill chunks in between run the loop. Both runs must
+    # agree to the bit.
+    quant_cpu.set_bf16_gemm(gemm)
+
     def run(on: bool):
         llm = LLM(
             str(tiny_models[name]),
             dtype="bfloat16",
             block_size=4,
-            max_num_seqs=2,
+            max_num_seqs=2 if gemm == "off" else 8,
             max_num_batched_tokens=64,
             num_kv_blocks=48,
         )
@@ -120,10 +124,14 @@ def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, monkeypat
         ]
 
     calls = _counting(monkeypatch)
-    native_run = run(True)
-    used = calls[0]
-    loop_run = run(False)
-    assert used >= 8 * 11 // 2 and calls[0] == used  # most decode steps took the C loop
+    try:
+        native_run = run(True)
+        used = calls[0]
+        loop_run = run(False)
+    finally:
+        quant_cpu.set_bf16_gemm("auto")
+    # without the pair GEMM, most of the 8 x 11 decode steps of two sequences took the C loop
+    assert used >= (8 * 11 // 2 if gemm == "off" else 11) and calls[0] == used
     assert native_run == loop_run
 
 

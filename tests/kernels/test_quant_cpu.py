@@ -295,3 +295,87 @@ def test_prefetch_levels_change_no_result(isa, prefetch):
 def test_prefetch_level_must_be_known(prefetch):
     with pytest.raises(ValueError, match="prefetch level"):
         prefetch("l3")
+
+
+# bfloat16 inputs with bfloat16 weights (quant_cpu.bf16_linear, csrc/gemm_bf16.c): exact
+# products, float32 sums; the row kernels up to 8 rows, then the pair GEMM ("pairs": VDPBF16PS
+# on the AVX-512 path of a CPU with AVX512_BF16, its portable loop on the other paths) or the
+# float32 panels on the widened input ("off").
+@pytest.fixture(params=["pairs", "off"])
+def bf16_gemm(request):
+    quant_cpu.set_bf16_gemm(request.param)
+    assert quant_cpu.bf16_gemm() == request.param
+    yield request.param
+    quant_cpu.set_bf16_gemm("auto")
+
+
+@pytest.mark.parametrize("rows", [*ROWS, 9, 31, 33])
+def test_bf16_linear_matches_float64(isa, bf16_gemm, rows):
+    """Token counts around the 32-token tiles; 37 and 45 outputs: not whole 12-row tiles."""
+    gen = torch.Generator().manual_seed(rows)
+    weight = float_rows(torch.randn(37, 736, generator=gen).bfloat16())
+    x = torch.randn(rows, 736, generator=gen).bfloat16()
+    got = quant_cpu.bf16_linear(x, weight)
+    assert got.dtype == torch.float32 and got.shape == (rows, 37)
+    assert_within(got, x.float(), weight, "bfloat16")
+    wide = torch.randn(2 * rows, 776, generator=gen).bfloat16()
+    strided = wide[::2, 8:744]  # rows 1552 values apart
+    weight = float_rows(torch.randn(45, 736, generator=gen).bfloat16())
+    assert_within(quant_cpu.bf16_linear(strided, weight), strided.float(), weight, "bfloat16")
+
+
+@pytest.mark.parametrize("path", ["portable", "avx512"])
+def test_bf16_pairs_sum_in_the_documented_order(path):
+    """Each pair adds its odd product, then its even one, to the running float32 sum (Intel's
+    description of VDPBF16PS; the portable loop is written so). After a first pair that sums
+    to 1, the pair (2^-24, -1) gives 2^-24 in that order, and 0 the other way round (1 +
+    2^-24 rounds to 1)."""
+    if path == "avx512" and not quant_cpu.bf16_gemm_native():
+        pytest.skip("this CPU has no AVX512_BF16")
+    quant_cpu.set_isa(path)
+    quant_cpu.set_bf16_gemm("pairs")
+    try:
+        x = torch.zeros(9, 32, dtype=torch.bfloat16)  # 9 rows: the pair GEMM
+        w = torch.zeros(1, 32, dtype=torch.bfloat16)
+        x[:, :4] = torch.tensor([1.0, 0.0, 2.0**-24, -1.0])  # pairs (x0, x1), (x2, x3)
+        w[0, :4] = 1.0
+        got = quant_cpu.bf16_linear(x, float_rows(w))
+    finally:
+        quant_cpu.set_bf16_gemm("auto")
+        quant_cpu.set_isa(None)
+    assert (got == 2.0**-24).all(), got[:, 0]
+
+
+def test_bf16_gemm_auto_follows_the_cpu():
+    """The pair GEMM where the AVX-512 path runs on a CPU with AVX512_BF16 and without AMX
+    (whose tiles torch's oneDNN uses); torch's GEMM elsewhere."""
+    quant_cpu.set_bf16_gemm("auto")
+    flags = _flags()
+    native = quant_cpu.isa() == "avx512" and "avx512_bf16" in flags
+    assert quant_cpu.bf16_gemm_native() == native
+    assert quant_cpu.bf16_gemm() == ("pairs" if native and "amx_bf16" not in flags else "off")
+    quant_cpu.set_isa("portable")
+    try:
+        assert quant_cpu.bf16_gemm() == "off" and not quant_cpu.bf16_gemm_native()
+    finally:
+        quant_cpu.set_isa(None)
+    with pytest.raises(ValueError, match="bf16 gemm"):
+        quant_cpu.set_bf16_gemm("amx")
+
+
+def _flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_bf16_linear_takes_bfloat16_only():
+    weight = float_rows(torch.zeros(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="bfloat16"):
+        quant_cpu.bf16_linear(torch.zeros(2, 32), weight)
+    with pytest.raises(ValueError, match="bfloat16"):
+        quant_cpu.bf16_linear(
+            torch.zeros(2, 32, dtype=torch.bfloat16), float_rows(torch.zeros(4, 32))
+        )

@@ -1,5 +1,6 @@
 """bfloat16 linear layers on the CPU (layers/linear.BF16Linear): decode-sized products on the
-native row kernels, float32 sums rounded once to bfloat16; larger ones exactly torch's."""
+native row kernels, larger ones on the pair GEMM where it is chosen, float32 sums rounded once
+to bfloat16; without the pair GEMM, larger ones exactly torch's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli.layers.linear import BF16Linear, bf16_rows_supported, use_bf16_rows
+from pagecli_kernels import quant_cpu
 
 pytestmark = pytest.mark.skipif(
     not bf16_rows_supported(torch.bfloat16, torch.device("cpu")),
@@ -23,14 +25,33 @@ def make(rows_out: int, cols: int, bias: bool, seed: int = 0):
     return weight, b
 
 
+@pytest.fixture
+def bf16_gemm():
+    """Set quant_cpu's choice for larger batches for one test ("pairs" or "off")."""
+    yield quant_cpu.set_bf16_gemm
+    quant_cpu.set_bf16_gemm("auto")
+
+
+def _counted(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    kernel = quant_cpu.bf16_linear
+    monkeypatch.setattr(
+        quant_cpu, "bf16_linear", lambda x2d, w: calls.append(x2d.shape[0]) or kernel(x2d, w)
+    )
+    return calls
+
+
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 2])
-def test_small_batches_take_the_row_kernels_and_round_once(rows, bias):
+@pytest.mark.parametrize(
+    ("rows", "gemm"),
+    [(1, "off"), (2, "off"), (1, "pairs"), (3, "pairs"), (9, "pairs"), (64, "pairs")],
+)
+def test_native_products_round_once(rows, gemm, bias, bf16_gemm, monkeypatch):
+    # the row kernels (up to SMALL_ROWS rows, or 8 with the pair GEMM) and the pair GEMM
+    bf16_gemm(gemm)
     weight, b = make(70, 96, bias, seed=rows)
     layer = BF16Linear(weight, b)
-    calls = []
-    kernel = layer._rows
-    layer._rows = lambda x2d: calls.append(x2d.shape[0]) or kernel(x2d)
+    calls = _counted(monkeypatch)
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(9)).bfloat16()
     got = layer(x)
     assert calls == [rows] and got.dtype == torch.bfloat16 and got.shape == (rows, 70)
@@ -45,12 +66,14 @@ def test_small_batches_take_the_row_kernels_and_round_once(rows, bias):
 
 
 @pytest.mark.parametrize("rows", [3, 64])
-def test_larger_batches_are_torch_gemm(rows):
+def test_larger_batches_without_the_pair_gemm_are_torch_gemm(rows, bf16_gemm, monkeypatch):
+    bf16_gemm("off")
     weight, b = make(70, 96, bias=True)
     layer = BF16Linear(weight, b)
-    layer._rows = None  # must not be called
+    calls = _counted(monkeypatch)
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
     assert torch.equal(layer(x), F.linear(x, weight, b))
+    assert calls == [] and BF16Linear.native_rows() == BF16Linear.SMALL_ROWS
 
 
 def test_bf16_linear_refuses_other_dtypes():

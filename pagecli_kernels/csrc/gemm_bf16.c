@@ -1,0 +1,229 @@
+/*
+ * bfloat16 products with float32 sums, y[m, n] = x[m, k] @ W[n, k].T with x and W bfloat16 and
+ * y float32: a bfloat16 model's projections on the CPU (layers/linear.BF16Linear, and
+ * llama_layers_cpu.c in bfloat16, which must run the same kernel to stay bit for bit).
+ *
+ * Why our own: torch's bfloat16 GEMM (oneDNN) cannot be called from the one-call decoder
+ * layers, and the Python loop around it cost a 64-sequence bfloat16 decode step 10-15 ms of
+ * host time (benchmarks/step_floor.py). On CPUs with AVX512_BF16, VDPBF16PS multiplies
+ * bfloat16 pairs exactly and adds them into float32 sums, as oneDNN's kernels there do.
+ *
+ * Numerics: a product of two bfloat16 values is exact in float32. Each pair's two products are
+ * added to a running float32 sum one after the other (VDPBF16PS, which also takes denormal
+ * inputs and results as zero), over PAIR_CHUNK pairs at a time; the chunks' sums are then
+ * added up. The portable loop does the same in C (odd value first, as Intel documents the
+ * instruction; denormals kept). So the result is the float64 dot product up to float32
+ * rounding of the sums, as with oneDNN, in another order.
+ *
+ * Paths, by the number of input rows m:
+ *   - m <= FUSED_ROWS (decode): x widened to float32 (exact), then quant_linear_cpu.c's
+ *     bfloat16 row kernels, which stream W once at memory speed (quant_bf16.c);
+ *   - larger m, when pagecli_bf16_gemm() says so: x's bfloat16 pairs (32 bits each) packed into
+ *     token tiles by gemm_f32.c's packer, then each thread multiplies its panels of W's rows,
+ *     in place, with all of them: GEMM_ROWS rows x GEMM_TOKENS tokens of sums in 24 registers,
+ *     each W pair broadcast from its row as it is. Otherwise x widened and quant_linear's
+ *     float32 panels.
+ * The pair GEMM runs VDPBF16PS on the AVX-512 path of a CPU with AVX512_BF16, the portable
+ * loop elsewhere (tests force it there with pagecli_bf16_set_gemm).
+ */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "quant_blocks.h"
+
+#include "cpu_entry_points.h"
+#include "gemm_f32.h"
+
+#if QUANT_X86
+#include <cpuid.h>
+#include <immintrin.h>
+#define TARGET_AVX512_BF16                                                                     \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+#endif
+
+#define FUSED_ROWS 8           /* input rows that take the row kernels (as quant_linear) */
+#define PAIR_CHUNK 32          /* pairs summed apart, then added up (64 values, as gemm_f32.c) */
+#define TILE_BLOCK 8           /* token tiles swept per group of W rows (as gemm_f32.c) */
+#define PANEL_BYTES (1 << 20)  /* bytes of W rows per panel, per thread */
+#define E_FORMAT -1            /* k not whole 32-value blocks */
+#define E_MEMORY -3            /* no memory for the packed or widened input */
+
+/* Who multiplies more than FUSED_ROWS rows (pagecli_bf16_set_gemm). */
+enum { BF16_GEMM_AUTO = 0, BF16_GEMM_OFF = 1, BF16_GEMM_PAIRS = 2 };
+static int gemm_choice = BF16_GEMM_AUTO;
+static int cpu_bf16, cpu_amx; /* AVX512_BF16; AMX (bfloat16 tiles), decided once at load */
+
+__attribute__((constructor)) static void find_features(void) {
+#if QUANT_X86
+    unsigned eax, ebx, ecx, edx;
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) cpu_bf16 = (eax >> 5) & 1;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) cpu_amx = (edx >> 22) & 1;
+#endif
+}
+
+/* Multiply more than FUSED_ROWS rows with the pair GEMM (2), never (1), or as the CPU suggests
+ * (0): the pair GEMM where the AVX-512 path runs on a CPU with AVX512_BF16 and without AMX,
+ * whose bfloat16 tiles oneDNN uses (torch's GEMM stays faster there); -1 for other values. */
+int pagecli_bf16_set_gemm(int choice) {
+    if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_PAIRS) return -1;
+    gemm_choice = choice;
+    return 0;
+}
+
+/* 1 where more than FUSED_ROWS input rows take the pair GEMM, else 0. */
+int pagecli_bf16_gemm(void) {
+    if (gemm_choice != BF16_GEMM_AUTO) return gemm_choice == BF16_GEMM_PAIRS;
+    return pagecli_quant_isa() == ISA_AVX512 && cpu_bf16 && !cpu_amx;
+}
+
+/* 1 where the pair GEMM runs VDPBF16PS (else the portable loop). */
+int pagecli_bf16_gemm_native(void) { return pagecli_quant_isa() == ISA_AVX512 && cpu_bf16; }
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static inline float bf16_value(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ---- micro-kernels: sums[r][j] = dot(x[tile token j], W row r) over `pairs` pairs ---------- */
+
+static void pairs_portable(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs,
+                           int rows, float *sums) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < GEMM_TOKENS; j++) {
+            float total = 0.0f;
+            for (int64_t p0 = 0; p0 < pairs; p0 += PAIR_CHUNK) {
+                float s = 0.0f;
+                for (int64_t p = p0; p < min64(p0 + PAIR_CHUNK, pairs); p++) {
+                    const uint32_t a = xt[p * GEMM_TOKENS + j], b = w[r * ldw + p];
+                    s += bf16_value((uint16_t)(a >> 16)) * bf16_value((uint16_t)(b >> 16));
+                    s += bf16_value((uint16_t)a) * bf16_value((uint16_t)b);
+                }
+                total += s;
+            }
+            sums[r * GEMM_TOKENS + j] = total;
+        }
+}
+
+#if QUANT_X86
+/* One copy per constant R (1..GEMM_ROWS), as gemm_f32.c's micro_avx512_r. */
+TARGET_AVX512_BF16 static inline __attribute__((always_inline)) void
+pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs, float *sums,
+               const int R) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += PAIR_CHUNK) {
+        __m512 acc[GEMM_ROWS][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const int64_t end = min64(p0 + PAIR_CHUNK, pairs);
+        for (int64_t p = p0; p < end; p++) {
+            const __m512bh x0 = (__m512bh)_mm512_load_si512(xt + p * GEMM_TOKENS);
+            const __m512bh x1 = (__m512bh)_mm512_load_si512(xt + p * GEMM_TOKENS + 16);
+            for (int r = 0; r < R; r++) {
+                const __m512bh b = (__m512bh)_mm512_set1_epi32((int)w[r * ldw + p]);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x0, b);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x1, b);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            float *s = sums + r * GEMM_TOKENS;
+            if (p0) {
+                acc[r][0] = _mm512_add_ps(_mm512_load_ps(s), acc[r][0]);
+                acc[r][1] = _mm512_add_ps(_mm512_load_ps(s + 16), acc[r][1]);
+            }
+            _mm512_store_ps(s, acc[r][0]);
+            _mm512_store_ps(s + 16, acc[r][1]);
+        }
+    }
+}
+
+TARGET_AVX512_BF16 static void pairs_avx512(const uint32_t *xt, const uint32_t *w, int64_t ldw,
+                                            int64_t pairs, int rows, float *sums) {
+    switch (rows) {
+#define PAIRS_CASE(R)                                                                          \
+    case R: pairs_avx512_r(xt, w, ldw, pairs, sums, R); break;
+        PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4) PAIRS_CASE(5) PAIRS_CASE(6)
+        PAIRS_CASE(7) PAIRS_CASE(8) PAIRS_CASE(9) PAIRS_CASE(10) PAIRS_CASE(11)
+#undef PAIRS_CASE
+    default: pairs_avx512_r(xt, w, ldw, pairs, sums, GEMM_ROWS); break;
+    }
+}
+#endif
+
+typedef void (*pairs_fn)(const uint32_t *, const uint32_t *, int64_t, int64_t, int, float *);
+
+/* Rows of W per panel: a multiple of GEMM_ROWS within PANEL_BYTES, the panels split evenly
+ * over the threads where W allows it. */
+static int64_t panel_rows(int64_t n, int64_t k, int num_threads) {
+    int64_t most = PANEL_BYTES / (int64_t)(k * sizeof(uint16_t));
+    most = most < GEMM_ROWS ? GEMM_ROWS : most - most % GEMM_ROWS;
+    const int64_t rounds = (n + most * num_threads - 1) / (most * num_threads);
+    const int64_t per_panel = (n + rounds * num_threads - 1) / (rounds * num_threads);
+    return (per_panel + GEMM_ROWS - 1) / GEMM_ROWS * GEMM_ROWS;
+}
+
+static __thread float *widened;
+static __thread int64_t widened_cap;
+static __thread float *packed;
+static __thread int64_t packed_cap;
+
+/* *buf holds at least `need` floats (64-byte aligned), kept for the calling thread's next call */
+static int reserve(float **buf, int64_t *cap, int64_t need) {
+    if (*cap >= need) return 0;
+    free(*buf);
+    *buf = aligned_alloc(64, (size_t)((need * (int64_t)sizeof(float) + 63) / 64 * 64));
+    *cap = *buf ? need : 0;
+    return *buf ? 0 : E_MEMORY;
+}
+
+/* y[m, n] = x[m, k] @ W[n, k].T: W and x bfloat16 (rows ldx values apart), y float32 (rows
+ * ldy apart); k a multiple of 32. Returns 0, or E_FORMAT, E_MEMORY. */
+int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int64_t ldx,
+                        int64_t m, float *y, int64_t ldy, int num_threads) {
+    if (k % 32 || k <= 0) return E_FORMAT;
+    if (m <= 0 || n <= 0) return 0;
+    const uint16_t *xs = x;
+    if (m <= FUSED_ROWS || !pagecli_bf16_gemm()) { /* widened: the float32 drivers */
+        if (reserve(&widened, &widened_cap, m * k)) return E_MEMORY;
+        for (int64_t t = 0; t < m; t++)
+            for (int64_t i = 0; i < k; i++) widened[t * k + i] = bf16_value(xs[t * ldx + i]);
+        return pagecli_quant_linear(QT_BF16, w, n, k, widened, k, m, y, ldy, num_threads);
+    }
+    const int isa = pagecli_quant_isa();
+    pairs_fn micro = pairs_portable;
+#if QUANT_X86
+    if (pagecli_bf16_gemm_native()) micro = pairs_avx512;
+#endif
+    const int64_t pairs = k / 2, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    if (ldx % 2 || reserve(&packed, &packed_cap, gemm_packed_floats(m, pairs)))
+        return ldx % 2 ? E_FORMAT : E_MEMORY;
+    float *const xt = packed; /* the calling thread's buffer, shared with the team below */
+    const uint32_t *rows_w = w;
+    const int64_t rows = panel_rows(n, k, num_threads), num_panels = (n + rows - 1) / rows;
+#pragma omp parallel num_threads(num_threads)
+    {
+        /* a bfloat16 pair is 32 bits: packed as gemm_f32.c packs floats, bits unchanged */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++)
+            gemm_pack_x(isa, (const float *)xs, ldx / 2, m, pairs, xt, t);
+        float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < num_panels; p++) {
+            const int64_t first = p * rows, count = min64(rows, n - first);
+            for (int64_t t0 = 0; t0 < tiles; t0 += TILE_BLOCK)
+                for (int64_t r0 = 0; r0 < count; r0 += GEMM_ROWS) {
+                    const int nr = (int)min64(GEMM_ROWS, count - r0);
+                    const uint32_t *wr = rows_w + (first + r0) * pairs;
+                    for (int64_t t = t0; t < min64(t0 + TILE_BLOCK, tiles); t++) {
+                        micro((const uint32_t *)xt + t * pairs * GEMM_TOKENS, wr, pairs, pairs,
+                              nr, sums);
+                        const int64_t tok = t * GEMM_TOKENS;
+                        gemm_write_tile(isa, sums, nr, min64(GEMM_TOKENS, m - tok),
+                                        y + tok * ldy + first + r0, ldy);
+                    }
+                }
+        }
+    }
+    return 0;
+}
