@@ -182,8 +182,9 @@ class DecoderLayers:
         groups: list[AttentionGroup],
     ) -> torch.Tensor | None:
         """Run every layer over `hidden` [T, H] (the caches' dtype, contiguous) in place;
-        cos/sin [T, D] of that dtype, contiguous; slot_mapping [T] int64. Checks the step's lengths once. Returns
-        the final norm of the result ([T, H]) when bound with `final_norm`, else None."""
+        cos/sin [T, D] of that dtype, contiguous; slot_mapping [T] int64. Checks the step's
+        lengths once. Returns the final norm of the result ([T, H]) when bound with
+        `final_norm`, else None."""
         num_tokens, hidden_size = hidden.shape
         rope_shape = (num_tokens, self.head_dim)
         if (
