@@ -135,6 +135,35 @@ def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, mon
     assert native_run == loop_run
 
 
+def test_bfloat16_activations_over_gguf_blocks_bit_for_bit(tiny_ggufs, monkeypatch):
+    # --dtype bfloat16 on a GGUF file: block-format projections (layers/quant_linear.py) widen
+    # their bfloat16 input and round their float32 sums, in the C loop as in the Python one
+    def run(on: bool):
+        llm = LLM(
+            str(tiny_ggufs["q4_k"]),
+            dtype="bfloat16",
+            block_size=4,
+            num_kv_blocks=48,
+            max_num_seqs=2,
+        )
+        layers_cpu.set_enabled(on)
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+            outputs = llm.generate(_prompts(), params)
+        finally:
+            layers_cpu.set_enabled(True)
+        assert llm.engine.runner.model.weight_formats["o_proj"] == ["q4_k"]
+        return [
+            (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.outputs[0].logprobs])
+            for o in outputs
+        ]
+
+    calls = _counting(monkeypatch)
+    native_run = run(True)
+    used = calls[0]
+    assert used > 0 and run(False) == native_run and calls[0] == used
+
+
 def test_a_layer_of_two_formats_runs_the_loop(tiny_ggufs, monkeypatch):
     calls = _counting(monkeypatch)
     llm = LLM(str(tiny_ggufs["mixed"]), dtype="float32", block_size=4)
