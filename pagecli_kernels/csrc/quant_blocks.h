@@ -121,7 +121,9 @@ typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int
 /* out[r] = dot(dequant(W row r), x) for the WIDE_ROWS rows at w, w + row_bytes, ...: several
  * rows against one input row (decode at batch 1), their FMA chains interleaved so that none
  * waits on its own latency. Optional per format. */
+#ifndef WIDE_ROWS /* -DWIDE_ROWS=n: benchmarks build variants */
 #define WIDE_ROWS 4
+#endif
 typedef void (*wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
                         float *out);
 
@@ -132,7 +134,15 @@ struct quant_format {
     dequant_fn dequant[3]; /* per quant_isa; NULL where the build lacks that path */
     rows_fn rows[3];       /* per quant_isa; NULL: dequantize into a buffer, then dot */
     wide_fn wide[3];       /* per quant_isa; NULL: rows() one at a time */
+    int wide_rows;         /* rows a wide kernel takes at once; 0: WIDE_ROWS */
 };
+
+/* The float formats' wide kernels take one row at a time: their arithmetic is light enough
+ * for one row's FMA chains, and each extra row is one more stream of W to prefetch. With 4
+ * rows against 1, the 30 layers and output projection of the default model streamed float32
+ * at 32.2 against 38.5 GB/s, bfloat16 at 27.2 against 29.4 (AMD Zen 5, 2 threads, alternating
+ * in one process); Q4_0 and Q4_1 were faster with 4 (benchmarks/RESULTS.md). */
+#define FLOAT_WIDE_ROWS 1
 
 /* Helpers for the register-fused row kernels: acc[i][k] += w * x[i][off..off+16). The kernel
  * body is always inlined into one copy per constant m, so acc stays in registers. */
@@ -177,7 +187,7 @@ extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
 #define QUANT_X86 0
 #endif
 
-/* Software prefetch: the wide kernels read a group's WIDE_ROWS adjacent rows side by side,
+/* Software prefetch: the wide kernels read a group's adjacent rows side by side,
  * so they prefetch the same spot whole groups ahead, PREFETCH_BYTES or more (the hardware
  * streamer alone leaves the arithmetic waiting on memory: 12 against 19 GB/s on 2 cores of
  * a Xeon streaming Q4_1 from DRAM). Prefetching past W's end is harmless.
@@ -191,8 +201,8 @@ extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
  * compare them). */
 #define PREFETCH_BYTES 6144
 extern int pagecli_quant_prefetch_l2; /* nonzero: the wide kernels prefetch into the L2 */
-static inline int64_t wide_prefetch_distance(int64_t row_bytes) {
-    const int64_t group = WIDE_ROWS * row_bytes;
+static inline int64_t wide_prefetch_distance(int64_t row_bytes, int rows) {
+    const int64_t group = rows * row_bytes;
     return (PREFETCH_BYTES + group - 1) / group * group;
 }
 

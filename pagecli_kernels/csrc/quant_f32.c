@@ -31,13 +31,13 @@ ROWS_DISPATCH(rows_f32_avx512)
 
 TARGET_AVX512 static void wide_f32_avx512(const void *w, int64_t row_bytes, int64_t nb,
                                           const float *x, float *out) {
-    const int64_t ahead = wide_prefetch_distance(row_bytes);
+    const int64_t ahead = wide_prefetch_distance(row_bytes, FLOAT_WIDE_ROWS);
     const int l2 = pagecli_quant_prefetch_l2;
-    __m512 acc[WIDE_ROWS][2];
-    for (int r = 0; r < WIDE_ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    __m512 acc[FLOAT_WIDE_ROWS][2];
+    for (int r = 0; r < FLOAT_WIDE_ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nb; j++) {
         const __m512 x0 = _mm512_loadu_ps(x + 32 * j), x1 = _mm512_loadu_ps(x + 32 * j + 16);
-        for (int r = 0; r < WIDE_ROWS; r++) {
+        for (int r = 0; r < FLOAT_WIDE_ROWS; r++) {
             const float *b = (const float *)((const uint8_t *)w + r * row_bytes) + 32 * j;
             prefetch_w(l2, (const char *)b + ahead);
             prefetch_w(l2, (const char *)b + ahead + 64);
@@ -45,18 +45,18 @@ TARGET_AVX512 static void wide_f32_avx512(const void *w, int64_t row_bytes, int6
             acc[r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(b + 16), x1, acc[r][1]);
         }
     }
-    for (int r = 0; r < WIDE_ROWS; r++)
+    for (int r = 0; r < FLOAT_WIDE_ROWS; r++)
         out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
 TARGET_AVX2 static void wide_f32_avx2(const void *w, int64_t row_bytes, int64_t nb,
                                       const float *x, float *out) {
-    const int64_t ahead = wide_prefetch_distance(row_bytes);
+    const int64_t ahead = wide_prefetch_distance(row_bytes, FLOAT_WIDE_ROWS);
     const int l2 = pagecli_quant_prefetch_l2;
-    __m256 acc[WIDE_ROWS][2];
-    for (int r = 0; r < WIDE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 acc[FLOAT_WIDE_ROWS][2];
+    for (int r = 0; r < FLOAT_WIDE_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t j = 0; j < nb; j++) {
-        for (int r = 0; r < WIDE_ROWS; r++) {
+        for (int r = 0; r < FLOAT_WIDE_ROWS; r++) {
             const float *b = (const float *)((const uint8_t *)w + r * row_bytes) + 32 * j;
             prefetch_w(l2, (const char *)b + ahead);
             prefetch_w(l2, (const char *)b + ahead + 64);
@@ -65,7 +65,7 @@ TARGET_AVX2 static void wide_f32_avx2(const void *w, int64_t row_bytes, int64_t 
                                                 _mm256_loadu_ps(x + 32 * j + 8 * k), acc[r][k & 1]);
         }
     }
-    for (int r = 0; r < WIDE_ROWS; r++) out[r] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < FLOAT_WIDE_ROWS; r++) out[r] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
 const struct quant_format FORMAT_F32 = {QT_F32,
@@ -73,7 +73,8 @@ const struct quant_format FORMAT_F32 = {QT_F32,
                                         32 * sizeof(float),
                                         {dequant_f32, dequant_f32, dequant_f32},
                                         {NULL, NULL, rows_f32_avx512},
-                                        {NULL, wide_f32_avx2, wide_f32_avx512}};
+                                        {NULL, wide_f32_avx2, wide_f32_avx512},
+                                        FLOAT_WIDE_ROWS};
 #else
 const struct quant_format FORMAT_F32 = {
     QT_F32, 32, 32 * sizeof(float), {dequant_f32, NULL, NULL}, {NULL, NULL, NULL}, {NULL}};

@@ -7,11 +7,11 @@
  *   - m <= FUSED_MAX_ROWS (decode): each thread takes contiguous ranges of W's output rows
  *     (one range each; for m == 1, guided chunks) and streams them once. For m == 1, a
  *     format's wide kernel (where it has one for the path) takes WIDE_ROWS rows of W at a
- *     time, with software prefetch; the last rows, and every other m, go row by row. Where
- *     the format has a register-fused row kernel for the path (AVX-512: quant_q4_q8.c,
- *     quant_k.c), a row is dequantized in registers and dotted with up to ROWS_MAX input
- *     rows at a time; otherwise a chunk of the row is dequantized into an
- *     L1 buffer and dotted with the m input rows. Decode is bound by the bytes of W read, so W
+ *     time (one for the float formats), with software prefetch; the last rows, and every
+ *     other m, go row by row. Where the format has a register-fused row kernel for the path
+ *     (AVX-512: quant_q4_q8.c, quant_k.c), a row is dequantized in registers and dotted with
+ *     up to ROWS_MAX input rows at a time; otherwise a chunk of the row is dequantized into
+ *     an L1 buffer and dotted with the m input rows. Decode is bound by the bytes of W read, so W
  *     is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
@@ -229,16 +229,17 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const int64_t chunk_blocks = CHUNK_VALUES / f->block_values;
     const rows_fn rows = f->rows[isa];
     const wide_fn wide = f->wide[isa];
-    if (wide && m == 1 && n >= WIDE_ROWS) {
-        const int64_t groups = n / WIDE_ROWS;
+    const int64_t group = f->wide_rows ? f->wide_rows : WIDE_ROWS;
+    if (wide && m == 1 && n >= group) {
+        const int64_t groups = n / group;
         /* guided: the threads rarely finish a static half at once (one of them also ran the
          * Python step, or shares its core); the shrinking chunks even out the end */
-#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
+#pragma omp parallel for num_threads(num_threads) schedule(guided, 8 / group)
         for (int64_t g = 0; g < groups; g++)
-            wide(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks_per_row, x, y + g * WIDE_ROWS);
-        const int64_t done = groups * WIDE_ROWS;
+            wide(w + g * group * row_bytes, row_bytes, blocks_per_row, x, y + g * group);
+        const int64_t done = groups * group;
         if (done == n) return;
-        w += done * row_bytes; /* the last rows, fewer than WIDE_ROWS, take the paths below */
+        w += done * row_bytes; /* the last rows, fewer than a group, take the paths below */
         y += done;
         n -= done;
     }
