@@ -2,9 +2,9 @@
 
 For each dtype (float32, and bfloat16 unless --dtypes says otherwise), on the default model:
 
-- the machine's read bandwidth (a sum over --bandwidth-mib of float32, median of repeats)
-  and the matmul rate of the model's own gate/up projection at the batch size (same kernel,
-  packed or not, as the engine runs);
+- the machine's read bandwidth, sampled right after every timed step (a float32 sum over
+  --bandwidth-mib, the faster of two passes), and the matmul rate of the model's own gate/up
+  projection at the batch size (same kernel, packed or not, as the engine runs);
 - a 64-sequence decode step at ~300-token contexts: measured against its floor,
       floor = max(weight bytes / bandwidth, linear FLOPs / matmul rate) + KV bytes / bandwidth
   (the linear layers are bound by memory or arithmetic, whichever is slower; every cached
@@ -13,8 +13,12 @@ For each dtype (float32, and bfloat16 unless --dtypes says otherwise), on the de
 - the host overhead of each: step time minus the time inside the attention kernels and the
   matmuls (linear layers and the output projection), both timed around their calls.
 
-Step times are medians over the timed steps; the bandwidth and matmul rate are the best of
-several runs (the machine's capability, not its neighbours' load).
+Each step is set against the bandwidth sampled just after it, and "x floor" is the median of
+those per-step ratios: this guest's read bandwidth swings between about 35 and 75 GB/s from
+one minute to the next with its neighbours' load, so a bandwidth measured once, minutes
+before the steps, made the ratio a measure of that swing (a float32 batch-1 step once came
+out at 0.8x its "floor"). The table also gives the median step, the median floor and the
+range of the samples. The matmul rate is the best of several runs.
 
     .venv/bin/python benchmarks/step_floor.py [--dtypes float32,bfloat16] [--steps 10]
 
@@ -60,11 +64,10 @@ def best_ms(fn, repeats: int) -> float:
     return best * 1e3
 
 
-def read_bandwidth(mib: int) -> float:
-    """Bytes per second of a float32 sum over `mib` MiB (bigger than the caches)."""
-    data = torch.ones(mib * 2**20 // 4)
-    ms = best_ms(data.sum, 7)
-    return data.numel() * 4 / (ms / 1e3)
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 class Timers:
@@ -158,9 +161,13 @@ def matmul_rate(llm: LLM, rows: int) -> float:
     return 2 * rows * cfg.hidden_size * 2 * cfg.intermediate_size / (ms / 1e3)
 
 
-def decode_steps(llm: LLM, num_seqs: int, prompt_len: int, steps: int) -> list[dict]:
+def decode_steps(
+    llm: LLM, num_seqs: int, prompt_len: int, steps: int, bandwidth_mib: int
+) -> list[dict]:
     """One record per decode step with `num_seqs` sequences at `prompt_len`-token contexts:
-    its wall time and the time in attention and in matmuls (seconds)."""
+    its wall time and the time in attention and in matmuls (seconds), and the read bandwidth
+    sampled right after it (bytes/s)."""
+    sample = torch.ones(bandwidth_mib * 2**20 // 4)  # [n] float32
     engine = llm.engine
     gen = torch.Generator().manual_seed(0)
     vocab = engine.hf_config.vocab_size
@@ -179,10 +186,23 @@ def decode_steps(llm: LLM, num_seqs: int, prompt_len: int, steps: int) -> list[d
             timers.clear()
             start = clock()
             engine.step()
-            records.append({"step": clock() - start, **timers.collected()})
+            took = clock() - start
+            spent = timers.collected()
+            bandwidth = sample.numel() * 4 / (min(_timed(sample.sum) for _ in range(2)))
+            records.append({"step": took, "bandwidth": bandwidth, **spent})
     while engine.scheduler.has_unfinished():
         engine.step()
     return records
+
+
+def floor_seconds(
+    bandwidth: float, batch: int, weight_bytes: float, flops: float, kv_bytes: float, rate: float
+) -> float:
+    """A decode step's floor at `bandwidth` (the module docstring's formula); batch 1: the
+    weights' bytes only."""
+    if batch == 1:
+        return weight_bytes / bandwidth
+    return max(weight_bytes / bandwidth, flops / rate) + kv_bytes / bandwidth
 
 
 def main() -> None:
@@ -190,7 +210,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--context", type=int, default=300)
-    parser.add_argument("--bandwidth-mib", type=int, default=1024)
+    parser.add_argument("--bandwidth-mib", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--quantization",
@@ -210,7 +230,7 @@ def main() -> None:
     if args.clock == "thread":
         clock = time.thread_time
 
-    bandwidth = read_bandwidth(args.bandwidth_mib)
+    samples: list[float] = []  # the bandwidth sampled after every timed step
     cpu = next(
         (
             line.split(":", 1)[1].strip()
@@ -236,16 +256,20 @@ def main() -> None:
         for batch in (64, 1):
             rate = matmul_rate(llm, batch)
             note(f"{dtype}: {batch} sequences x {args.context} tokens, {args.steps} steps")
-            records = decode_steps(llm, batch, args.context, args.steps)
+            records = decode_steps(llm, batch, args.context, args.steps, args.bandwidth_mib)
             step = statistics.median(r["step"] for r in records)
+            samples += [r["bandwidth"] for r in records]
             spent = {
                 key: statistics.median(r.get(key, 0.0) for r in records)
                 for key in ("attention", "matmul")
             }
             context = args.context + args.steps / 2 + 1  # mean context over the timed steps
             kv_bytes = batch * context * kv_per_token
-            linear_s = max(weight_bytes / bandwidth, 2 * batch * params / rate)
-            floor = linear_s + kv_bytes / bandwidth if batch > 1 else weight_bytes / bandwidth
+            sizes = (batch, weight_bytes, 2 * batch * params, kv_bytes, rate)
+            floor = statistics.median(floor_seconds(r["bandwidth"], *sizes) for r in records)
+            ratio = statistics.median(
+                r["step"] / floor_seconds(r["bandwidth"], *sizes) for r in records
+            )
             host = statistics.median(
                 r["step"] - r.get("attention", 0.0) - r.get("matmul", 0.0) for r in records
             )
@@ -255,7 +279,7 @@ def main() -> None:
                     batch=batch,
                     step_ms=step * 1e3,
                     floor_ms=floor * 1e3,
-                    ratio=step / floor,
+                    ratio=ratio,
                     target=TARGET_RATIO_64 if batch > 1 else TARGET_RATIO_1,
                     attention_ms=spent.get("attention", 0.0) * 1e3,
                     matmul_ms=spent.get("matmul", 0.0) * 1e3,
@@ -269,8 +293,9 @@ def main() -> None:
         del llm
 
     print(
-        f"{cpu}, {torch.get_num_threads()} threads, read bandwidth {bandwidth / 1e9:.1f} GB/s, "
-        f"{args.clock} clock"
+        f"{cpu}, {torch.get_num_threads()} threads, {args.clock} clock; read bandwidth after "
+        f"each step: median {statistics.median(samples) / 1e9:.1f} GB/s "
+        f"({min(samples) / 1e9:.1f}-{max(samples) / 1e9:.1f})"
     )
     print(
         f"{'dtype':<9}{'batch':>6}{'step ms':>9}{'floor ms':>9}{'x floor':>8}{'target':>7}"
