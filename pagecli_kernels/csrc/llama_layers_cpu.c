@@ -62,11 +62,13 @@ enum {
 };
 
 #define PTR(v) ((void *)(intptr_t)(v))
+/* the elementwise loops vectorized for the CPU at hand (the library's baseline is SSE2) */
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define PARALLEL_VALUES 16384 /* elementwise loops of at least this many values share threads */
 
 /* bfloat16 <-> float32 as torch converts: widening is exact; narrowing rounds to nearest
  * even, and a NaN stays a NaN */
-static void widen_bf16(const uint16_t *in, float *out, int64_t count, int num_threads) {
+CLONES static void widen_bf16(const uint16_t *in, float *out, int64_t count, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
     for (int64_t i = 0; i < count; ++i) {
         const uint32_t bits = (uint32_t)in[i] << 16;
@@ -82,13 +84,13 @@ static inline uint16_t round_bf16(float f) {
     return (uint16_t)(w >> 16);
 }
 
-static void narrow_bf16(const float *in, uint16_t *out, int64_t count, int num_threads) {
+CLONES static void narrow_bf16(const float *in, uint16_t *out, int64_t count, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
     for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(in[i]);
 }
 
 /* a += b elementwise over count values of dtype (bfloat16: each sum rounded) */
-static void add_into(void *a, const void *b, int64_t count, int dtype, int num_threads) {
+CLONES static void add_into(void *a, const void *b, int64_t count, int dtype, int num_threads) {
     if (dtype == 0) {
         float *x = a;
         const float *y = b;
