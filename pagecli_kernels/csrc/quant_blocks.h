@@ -121,7 +121,7 @@ typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int
 /* out[r] = dot(dequant(W row r), x) for the WIDE_ROWS rows at w, w + row_bytes, ...: several
  * rows against one input row (decode at batch 1), their FMA chains interleaved so that none
  * waits on its own latency. Optional per format. */
-#ifndef WIDE_ROWS /* -DWIDE_ROWS=n: benchmarks build variants */
+#ifndef WIDE_ROWS /* -DWIDE_ROWS=n: benchmarks/kernel_variants.py builds variants */
 #define WIDE_ROWS 4
 #endif
 typedef void (*wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
