@@ -34,7 +34,15 @@
 #include "cpu_entry_points.h"
 #include "gemm_f32.h"
 
-#if QUANT_X86
+/* VDPBF16PS through its intrinsics: GCC 10 and clang 9 on; older compilers build the
+ * portable loop only */
+#if QUANT_X86 && (__clang_major__ >= 9 || (!defined(__clang__) && __GNUC__ >= 10))
+#define BF16_X86 1
+#else
+#define BF16_X86 0
+#endif
+
+#if BF16_X86
 #include <cpuid.h>
 #include <immintrin.h>
 #define TARGET_AVX512_BF16                                                                     \
@@ -54,7 +62,7 @@ static int gemm_choice = BF16_GEMM_AUTO;
 static int cpu_bf16, cpu_amx; /* AVX512_BF16; AMX (bfloat16 tiles), decided once at load */
 
 __attribute__((constructor)) static void find_features(void) {
-#if QUANT_X86
+#if BF16_X86
     unsigned eax, ebx, ecx, edx;
     if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) cpu_bf16 = (eax >> 5) & 1;
     if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) cpu_amx = (edx >> 22) & 1;
@@ -108,7 +116,7 @@ static void pairs_portable(const uint32_t *xt, const uint32_t *w, int64_t ldw, i
         }
 }
 
-#if QUANT_X86
+#if BF16_X86
 /* One copy per constant R (1..GEMM_ROWS), as gemm_f32.c's micro_avx512_r. */
 TARGET_AVX512_BF16 static inline __attribute__((always_inline)) void
 pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs, float *sums,
@@ -192,7 +200,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
     }
     const int isa = pagecli_quant_isa();
     pairs_fn micro = pairs_portable;
-#if QUANT_X86
+#if BF16_X86
     if (pagecli_bf16_gemm_native()) micro = pairs_avx512;
 #endif
     const int64_t pairs = k / 2, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
