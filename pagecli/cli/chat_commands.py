@@ -147,7 +147,9 @@ def _stats(chat: Chat, arg: str) -> None:
     from pagecli.cli.display import stats_table
 
     conversation = chat.state.current
-    tokens = f", {len(conversation.session.token_ids)} tokens" if chat.state.llm.is_local else ""
+    tokens = (
+        f", {len(conversation.session.token_ids)} tokens" if chat.state.llm.is_local else ""
+    )
     chat.info(f"session {conversation.name!r}: {turns_text(conversation.num_turns)}{tokens}")
     if chat.last_stats is not None:
         chat.info(f"last turn: {chat.last_stats.line()}")
