@@ -262,6 +262,8 @@ def bench(
             info["cpu_quant_kernels"] = f"native C kernels ({quant_cpu.isa()})"
         if quant_cpu.library() is not None:  # who multiplies prefill and batched panels
             info["cpu_gemm"] = quant_cpu.gemm()
+            if info["dtype"] == "bfloat16":  # and bfloat16 batches of three rows or more
+                info["cpu_bf16_gemm"] = _bf16_gemm_name(quant_cpu)
     rows: list[dict] = []
     comparison: dict = {}
     with LiveDisplay(enabled=show) as live:
@@ -315,6 +317,13 @@ def bench(
 def note(message: str) -> None:
     """A progress line on stderr."""
     print(f"pagecli: bench: {message}", file=sys.stderr, flush=True)
+
+
+def _bf16_gemm_name(quant_cpu) -> str:
+    """Who multiplies bfloat16 batches of three rows or more (pagecli_kernels.quant_cpu)."""
+    if quant_cpu.bf16_gemm() != "pairs":
+        return "torch (oneDNN)"
+    return "native (VDPBF16PS)" if quant_cpu.bf16_gemm_native() else "native (portable loop)"
 
 
 def machine() -> str:

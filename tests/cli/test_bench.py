@@ -129,6 +129,19 @@ def test_throughput_json_schema(capsys, tmp_path):
     assert f"{row['peak_kv_blocks']}/256" in table  # peak KV blocks / pool
 
 
+def test_bfloat16_json_names_who_multiplies_its_batches(capsys):
+    from pagecli_kernels import quant_cpu
+
+    args = [*TINY[:-2], "--dtype", "bfloat16", "--quantization", "none", "--json"]
+    report = json.loads(pagecli(capsys, "bench", *args)[0])
+    assert report["dtype"] == "bfloat16"
+    want = "torch (oneDNN)"
+    if quant_cpu.bf16_gemm() == "pairs":
+        want = "native (VDPBF16PS)" if quant_cpu.bf16_gemm_native() else "native (portable loop)"
+    assert report["cpu_bf16_gemm"] == want
+    assert "cpu_bf16_gemm" not in json.loads(pagecli(capsys, "bench", *TINY, "--json")[0])
+
+
 def test_workload_draw_is_seeded_and_in_range():
     a = draw_workload(5, Range(8, 16), Range(4, 6), 1000, seed=3)
     assert a == draw_workload(5, Range(8, 16), Range(4, 6), 1000, seed=3)
