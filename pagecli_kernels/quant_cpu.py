@@ -109,12 +109,17 @@ def set_gemm(choice: str) -> None:
     """Choose the panels' GEMM: "native", "blas", or "auto" (native where the path is
     AVX-512 on a CPU that is not Intel's, whose AVX-512 code MKL skips; the BLAS elsewhere).
     Tests and benchmarks."""
+    _choose("pagecli_quant_set_gemm", GEMMS, choice, "gemm")
+
+
+def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> None:
+    """Pass `choice`'s index in `choices` to the library's `setter`."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
-    if choice not in GEMMS:
-        raise ValueError(f"gemm {choice!r}: choose one of {GEMMS}")
-    lib.pagecli_quant_set_gemm(GEMMS.index(choice))
+    if choice not in choices:
+        raise ValueError(f"{what} {choice!r}: choose one of {choices}")
+    getattr(lib, setter)(choices.index(choice))
 
 
 BF16_GEMMS = ("auto", "off", "pairs")  # pagecli_bf16_set_gemm's choices
@@ -133,12 +138,7 @@ def bf16_gemm() -> str | None:
 def set_bf16_gemm(choice: str) -> None:
     """Choose "pairs", "off", or "auto" (pairs where the AVX-512 path runs on a CPU with
     AVX512_BF16 and no AMX). Tests and benchmarks."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
-    if choice not in BF16_GEMMS:
-        raise ValueError(f"bf16 gemm {choice!r}: choose one of {BF16_GEMMS}")
-    lib.pagecli_bf16_set_gemm(BF16_GEMMS.index(choice))
+    _choose("pagecli_bf16_set_gemm", BF16_GEMMS, choice, "bf16 gemm")
 
 
 def bf16_gemm_native() -> bool:

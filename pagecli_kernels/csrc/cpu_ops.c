@@ -19,39 +19,21 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "cpu_entry_points.h"
 
 #define EXACT __attribute__((optimize("fp-contract=off")))
 
-static inline float bf16_load(const uint16_t *p) {
-    const uint32_t w = (uint32_t)*p << 16;
-    float f;
-    memcpy(&f, &w, sizeof f);
-    return f;
-}
-
-/* float to bfloat16, round to nearest even (NaN stays NaN), as torch converts */
-static inline uint16_t bf16_round(float f) {
-    uint32_t w;
-    memcpy(&w, &f, sizeof w);
-    if ((w & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((w >> 16) | 0x40);
-    w += 0x7fffu + ((w >> 16) & 1);
-    return (uint16_t)(w >> 16);
-}
-
-static inline float bf16_rounded(float f) {
-    const uint16_t h = bf16_round(f);
-    return bf16_load(&h);
-}
+static inline float bf16_rounded(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 /* dtype: 0 float32, 1 bfloat16 */
 static inline float load(const void *p, int64_t i, int dtype) {
-    return dtype ? bf16_load((const uint16_t *)p + i) : ((const float *)p)[i];
+    return dtype ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 static inline void store(void *p, int64_t i, float v, int dtype) {
     if (dtype)
-        ((uint16_t *)p)[i] = bf16_round(v);
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
     else
         ((float *)p)[i] = v;
 }

@@ -31,6 +31,8 @@
 
 #include "quant_blocks.h"
 
+#include "bf16.h"
+
 #include "cpu_entry_points.h"
 #include "gemm_f32.h"
 
@@ -89,13 +91,6 @@ int pagecli_bf16_gemm_native(void) { return pagecli_quant_isa() == ISA_AVX512 &&
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static inline float bf16_value(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* ---- micro-kernels: sums[r][j] = dot(x[tile token j], W row r) over `pairs` pairs ---------- */
 
 static void pairs_portable(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs,
@@ -107,8 +102,8 @@ static void pairs_portable(const uint32_t *xt, const uint32_t *w, int64_t ldw, i
                 float s = 0.0f;
                 for (int64_t p = p0; p < min64(p0 + PAIR_CHUNK, pairs); p++) {
                     const uint32_t a = xt[p * GEMM_TOKENS + j], b = w[r * ldw + p];
-                    s += bf16_value((uint16_t)(a >> 16)) * bf16_value((uint16_t)(b >> 16));
-                    s += bf16_value((uint16_t)a) * bf16_value((uint16_t)b);
+                    s += bf16_to_f32((uint16_t)(a >> 16)) * bf16_to_f32((uint16_t)(b >> 16));
+                    s += bf16_to_f32((uint16_t)a) * bf16_to_f32((uint16_t)b);
                 }
                 total += s;
             }
@@ -195,7 +190,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
     if (m <= FUSED_ROWS || !pagecli_bf16_gemm()) { /* widened: the float32 drivers */
         if (reserve(&widened, &widened_cap, m * k)) return E_MEMORY;
         for (int64_t t = 0; t < m; t++)
-            for (int64_t i = 0; i < k; i++) widened[t * k + i] = bf16_value(xs[t * ldx + i]);
+            for (int64_t i = 0; i < k; i++) widened[t * k + i] = bf16_to_f32(xs[t * ldx + i]);
         return pagecli_quant_linear(QT_BF16, w, n, k, widened, k, m, y, ldy, num_threads);
     }
     const int isa = pagecli_quant_isa();

@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "cpu_entry_points.h" /* the kernels this file strings together */
 #include "quant_blocks.h"     /* QT_BF16 */
 
@@ -66,27 +67,15 @@ enum {
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define PARALLEL_VALUES 16384 /* elementwise loops of at least this many values share threads */
 
-/* bfloat16 <-> float32 as torch converts: widening is exact; narrowing rounds to nearest
- * even, and a NaN stays a NaN */
+/* bfloat16 <-> float32 (bf16.h) over count values */
 CLONES static void widen_bf16(const uint16_t *in, float *out, int64_t count, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
-    for (int64_t i = 0; i < count; ++i) {
-        const uint32_t bits = (uint32_t)in[i] << 16;
-        memcpy(out + i, &bits, sizeof bits);
-    }
-}
-
-static inline uint16_t round_bf16(float f) {
-    uint32_t w;
-    memcpy(&w, &f, sizeof w);
-    if ((w & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((w >> 16) | 0x40);
-    w += 0x7fffu + ((w >> 16) & 1);
-    return (uint16_t)(w >> 16);
+    for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(in[i]);
 }
 
 CLONES static void narrow_bf16(const float *in, uint16_t *out, int64_t count, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
-    for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(in[i]);
+    for (int64_t i = 0; i < count; ++i) out[i] = f32_to_bf16(in[i]);
 }
 
 /* a += b elementwise over count values of dtype (bfloat16: each sum rounded) */
@@ -101,13 +90,7 @@ CLONES static void add_into(void *a, const void *b, int64_t count, int dtype, in
     uint16_t *x = a;
     const uint16_t *y = b;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
-    for (int64_t i = 0; i < count; ++i) {
-        const uint32_t xb = (uint32_t)x[i] << 16, yb = (uint32_t)y[i] << 16;
-        float xf, yf;
-        memcpy(&xf, &xb, sizeof xf);
-        memcpy(&yf, &yb, sizeof yf);
-        x[i] = round_bf16(xf + yf);
-    }
+    for (int64_t i = 0; i < count; ++i) x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
 }
 
 /* y = x @ W.T (+ bias, added afterwards as torch's `out += bias` does), x [m, k] and y [m, n]
@@ -210,10 +193,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
                 continue;
             }
             const uint16_t *row = (const uint16_t *)qkv + t * QKV;
-            for (int64_t i = 0; i < Q; ++i) { /* widened: exact */
-                const uint32_t bits = (uint32_t)row[i] << 16;
-                memcpy(query + t * Q + i, &bits, sizeof bits);
-            }
+            for (int64_t i = 0; i < Q; ++i) query[t * Q + i] = bf16_to_f32(row[i]);
         }
         for (int g = 0; g < num_groups && status == 0; ++g) {
             const int64_t *grp = groups + (int64_t)g * GROUP_FIELDS;

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "cpu_entry_points.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -93,13 +94,6 @@ INLINE float exp_nonpositive(float x) {
     float two_n;
     memcpy(&two_n, &bits, sizeof two_n);
     return p * two_n;
-}
-
-INLINE float bf16_to_f32(uint16_t h) {
-    const uint32_t w = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &w, sizeof f);
-    return f;
 }
 
 /* IEEE half to float, exact for every input (normals, subnormals, inf, NaN), branch free:

@@ -38,11 +38,14 @@ def _prompts() -> list[dict]:
     return [{"prompt_token_ids": p} for p in prompts]
 
 
-def _run(path, on: bool) -> tuple[LLM, list[tuple]]:
+def _run(path, on: bool, **options) -> tuple[LLM, list[tuple]]:
     """A fresh engine (so that neither run finds the other's prefixes cached) over the
-    workload, with the C loop on or off: its greedy ids and log-probabilities."""
+    workload, with the C loop on or off: its greedy ids and log-probabilities. `options`
+    change the engine's (float32, blocks of 4 tokens, 64-token steps, 48 blocks)."""
     # 48 blocks of 4 tokens for 8 prompts of up to 162 tokens: sequences get preempted
-    llm = LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=64, num_kv_blocks=48)
+    defaults = dict(dtype="float32", block_size=4, max_num_batched_tokens=64, num_kv_blocks=48)
+    options = {**defaults, **options}
+    llm = LLM(str(path), **options)
     layers_cpu.set_enabled(on)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -100,36 +103,16 @@ def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, mon
     # (two sequences decoding), and the prefill chunks in between run the loop. Both runs must
     # agree to the bit.
     quant_cpu.set_bf16_gemm(gemm)
-
-    def run(on: bool):
-        llm = LLM(
-            str(tiny_models[name]),
-            dtype="bfloat16",
-            block_size=4,
-            max_num_seqs=2 if gemm == "off" else 8,
-            max_num_batched_tokens=64,
-            num_kv_blocks=48,
-        )
-        layers_cpu.set_enabled(on)
-        try:
-            params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
-            outputs = llm.generate(_prompts(), params)
-        finally:
-            layers_cpu.set_enabled(True)
-        model = llm.engine.runner.model
-        assert model.layers[0].mlp.down_proj.single_weight.format.name == "bfloat16"
-        return [
-            (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.outputs[0].logprobs])
-            for o in outputs
-        ]
-
     calls = _counting(monkeypatch)
+    options = dict(dtype="bfloat16", max_num_seqs=2 if gemm == "off" else 8)
     try:
-        native_run = run(True)
+        llm, native_run = _run(tiny_models[name], True, **options)
         used = calls[0]
-        loop_run = run(False)
+        _, loop_run = _run(tiny_models[name], False, **options)
     finally:
         quant_cpu.set_bf16_gemm("auto")
+    model = llm.engine.runner.model
+    assert model.layers[0].mlp.down_proj.single_weight.format.name == "bfloat16"
     # without the pair GEMM, most of the 8 x 11 decode steps of two sequences took the C loop
     assert used >= (8 * 11 // 2 if gemm == "off" else 11) and calls[0] == used
     assert native_run == loop_run
@@ -138,30 +121,13 @@ def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, mon
 def test_bfloat16_activations_over_gguf_blocks_bit_for_bit(tiny_ggufs, monkeypatch):
     # --dtype bfloat16 on a GGUF file: block-format projections (layers/quant_linear.py) widen
     # their bfloat16 input and round their float32 sums, in the C loop as in the Python one
-    def run(on: bool):
-        llm = LLM(
-            str(tiny_ggufs["q4_k"]),
-            dtype="bfloat16",
-            block_size=4,
-            num_kv_blocks=48,
-            max_num_seqs=2,
-        )
-        layers_cpu.set_enabled(on)
-        try:
-            params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
-            outputs = llm.generate(_prompts(), params)
-        finally:
-            layers_cpu.set_enabled(True)
-        assert llm.engine.runner.model.weight_formats["o_proj"] == ["q4_k"]
-        return [
-            (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.outputs[0].logprobs])
-            for o in outputs
-        ]
-
     calls = _counting(monkeypatch)
-    native_run = run(True)
+    options = dict(dtype="bfloat16", max_num_seqs=2)
+    llm, native_run = _run(tiny_ggufs["q4_k"], True, **options)
+    assert llm.engine.runner.model.weight_formats["o_proj"] == ["q4_k"]
     used = calls[0]
-    assert used > 0 and run(False) == native_run and calls[0] == used
+    assert used > 0 and _run(tiny_ggufs["q4_k"], False, **options)[1] == native_run
+    assert calls[0] == used
 
 
 def test_a_layer_of_two_formats_runs_the_loop(tiny_ggufs, monkeypatch):
