@@ -32,7 +32,6 @@
 #include "quant_blocks.h"
 
 #include "bf16.h"
-
 #include "cpu_entry_points.h"
 #include "gemm_f32.h"
 
@@ -72,8 +71,9 @@ __attribute__((constructor)) static void find_features(void) {
 }
 
 /* Multiply more than FUSED_ROWS rows with the pair GEMM (2), never (1), or as the CPU suggests
- * (0): the pair GEMM where the AVX-512 path runs on a CPU with AVX512_BF16 and without AMX,
- * whose bfloat16 tiles oneDNN uses (torch's GEMM stays faster there); -1 for other values. */
+ * (0): the pair GEMM where the AVX-512 path runs on a CPU with AVX512_BF16 and without AMX
+ * (oneDNN multiplies on AMX's bfloat16 tiles: 900 GFLOP/s at 64 rows on the 2-core Xeon of
+ * issue 14; the pair GEMM has not run on such a CPU); -1 for other values. */
 int pagecli_bf16_set_gemm(int choice) {
     if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_PAIRS) return -1;
     gemm_choice = choice;
