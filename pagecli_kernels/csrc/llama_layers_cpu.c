@@ -1,8 +1,9 @@
 /*
  * The decoder layers of a Llama-family model as one call (CPU; float32 activations with
- * GGUF-quantized or float32 projections, or bfloat16 activations with bfloat16 projections):
- * what pagecli/models/llama.py's per-layer Python loop does, without the Python. At decode sizes that loop's cost is dispatch, not arithmetic: 30 layers x 11 calls,
- * each a few to tens of microseconds of Python for microseconds of work.
+ * GGUF-quantized or float32 projections, or bfloat16 activations with bfloat16 or
+ * GGUF-quantized projections): what pagecli/models/llama.py's per-layer Python loop does,
+ * without the Python. At decode sizes that loop's cost is dispatch, not arithmetic: 30 layers
+ * x 11 calls, each a few to tens of microseconds of Python for microseconds of work.
  *
  * Every layer runs the same kernels, with the same arguments and thread count, in the same
  * order as the Python loop (cpu_ops.c, quant_linear_cpu.c, paged_attention_cpu.c), so the
