@@ -213,7 +213,7 @@ ROWS_DISPATCH(rows_q4_1_avx512)
 #define WIDE_PREFETCH(b) prefetch_w(l2, (const char *)(b) + ahead)
 
 #define WIDE_BEGIN                                                                             \
-    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                            \
+    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                        \
     const int l2 = pagecli_quant_prefetch_l2;                                                  \
     __m512 acc[WIDE_ROWS][2];                                                                  \
     for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm512_setzero_ps();
@@ -283,7 +283,7 @@ TARGET_AVX512 static void wide_q8_0_avx512(const void *w, int64_t row_bytes, int
 /* AVX2: no 16-entry permute, so each 8 weights are converted and scaled: fma(q, d, m), exact
  * as above (d * q is exact). */
 #define WIDE2_BEGIN                                                                            \
-    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                            \
+    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                        \
     const int l2 = pagecli_quant_prefetch_l2;                                                  \
     __m256 acc[WIDE_ROWS][2];                                                                  \
     for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm256_setzero_ps();
