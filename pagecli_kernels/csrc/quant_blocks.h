@@ -140,7 +140,7 @@ struct quant_format {
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough
  * for one row's FMA chains, and each extra row is one more stream of W to prefetch. With 4
  * rows against 1, the 30 layers and output projection of the default model streamed float32
- * at 32.2 against 38.5 GB/s, bfloat16 at 27.2 against 29.4 (AMD Zen 5, 2 threads, alternating
+ * at 39.9 against 49.0 GB/s, bfloat16 at 27.9 against 31.2 (AMD Zen 5, 2 threads, alternating
  * in one process); Q4_0 and Q4_1 were faster with 4 (benchmarks/RESULTS.md). */
 #define FLOAT_WIDE_ROWS 1
 
