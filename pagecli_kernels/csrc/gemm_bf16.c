@@ -19,10 +19,10 @@
  *   - m <= FUSED_ROWS (decode): x widened to float32 (exact), then quant_linear_cpu.c's
  *     bfloat16 row kernels, which stream W once at memory speed (quant_bf16.c);
  *   - larger m, when pagecli_bf16_gemm() says so: x's bfloat16 pairs (32 bits each) packed into
- *     token tiles by gemm_f32.c's packer, then each thread multiplies its panels of W's rows,
- *     in place, with all of them: GEMM_ROWS rows x GEMM_TOKENS tokens of sums in 24 registers,
- *     each W pair broadcast from its row as it is. Otherwise x widened and quant_linear's
- *     float32 panels.
+ *     token tiles by gemm_f32.c's packer, then each thread sweeps the pair micro-kernel over
+ *     its panels of W's rows, in place, and all of them (gemm_f32.c's gemm_sweep): GEMM_ROWS
+ *     rows x GEMM_TOKENS tokens of sums in 24 registers, each W pair broadcast from its row as
+ *     it is. Otherwise x widened and quant_linear's float32 panels.
  * The pair GEMM runs VDPBF16PS on the AVX-512 path of a CPU with AVX512_BF16, the portable
  * loop elsewhere (tests force it there with pagecli_bf16_set_gemm).
  */
@@ -52,7 +52,6 @@
 
 #define FUSED_ROWS 8           /* input rows that take the row kernels (as quant_linear) */
 #define PAIR_CHUNK 32          /* pairs summed apart, then added up (64 values, as gemm_f32.c) */
-#define TILE_BLOCK 8           /* token tiles swept per group of W rows (as gemm_f32.c) */
 #define PANEL_BYTES (1 << 20)  /* bytes of W rows per panel, per thread */
 #define E_FORMAT -1            /* k not whole 32-value blocks */
 #define E_MEMORY -3            /* no memory for the packed or widened input */
@@ -93,8 +92,10 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- micro-kernels: sums[r][j] = dot(x[tile token j], W row r) over `pairs` pairs ---------- */
 
-static void pairs_portable(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs,
-                           int rows, float *sums) {
+/* (gemm_micro_fn: xt and w hold bfloat16 pairs, 32 bits each) */
+static void pairs_portable(const float *xt_pairs, const float *w_pairs, int64_t ldw,
+                           int64_t pairs, int rows, float *sums) {
+    const uint32_t *xt = (const uint32_t *)xt_pairs, *w = (const uint32_t *)w_pairs;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < GEMM_TOKENS; j++) {
             float total = 0.0f;
@@ -141,8 +142,9 @@ pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs
     }
 }
 
-TARGET_AVX512_BF16 static void pairs_avx512(const uint32_t *xt, const uint32_t *w, int64_t ldw,
-                                            int64_t pairs, int rows, float *sums) {
+TARGET_AVX512_BF16 static void pairs_avx512(const float *xt_pairs, const float *w_pairs,
+                                            int64_t ldw, int64_t pairs, int rows, float *sums) {
+    const uint32_t *xt = (const uint32_t *)xt_pairs, *w = (const uint32_t *)w_pairs;
     switch (rows) {
 #define PAIRS_CASE(R)                                                                          \
     case R: pairs_avx512_r(xt, w, ldw, pairs, sums, R); break;
@@ -153,8 +155,6 @@ TARGET_AVX512_BF16 static void pairs_avx512(const uint32_t *xt, const uint32_t *
     }
 }
 #endif
-
-typedef void (*pairs_fn)(const uint32_t *, const uint32_t *, int64_t, int64_t, int, float *);
 
 /* Rows of W per panel: a multiple of GEMM_ROWS within PANEL_BYTES, the panels split evenly
  * over the threads where W allows it. */
@@ -194,7 +194,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
         return pagecli_quant_linear(QT_BF16, w, n, k, widened, k, m, y, ldy, num_threads);
     }
     const int isa = pagecli_quant_isa();
-    pairs_fn micro = pairs_portable;
+    gemm_micro_fn micro = pairs_portable;
 #if BF16_X86
     if (pagecli_bf16_gemm_native()) micro = pairs_avx512;
 #endif
@@ -210,22 +210,11 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++)
             gemm_pack_x(isa, (const float *)xs, ldx / 2, m, pairs, xt, t);
-        float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
-            const int64_t first = p * rows, count = min64(rows, n - first);
-            for (int64_t t0 = 0; t0 < tiles; t0 += TILE_BLOCK)
-                for (int64_t r0 = 0; r0 < count; r0 += GEMM_ROWS) {
-                    const int nr = (int)min64(GEMM_ROWS, count - r0);
-                    const uint32_t *wr = rows_w + (first + r0) * pairs;
-                    for (int64_t t = t0; t < min64(t0 + TILE_BLOCK, tiles); t++) {
-                        micro((const uint32_t *)xt + t * pairs * GEMM_TOKENS, wr, pairs, pairs,
-                              nr, sums);
-                        const int64_t tok = t * GEMM_TOKENS;
-                        gemm_write_tile(isa, sums, nr, min64(GEMM_TOKENS, m - tok),
-                                        y + tok * ldy + first + r0, ldy);
-                    }
-                }
+            const int64_t first = p * rows;
+            gemm_sweep(isa, micro, xt, m, pairs, (const float *)(rows_w + first * pairs), pairs,
+                       min64(rows, n - first), y + first, ldy);
         }
     }
     return 0;

@@ -185,31 +185,15 @@ TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t 
 }
 #endif
 
-/* y[tok][r] = sums[r * GEMM_TOKENS + tok] for tok < tokens, r < rows (gemm_bf16.c too) */
-void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
-                     int64_t ldy) {
-#if QUANT_X86
-    if (isa == ISA_AVX512) {
-        write_tile_avx512(sums, rows, tokens, y, ldy);
-        return;
-    }
-#endif
-    (void)isa;
-    write_tile(sums, rows, tokens, y, ldy);
-}
-
-/* y[tok][r] = dot(x[tok], w[r]) for tok < m, r < count: w's rows at row stride ldw (floats),
- * x packed by gemm_pack_x. Single-threaded; the driver splits W's rows over the threads. */
-void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
-                int64_t count, float *y, int64_t ldy) {
-    void (*micro)(const float *, const float *, int64_t, int64_t, int, float *) =
-        micro_portable;
+/* y[tok][r] = the dot product of x's row tok with w's row r, for tok < m and r < count, through
+ * `micro` (w's rows ldw 32-bit values apart, x packed by gemm_pack_x; k values of 32 bits each:
+ * floats here, bfloat16 pairs in gemm_bf16.c). Single-threaded; the drivers split W's rows over
+ * the threads. */
+void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_t k,
+                const float *w, int64_t ldw, int64_t count, float *y, int64_t ldy) {
     void (*write)(const float *, int, int64_t, float *, int64_t) = write_tile;
 #if QUANT_X86
-    if (isa == ISA_AVX512) {
-        micro = micro_avx512;
-        write = write_tile_avx512;
-    }
+    if (isa == ISA_AVX512) write = write_tile_avx512;
 #endif
     (void)isa;
     float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
@@ -223,4 +207,14 @@ void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, 
                 write(sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
             }
         }
+}
+
+/* gemm_sweep with the float32 micro-kernel of the path: w's rows at row stride ldw (floats). */
+void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
+                int64_t count, float *y, int64_t ldy) {
+    gemm_micro_fn micro = micro_portable;
+#if QUANT_X86
+    if (isa == ISA_AVX512) micro = micro_avx512;
+#endif
+    gemm_sweep(isa, micro, xt, m, k, w, ldw, count, y, ldy);
 }

@@ -1,8 +1,8 @@
 /*
  * float32 GEMM for the panel path (gemm_f32.c): x packed once per call into token tiles,
  * then each thread multiplies its panels of W's rows with all of them. gemm_bf16.c packs
- * bfloat16 pairs as 32-bit values with the same gemm_pack_x and writes its sums with
- * gemm_write_tile.
+ * bfloat16 pairs as 32-bit values with the same gemm_pack_x and sweeps its own micro-kernel
+ * over them with gemm_sweep.
  */
 #ifndef PAGECLI_GEMM_F32_H
 #define PAGECLI_GEMM_F32_H
@@ -19,8 +19,12 @@ static inline int64_t gemm_packed_floats(int64_t m, int64_t k) {
 
 void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
                  int64_t tile);
-void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
-                     int64_t ldy);
+/* sums[r * GEMM_TOKENS + j] = the dot product of packed token j with w's row r (rows ldw
+ * values apart) over k 32-bit values, for r < rows <= GEMM_ROWS */
+typedef void (*gemm_micro_fn)(const float *xt, const float *w, int64_t ldw, int64_t k, int rows,
+                              float *sums);
+void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_t k,
+                const float *w, int64_t ldw, int64_t count, float *y, int64_t ldy);
 void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
                 int64_t count, float *y, int64_t ldy);
 
