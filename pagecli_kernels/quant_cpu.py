@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from pagecli_kernels import native
-from pagecli_kernels.quant_formats import QuantWeight
+from pagecli_kernels.quant_formats import BF16, QuantWeight
 
 ISAS = ("portable", "avx2", "avx512")  # enum quant_isa's order
 _ERRORS = {-1: "unknown format or columns not whole blocks", -2: "row id out of range"}
@@ -153,7 +153,11 @@ def bf16_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
     lib = library()
     if lib is None:
         raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
-    if weight.format.ggml_type != 30 or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+    if (
+        weight.format.ggml_type != BF16.ggml_type
+        or x.dtype != torch.bfloat16
+        or x.device.type != "cpu"
+    ):
         raise ValueError("bf16_linear takes bfloat16 CPU input and a BF16 weight")
     if x.dim() != 2 or x.shape[1] != weight.cols:
         raise ValueError(f"input must be [M, {weight.cols}]")

@@ -92,9 +92,9 @@ class BF16Linear(nn.Module):
     SMALL_ROWS = 2
 
     @classmethod
-    def native_rows(cls) -> int | None:
-        """The most input rows the native kernels take (None: any number)."""
-        return None if quant_cpu.bf16_gemm() == "pairs" else cls.SMALL_ROWS
+    def native_takes(cls, rows: int) -> bool:
+        """Whether the native kernels take a product of `rows` input rows (else torch's)."""
+        return rows <= cls.SMALL_ROWS or quant_cpu.bf16_gemm() == "pairs"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -109,8 +109,7 @@ class BF16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)  # [M, K]
-        most = self.native_rows() if x2d.shape[0] > self.SMALL_ROWS else None
-        if x.dtype != torch.bfloat16 or (most is not None and x2d.shape[0] > most):
+        if x.dtype != torch.bfloat16 or not self.native_takes(x2d.shape[0]):
             return F.linear(x, self.weight, self.bias)
         out = quant_cpu.bf16_linear(x2d, self._rows)  # [M, N] float32 sums
         if self._bias32 is not None:

@@ -157,13 +157,11 @@ class LlamaForCausalLM(nn.Module):
         """The decoder layers bound for one native call when this step can take it: float32
         or bfloat16 activations and caches on the CPU, every projection one block-format or
         float32-rows buffer (bfloat16: the native kernels of `BF16Linear`, so only for steps
-        of at most `BF16Linear.native_rows()` tokens, which the loop's layers also give to
-        them; biases allowed), no q/k norm, the CPU attention kernels. None: the Python loop
-        runs."""
-        most = BF16Linear.native_rows() if hidden.dtype == torch.bfloat16 else None
+        that `BF16Linear.native_takes`, which the loop's layers also give to them; biases
+        allowed), no q/k norm, the CPU attention kernels. None: the Python loop runs."""
         if (
             hidden.dtype not in (torch.float32, torch.bfloat16)
-            or (most is not None and hidden.shape[0] > most)
+            or (hidden.dtype == torch.bfloat16 and not BF16Linear.native_takes(hidden.shape[0]))
             or hidden.device.type != "cpu"
             or not hidden.is_contiguous()
             or rope[0].dtype != hidden.dtype
@@ -222,12 +220,13 @@ class LlamaForCausalLM(nn.Module):
         """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
         if self.float_head is not None and hidden.dtype == torch.float32:
             return self.float_head(hidden.contiguous())
-        if self.bf16_head is not None and hidden.dtype == torch.bfloat16:
-            most = BF16Linear.native_rows() if hidden.shape[0] > BF16Linear.SMALL_ROWS else None
-            if most is None or hidden.shape[0] <= most:
-                # rounded to bfloat16 first, as the bfloat16 product below returns them
-                logits = quant_cpu.bf16_linear(hidden, self.bf16_head)
-                return logits.to(torch.bfloat16).float()
+        if (
+            self.bf16_head is not None
+            and hidden.dtype == torch.bfloat16
+            and BF16Linear.native_takes(hidden.shape[0])
+        ):  # rounded to bfloat16 first, as the bfloat16 product below returns them
+            logits = quant_cpu.bf16_linear(hidden, self.bf16_head)
+            return logits.to(torch.bfloat16).float()
         if self.packed_head is not None:
             return self.packed_head(hidden).float()
         if self.lm_head is not None:

@@ -73,7 +73,8 @@ def test_larger_batches_without_the_pair_gemm_are_torch_gemm(rows, bf16_gemm, mo
     calls = _counted(monkeypatch)
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
     assert torch.equal(layer(x), F.linear(x, weight, b))
-    assert calls == [] and BF16Linear.native_rows() == BF16Linear.SMALL_ROWS
+    assert calls == [] and not BF16Linear.native_takes(BF16Linear.SMALL_ROWS + 1)
+    assert BF16Linear.native_takes(BF16Linear.SMALL_ROWS)
 
 
 def test_bf16_linear_refuses_other_dtypes():
