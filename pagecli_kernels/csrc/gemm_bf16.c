@@ -171,15 +171,6 @@ static __thread int64_t widened_cap;
 static __thread float *packed;
 static __thread int64_t packed_cap;
 
-/* *buf holds at least `need` floats (64-byte aligned), kept for the calling thread's next call */
-static int reserve(float **buf, int64_t *cap, int64_t need) {
-    if (*cap >= need) return 0;
-    free(*buf);
-    *buf = aligned_alloc(64, (size_t)((need * (int64_t)sizeof(float) + 63) / 64 * 64));
-    *cap = *buf ? need : 0;
-    return *buf ? 0 : E_MEMORY;
-}
-
 /* y[m, n] = x[m, k] @ W[n, k].T: W and x bfloat16 (rows ldx values apart), y float32 (rows
  * ldy apart); k a multiple of 32. Returns 0, or E_FORMAT, E_MEMORY. */
 int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int64_t ldx,
@@ -188,7 +179,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
     if (m <= 0 || n <= 0) return 0;
     const uint16_t *xs = x;
     if (m <= FUSED_ROWS || !pagecli_bf16_gemm()) { /* widened: the float32 drivers */
-        if (reserve(&widened, &widened_cap, m * k)) return E_MEMORY;
+        if (gemm_reserve(&widened, &widened_cap, m * k)) return E_MEMORY;
         for (int64_t t = 0; t < m; t++)
             for (int64_t i = 0; i < k; i++) widened[t * k + i] = bf16_to_f32(xs[t * ldx + i]);
         return pagecli_quant_linear(QT_BF16, w, n, k, widened, k, m, y, ldy, num_threads);
@@ -199,7 +190,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
     if (pagecli_bf16_gemm_native()) micro = pairs_avx512;
 #endif
     const int64_t pairs = k / 2, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
-    if (ldx % 2 || reserve(&packed, &packed_cap, gemm_packed_floats(m, pairs)))
+    if (ldx % 2 || gemm_reserve(&packed, &packed_cap, gemm_packed_floats(m, pairs)))
         return ldx % 2 ? E_FORMAT : E_MEMORY;
     float *const xt = packed; /* the calling thread's buffer, shared with the team below */
     const uint32_t *rows_w = w;

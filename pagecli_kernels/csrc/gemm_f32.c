@@ -17,6 +17,8 @@
  * k at a time (each chunk's products summed in order, the chunks' sums then added up), and
  * writes them out transposed, as runs of GEMM_ROWS consecutive floats of y's rows.
  */
+#include <stdlib.h>
+
 #include "quant_blocks.h"
 
 #include "gemm_f32.h"
@@ -29,6 +31,16 @@
 #define TILE_BLOCK 8 /* token tiles swept per W group: 256 tokens x k stay in the L2 */
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* *buf holds at least `need` floats, 64-byte aligned: a thread's work buffer, kept for its
+ * next call and grown when too small. Returns 0, or -1 (then *buf is NULL) without memory. */
+int gemm_reserve(float **buf, int64_t *cap, int64_t need) {
+    if (*cap >= need) return 0;
+    free(*buf);
+    *buf = aligned_alloc(64, (size_t)((need * (int64_t)sizeof(float) + 63) / 64 * 64));
+    *cap = *buf ? need : 0;
+    return *buf ? 0 : -1;
+}
 
 /* ---- packing x ------------------------------------------------------------------------------ */
 

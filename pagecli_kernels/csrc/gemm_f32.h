@@ -17,6 +17,7 @@ static inline int64_t gemm_packed_floats(int64_t m, int64_t k) {
     return (m + GEMM_TOKENS - 1) / GEMM_TOKENS * GEMM_TOKENS * k;
 }
 
+int gemm_reserve(float **buf, int64_t *cap, int64_t need);
 void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
                  int64_t tile);
 /* sums[r * GEMM_TOKENS + j] = the dot product of packed token j with w's row r (rows ldw

@@ -295,12 +295,8 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
                   int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
                   int64_t ldy, int num_threads, int native) {
     const int64_t need = native ? gemm_packed_floats(m, k) : 0;
-    if (packed_cap < need) { /* the calling thread's, kept for the next call */
-        free(packed_x);
-        packed_x = aligned_alloc(64, (size_t)((need * sizeof(float) + 63) / 64 * 64));
-        packed_cap = packed_x ? need : 0;
-        if (!packed_x) return QUANT_E_MEMORY;
-    }
+    if (gemm_reserve(&packed_x, &packed_cap, need)) /* the calling thread's, kept */
+        return QUANT_E_MEMORY;
     float *const xt = packed_x; /* this thread's buffer, shared with the team below */
     const dequant_fn dequant = f->dequant[isa];
     const int64_t blocks_per_row = k / f->block_values;
@@ -315,11 +311,7 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
             for (int64_t t = 0; t < (m + GEMM_TOKENS - 1) / GEMM_TOKENS; t++)
                 gemm_pack_x(isa, x, ldx, m, k, xt, t);
         }
-        if (!in_place && panel_cap < rows * k) {
-            free(panel_buf);
-            panel_buf = aligned_alloc(64, (size_t)((rows * k * sizeof(float) + 63) / 64 * 64));
-            panel_cap = panel_buf ? rows * k : 0;
-        }
+        if (!in_place) gemm_reserve(&panel_buf, &panel_cap, rows * k); /* NULL: failed */
         const int previous = !native && blas_set_threads_local ? blas_set_threads_local(1) : 0;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
