@@ -145,14 +145,7 @@ pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs
 TARGET_AVX512_BF16 static void pairs_avx512(const float *xt_pairs, const float *w_pairs,
                                             int64_t ldw, int64_t pairs, int rows, float *sums) {
     const uint32_t *xt = (const uint32_t *)xt_pairs, *w = (const uint32_t *)w_pairs;
-    switch (rows) {
-#define PAIRS_CASE(R)                                                                          \
-    case R: pairs_avx512_r(xt, w, ldw, pairs, sums, R); break;
-        PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4) PAIRS_CASE(5) PAIRS_CASE(6)
-        PAIRS_CASE(7) PAIRS_CASE(8) PAIRS_CASE(9) PAIRS_CASE(10) PAIRS_CASE(11)
-#undef PAIRS_CASE
-    default: pairs_avx512_r(xt, w, ldw, pairs, sums, GEMM_ROWS); break;
-    }
+    GEMM_ROWS_SWITCH(rows, pairs_avx512_r, xt, w, ldw, pairs, sums)
 }
 #endif
 

@@ -186,14 +186,7 @@ micro_avx512_r(const float *xt, const float *w, int64_t ldw, int64_t k, float *s
 
 TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t ldw, int64_t k,
                                        int rows, float *sums) {
-    switch (rows) {
-#define MICRO_CASE(R)                                                                          \
-    case R: micro_avx512_r(xt, w, ldw, k, sums, R); break;
-        MICRO_CASE(1) MICRO_CASE(2) MICRO_CASE(3) MICRO_CASE(4) MICRO_CASE(5) MICRO_CASE(6)
-        MICRO_CASE(7) MICRO_CASE(8) MICRO_CASE(9) MICRO_CASE(10) MICRO_CASE(11)
-#undef MICRO_CASE
-    default: micro_avx512_r(xt, w, ldw, k, sums, GEMM_ROWS); break;
-    }
+    GEMM_ROWS_SWITCH(rows, micro_avx512_r, xt, w, ldw, k, sums)
 }
 #endif
 

@@ -12,6 +12,24 @@
 #define GEMM_ROWS 12   /* W rows per micro-tile */
 #define GEMM_TOKENS 32 /* input rows per micro-tile (two 16-float vectors) */
 
+/* The micro-kernels' dispatch on the rows of a micro-tile: KERNEL(..., R) with R a constant
+ * 1..GEMM_ROWS, so that each count gets its own copy with the sums in registers. */
+#define GEMM_ROWS_SWITCH(rows, KERNEL, ...)                                                    \
+    switch (rows) {                                                                            \
+    case 1: KERNEL(__VA_ARGS__, 1); break;                                                     \
+    case 2: KERNEL(__VA_ARGS__, 2); break;                                                     \
+    case 3: KERNEL(__VA_ARGS__, 3); break;                                                     \
+    case 4: KERNEL(__VA_ARGS__, 4); break;                                                     \
+    case 5: KERNEL(__VA_ARGS__, 5); break;                                                     \
+    case 6: KERNEL(__VA_ARGS__, 6); break;                                                     \
+    case 7: KERNEL(__VA_ARGS__, 7); break;                                                     \
+    case 8: KERNEL(__VA_ARGS__, 8); break;                                                     \
+    case 9: KERNEL(__VA_ARGS__, 9); break;                                                     \
+    case 10: KERNEL(__VA_ARGS__, 10); break;                                                   \
+    case 11: KERNEL(__VA_ARGS__, 11); break;                                                   \
+    default: KERNEL(__VA_ARGS__, GEMM_ROWS); break;                                            \
+    }
+
 /* Floats of packed x for m rows of k values. */
 static inline int64_t gemm_packed_floats(int64_t m, int64_t k) {
     return (m + GEMM_TOKENS - 1) / GEMM_TOKENS * GEMM_TOKENS * k;
