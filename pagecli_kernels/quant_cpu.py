@@ -119,26 +119,34 @@ def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> No
         raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
     if choice not in choices:
         raise ValueError(f"{what} {choice!r}: choose one of {choices}")
-    getattr(lib, setter)(choices.index(choice))
+    if getattr(lib, setter)(choices.index(choice)) == -2:
+        raise ValueError(f"{what} {choice!r}: this CPU (or its kernel) does not have it")
 
 
-BF16_GEMMS = ("auto", "off", "pairs")  # pagecli_bf16_set_gemm's choices
+BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
 
 
 def bf16_gemm() -> str | None:
-    """Who multiplies bfloat16 inputs of more than a few rows (`bf16_linear`): "pairs" (the
-    pair GEMM of csrc/gemm_bf16.c, on VDPBF16PS where the CPU has AVX512_BF16), "off" (the
-    caller keeps torch's bfloat16 GEMM), or None (no library)."""
+    """Who multiplies bfloat16 inputs of more than a few rows (`bf16_linear`): "tiles" (AMX's
+    TDPBF16PS, csrc/gemm_bf16.c), "pairs" (the pair GEMM there, on VDPBF16PS where the CPU has
+    AVX512_BF16), "off" (the caller keeps torch's bfloat16 GEMM), or None (no library)."""
     lib = library()
     if lib is None:
         return None
-    return "pairs" if lib.pagecli_bf16_gemm() else "off"
+    return ("off", "pairs", "tiles")[lib.pagecli_bf16_gemm()]
 
 
 def set_bf16_gemm(choice: str) -> None:
-    """Choose "pairs", "off", or "auto" (pairs where the AVX-512 path runs on a CPU with
-    AVX512_BF16 and no AMX). Tests and benchmarks."""
+    """Choose "tiles" (a CPU with AMX only), "pairs", "off", or "auto" (on the AVX-512 path:
+    the tiles where the CPU has AMX and Linux grants them, else pairs where the CPU has
+    AVX512_BF16). Tests and benchmarks."""
     _choose("pagecli_bf16_set_gemm", BF16_GEMMS, choice, "bf16 gemm")
+
+
+def bf16_tiles() -> bool:
+    """Whether this CPU has AMX's bfloat16 tiles and the kernel granted them to us."""
+    lib = library()
+    return lib is not None and bool(lib.pagecli_bf16_tiles())
 
 
 def bf16_gemm_native() -> bool:
@@ -225,6 +233,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_bf16_set_gemm.restype = i32
     lib.pagecli_bf16_gemm.restype = i32
     lib.pagecli_bf16_gemm_native.restype = i32
+    lib.pagecli_bf16_tiles.restype = i32
     for fn in ("pagecli_quant_linear", "pagecli_quant_dequantize_rows", "pagecli_quant_set_isa"):
         getattr(lib, fn).restype = i32
     lib.pagecli_quant_best_isa.restype = i32

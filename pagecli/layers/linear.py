@@ -82,19 +82,28 @@ class BF16Linear(nn.Module):
 
     Products of a few rows take the row kernels: torch's bfloat16 product of one or two rows
     read the weights at a third of the machine's bandwidth (Zen 4 with AVX512_BF16, 2
-    threads). Larger ones take the pair GEMM of csrc/gemm_bf16.c where
-    `quant_cpu.bf16_gemm()` says "pairs" (AVX512_BF16 without AMX: as fast as oneDNN's, and
-    the one-call decoder layers run it too), torch's GEMM otherwise (from `SMALL_ROWS + 1`
-    rows on). All of them sum the exact products of the bfloat16 values in float32, as
-    oneDNN's bfloat16 GEMM does, so the result differs from `F.linear` in summation order only
-    before the output is rounded to bfloat16."""
+    threads). Larger ones take csrc/gemm_bf16.c's GEMM where `quant_cpu.bf16_gemm()` names
+    one (the one-call decoder layers run it too): "pairs" (AVX512_BF16 without AMX: as fast
+    as oneDNN's) for every size, "tiles" (AMX) up to `TILES_ROWS` rows; torch's GEMM otherwise
+    (from `SMALL_ROWS + 1` rows on). All of them sum the exact products of the bfloat16 values
+    in float32, as oneDNN's bfloat16 GEMM does, so the result differs from `F.linear` in
+    summation order only before the output is rounded to bfloat16."""
 
     SMALL_ROWS = 2
+    # AMX tiles against oneDNN (which also multiplies on them), 2-core Xeon with AMX, 2
+    # threads: 1,330-1,630 against 980-1,100 GFLOP/s at 64 rows, 1,640-1,760 against
+    # 1,435-1,575 at 128, about even at 256, 1,730-1,840 against 2,120-3,210 from 512 on
+    TILES_ROWS = 256
 
     @classmethod
     def native_takes(cls, rows: int) -> bool:
         """Whether the native kernels take a product of `rows` input rows (else torch's)."""
-        return rows <= cls.SMALL_ROWS or quant_cpu.bf16_gemm() == "pairs"
+        gemm = quant_cpu.bf16_gemm()
+        return (
+            rows <= cls.SMALL_ROWS
+            or gemm == "pairs"
+            or (gemm == "tiles" and rows <= cls.TILES_ROWS)
+        )
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()

@@ -19,12 +19,17 @@
  *   - m <= FUSED_ROWS (decode): x widened to float32 (exact), then quant_linear_cpu.c's
  *     bfloat16 row kernels, which stream W once at memory speed (quant_bf16.c);
  *   - larger m, when pagecli_bf16_gemm() says so: x's bfloat16 pairs (32 bits each) packed into
- *     token tiles by gemm_f32.c's packer, then each thread sweeps the pair micro-kernel over
- *     its panels of W's rows, in place, and all of them (gemm_f32.c's gemm_sweep): GEMM_ROWS
- *     rows x GEMM_TOKENS tokens of sums in 24 registers, each W pair broadcast from its row as
- *     it is. Otherwise x widened and quant_linear's float32 panels.
+ *     token tiles by gemm_f32.c's packer, then each thread sweeps a micro-kernel over its
+ *     panels of W's rows, in place:
+ *       - AMX's tiles (CPUs with AMX): TILE_ROWS rows x GEMM_TOKENS tokens of sums in four
+ *         tiles, W's rows loaded into tiles as they lie (tiles_sweep);
+ *       - the pair GEMM (gemm_f32.c's gemm_sweep): GEMM_ROWS rows x GEMM_TOKENS tokens of sums
+ *         in 24 registers, each W pair broadcast from its row as it is.
+ *     Otherwise x widened and quant_linear's float32 panels.
  * The pair GEMM runs VDPBF16PS on the AVX-512 path of a CPU with AVX512_BF16, the portable
- * loop elsewhere (tests force it there with pagecli_bf16_set_gemm).
+ * loop elsewhere (tests force it there with pagecli_bf16_set_gemm). On AMX CPUs the tiles
+ * beat oneDNN's own AMX GEMM up to a few hundred rows (BF16Linear.TILES_ROWS); there the pair
+ * GEMM ran at 220 GFLOP/s, under float32's 330.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -50,40 +55,81 @@
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #endif
 
+/* AMX's tile intrinsics: GCC 11 and clang 12 on, 64-bit Linux (the kernel grants the tiles'
+ * state to a process that asks, Linux 5.16 on) */
+#if BF16_X86 && defined(__linux__) && defined(__x86_64__) &&                                   \
+    (__clang_major__ >= 12 || (!defined(__clang__) && __GNUC__ >= 11))
+#define AMX_X86 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TARGET_AMX                                                                             \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#else
+#define AMX_X86 0
+#endif
+
 #define FUSED_ROWS 8           /* input rows that take the row kernels (as quant_linear) */
 #define PAIR_CHUNK 32          /* pairs summed apart, then added up (64 values, as gemm_f32.c) */
 #define PANEL_BYTES (1 << 20)  /* bytes of W rows per panel, per thread */
+#define TILE_ROWS 32           /* W rows per AMX micro-tile */
 #define E_FORMAT -1            /* k not whole 32-value blocks */
 #define E_MEMORY -3            /* no memory for the packed or widened input */
 
-/* Who multiplies more than FUSED_ROWS rows (pagecli_bf16_set_gemm). */
-enum { BF16_GEMM_AUTO = 0, BF16_GEMM_OFF = 1, BF16_GEMM_PAIRS = 2 };
+/* Who multiplies more than FUSED_ROWS rows (pagecli_bf16_set_gemm, pagecli_bf16_gemm). */
+enum { BF16_GEMM_AUTO = 0, BF16_GEMM_OFF = 1, BF16_GEMM_PAIRS = 2, BF16_GEMM_TILES = 3 };
 static int gemm_choice = BF16_GEMM_AUTO;
-static int cpu_bf16, cpu_amx; /* AVX512_BF16; AMX (bfloat16 tiles), decided once at load */
+static int cpu_bf16; /* AVX512_BF16, decided once at load */
+static int cpu_amx;  /* AMX's bfloat16 tiles, on the CPU and granted by the kernel */
+
+#if AMX_X86
+/* Ask Linux for the tiles' register state (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA, 18): without it the first tile instruction kills the process. Granted
+ * once for the whole process (torch's oneDNN asks the same). */
+static int amx_granted(void) {
+    unsigned long features = 0;
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18)) return 0;
+    if (syscall(SYS_arch_prctl, 0x1022 /* ARCH_GET_XCOMP_PERM */, &features)) return 0;
+    return (features >> 18) & 1;
+}
+#endif
 
 __attribute__((constructor)) static void find_features(void) {
 #if BF16_X86
     unsigned eax, ebx, ecx, edx;
     if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) cpu_bf16 = (eax >> 5) & 1;
-    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) cpu_amx = (edx >> 22) & 1;
+#if AMX_X86
+    /* AMX-BF16 (bit 22) and AMX-TILE (bit 24) of leaf 7's edx */
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1) && (edx >> 24 & 1))
+        cpu_amx = amx_granted();
+#endif
 #endif
 }
 
-/* Multiply more than FUSED_ROWS rows with the pair GEMM (2), never (1), or as the CPU suggests
- * (0): the pair GEMM where the AVX-512 path runs on a CPU with AVX512_BF16 and without AMX
- * (oneDNN multiplies on AMX's bfloat16 tiles: 900 GFLOP/s at 64 rows on the 2-core Xeon of
- * issue 14; the pair GEMM has not run on such a CPU); -1 for other values. */
+/* Multiply more than FUSED_ROWS rows with AMX's tiles (3), the pair GEMM (2), never (1), or as
+ * the CPU suggests (0): on the AVX-512 path, the tiles where the CPU has them, else the pair
+ * GEMM where it has AVX512_BF16 (forced, the tiles run whatever the path). Returns 0, -1 for an unknown choice, -2 for the tiles
+ * on a CPU (or kernel) without them. */
 int pagecli_bf16_set_gemm(int choice) {
-    if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_PAIRS) return -1;
+    if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_TILES) return -1;
+    if (choice == BF16_GEMM_TILES && !cpu_amx) return -2;
     gemm_choice = choice;
     return 0;
 }
 
-/* 1 where more than FUSED_ROWS input rows take the pair GEMM, else 0. */
+/* Who multiplies more than FUSED_ROWS input rows now: 2 AMX's tiles, 1 the pair GEMM, 0 the
+ * float32 panels on the widened input. */
 int pagecli_bf16_gemm(void) {
-    if (gemm_choice != BF16_GEMM_AUTO) return gemm_choice == BF16_GEMM_PAIRS;
-    return pagecli_quant_isa() == ISA_AVX512 && cpu_bf16 && !cpu_amx;
+    switch (gemm_choice) {
+    case BF16_GEMM_OFF: return 0;
+    case BF16_GEMM_PAIRS: return 1;
+    case BF16_GEMM_TILES: return 2;
+    }
+    if (pagecli_quant_isa() != ISA_AVX512) return 0; /* other paths: no native GEMM */
+    return cpu_amx ? 2 : cpu_bf16;
 }
+
+/* 1 where the CPU has AMX's bfloat16 tiles and the kernel granted them. */
+int pagecli_bf16_tiles(void) { return cpu_amx; }
 
 /* 1 where the pair GEMM runs VDPBF16PS (else the portable loop). */
 int pagecli_bf16_gemm_native(void) { return pagecli_quant_isa() == ISA_AVX512 && cpu_bf16; }
@@ -149,20 +195,101 @@ TARGET_AVX512_BF16 static void pairs_avx512(const float *xt_pairs, const float *
 }
 #endif
 
-/* Rows of W per panel: a multiple of GEMM_ROWS within PANEL_BYTES, the panels split evenly
- * over the threads where W allows it. */
-static int64_t panel_rows(int64_t n, int64_t k, int num_threads) {
+/* Rows of W per panel: a multiple of `unit` within PANEL_BYTES, the panels split evenly over
+ * the threads where W allows it. */
+static int64_t panel_rows(int64_t n, int64_t k, int num_threads, int unit) {
     int64_t most = PANEL_BYTES / (int64_t)(k * sizeof(uint16_t));
-    most = most < GEMM_ROWS ? GEMM_ROWS : most - most % GEMM_ROWS;
+    most = most < unit ? unit : most - most % unit;
     const int64_t rounds = (n + most * num_threads - 1) / (most * num_threads);
     const int64_t per_panel = (n + rounds * num_threads - 1) / (rounds * num_threads);
-    return (per_panel + GEMM_ROWS - 1) / GEMM_ROWS * GEMM_ROWS;
+    return (per_panel + unit - 1) / unit * unit;
 }
+
+#if AMX_X86
+/* ---- AMX: TDPBF16PS on tiles ----------------------------------------------------------------
+ * A micro-tile is TILE_ROWS = 32 rows of W x GEMM_TOKENS = 32 tokens, as four 16 x 16 tiles of
+ * float32 sums (tmm0-3). Per 16 pairs of k: two tiles of W's rows loaded as they lie in memory
+ * (tmm4-5: 16 rows x 16 pairs each, rows k values apart; TDPBF16PS's first operand), two of the
+ * packed input (tmm6-7: 16 pairs x 16 tokens, from the same token tiles as the pair GEMM's),
+ * four TDPBF16PS. The sums are stored as gemm_sweep's micro-kernels leave theirs (W row r, token
+ * j at r * GEMM_TOKENS + j) and written out by the same writer. TDPBF16PS, like VDPBF16PS,
+ * multiplies bfloat16 values exactly and adds into float32 sums, denormals taken as zero;
+ * Intel does not say in which order it adds a tile row's 32 products, so this path is tested
+ * against float64 only. */
+
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) tile_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* The tile instructions are asm statements that name no memory: order them against the C
+ * code's stores and loads of the same buffers. */
+#define MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
+
+/* y[tok][r] for the tokens of x (packed, m rows, `pairs` pairs) and W's rows [0, count), rows
+ * k values apart; `pad` holds TILE_ROWS * k values for a last micro-tile that passes W's end
+ * (`tail`: W's rows there are fewer than TILE_ROWS). Single-threaded, tiles configured. */
+TARGET_AMX static void tiles_sweep(const uint16_t *w, int64_t k, int64_t count, int tail,
+                                   const uint32_t *xt, int64_t m, float *y, int64_t ldy,
+                                   uint16_t *pad) {
+    float sums[TILE_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    const int64_t pairs = k / 2, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    const int64_t stride = k * (int64_t)sizeof(uint16_t);
+    for (int64_t t0 = 0; t0 < tiles; t0 += 8) /* 256 tokens' pairs stay in the L2 */
+        for (int64_t r0 = 0; r0 < count; r0 += TILE_ROWS) {
+            const int rows = (int)min64(TILE_ROWS, count - r0);
+            const uint16_t *a = w + r0 * k;
+            if (tail && rows < TILE_ROWS) { /* W ends inside this micro-tile */
+                for (int64_t i = 0; i < TILE_ROWS * k; i++) pad[i] = i < rows * k ? a[i] : 0;
+                MEMORY_BARRIER();
+                a = pad;
+            }
+            for (int64_t t = t0; t < min64(t0 + 8, tiles); t++) {
+                const uint32_t *b = xt + t * pairs * GEMM_TOKENS;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int64_t p = 0; p < pairs; p += 16) {
+                    _tile_loadd(4, a + 2 * p, stride);
+                    _tile_loadd(5, a + 16 * k + 2 * p, stride);
+                    _tile_loadd(6, b + p * GEMM_TOKENS, GEMM_TOKENS * 4);
+                    _tile_loadd(7, b + p * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                _tile_stored(0, sums, GEMM_TOKENS * 4);
+                _tile_stored(1, sums + 16, GEMM_TOKENS * 4);
+                _tile_stored(2, sums + 16 * GEMM_TOKENS, GEMM_TOKENS * 4);
+                _tile_stored(3, sums + 16 * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
+                MEMORY_BARRIER();
+                const int64_t tok = t * GEMM_TOKENS, tokens = min64(GEMM_TOKENS, m - tok);
+                float *out = y + tok * ldy + r0;
+                gemm_write_tile(ISA_AVX512, sums, rows < 16 ? rows : 16, tokens, out, ldy);
+                if (rows > 16)
+                    gemm_write_tile(ISA_AVX512, sums + 16 * GEMM_TOKENS, rows - 16, tokens,
+                                    out + 16, ldy);
+            }
+        }
+}
+
+TARGET_AMX static void tiles_begin(void) { _tile_loadconfig(&tile_config); }
+TARGET_AMX static void tiles_end(void) { _tile_release(); }
+#endif
 
 static __thread float *widened;
 static __thread int64_t widened_cap;
 static __thread float *packed;
 static __thread int64_t packed_cap;
+static __thread float *padded; /* AMX: a last micro-tile of W's rows, zero past W's end */
+static __thread int64_t padded_cap;
 
 /* y[m, n] = x[m, k] @ W[n, k].T: W and x bfloat16 (rows ldx values apart), y float32 (rows
  * ldy apart); k a multiple of 32. Returns 0, or E_FORMAT, E_MEMORY. */
@@ -171,13 +298,15 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
     if (k % 32 || k <= 0) return E_FORMAT;
     if (m <= 0 || n <= 0) return 0;
     const uint16_t *xs = x;
-    if (m <= FUSED_ROWS || !pagecli_bf16_gemm()) { /* widened: the float32 drivers */
+    const int gemm = pagecli_bf16_gemm();
+    if (m <= FUSED_ROWS || !gemm) { /* widened: the float32 drivers */
         if (gemm_reserve(&widened, &widened_cap, m * k)) return E_MEMORY;
         for (int64_t t = 0; t < m; t++)
             for (int64_t i = 0; i < k; i++) widened[t * k + i] = bf16_to_f32(xs[t * ldx + i]);
         return pagecli_quant_linear(QT_BF16, w, n, k, widened, k, m, y, ldy, num_threads);
     }
-    const int isa = pagecli_quant_isa();
+    const int tiles_path = AMX_X86 && gemm == 2;
+    const int isa = tiles_path ? ISA_AVX512 : pagecli_quant_isa();
     gemm_micro_fn micro = pairs_portable;
 #if BF16_X86
     if (pagecli_bf16_gemm_native()) micro = pairs_avx512;
@@ -187,13 +316,31 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
         return ldx % 2 ? E_FORMAT : E_MEMORY;
     float *const xt = packed; /* the calling thread's buffer, shared with the team below */
     const uint32_t *rows_w = w;
-    const int64_t rows = panel_rows(n, k, num_threads), num_panels = (n + rows - 1) / rows;
-#pragma omp parallel num_threads(num_threads)
+    const int64_t rows = panel_rows(n, k, num_threads, tiles_path ? TILE_ROWS : GEMM_ROWS);
+    const int64_t num_panels = (n + rows - 1) / rows;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
         /* a bfloat16 pair is 32 bits: packed as gemm_f32.c packs floats, bits unchanged */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++)
             gemm_pack_x(isa, (const float *)xs, ldx / 2, m, pairs, xt, t);
+#if AMX_X86
+        if (tiles_path) {
+            const int tail = n % TILE_ROWS != 0;
+            if (tail && gemm_reserve(&padded, &padded_cap, TILE_ROWS * k / 2)) failed = 1;
+            tiles_begin();
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < num_panels; p++) {
+                const int64_t first = p * rows;
+                if (!failed)
+                    tiles_sweep((const uint16_t *)w + first * k, k, min64(rows, n - first),
+                                tail, (const uint32_t *)xt, m, y + first, ldy,
+                                (uint16_t *)padded);
+            }
+            tiles_end();
+        } else
+#endif
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
             const int64_t first = p * rows;
@@ -201,5 +348,5 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
                        min64(rows, n - first), y + first, ldy);
         }
     }
-    return 0;
+    return failed ? E_MEMORY : 0;
 }

@@ -25,6 +25,8 @@
 
 #if QUANT_X86
 #include <immintrin.h>
+
+#include "transpose16.h"
 #endif
 
 #define GEMM_CHUNK 64 /* values of k summed apart, then added up: error grows with k / 64 + 64 */
@@ -55,34 +57,6 @@ static void pack_portable(const float *x, int64_t ldx, int64_t m, int64_t k, flo
 }
 
 #if QUANT_X86
-/* r[i] (16 rows of 16) transposed in place. */
-TARGET_AVX512 static inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++)
-        for (int h = 0; h < 2; h++) {
-            const __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
-            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    /* lanes now hold 4x4 transposed quads; move the 128-bit quads across the 4 row groups */
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-        r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
-    }
-}
-
 TARGET_AVX512 static void pack_avx512(const float *x, int64_t ldx, int64_t m, int64_t k,
                                       float *xt, int64_t tile) {
     float *dst = xt + tile * k * GEMM_TOKENS;
@@ -155,6 +129,23 @@ TARGET_AVX512 static void write_tile_avx512(const float *sums, int rows, int64_t
     }
 }
 
+#endif
+
+/* y[j][r] = sums[r * GEMM_TOKENS + j] for j < tokens <= GEMM_TOKENS and r < rows <= 16: a
+ * micro-tile's sums (or 16 of its rows) written out as runs of `rows` floats of y's rows. */
+void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
+                     int64_t ldy) {
+#if QUANT_X86
+    if (isa == ISA_AVX512) {
+        write_tile_avx512(sums, rows, tokens, y, ldy);
+        return;
+    }
+#endif
+    (void)isa;
+    write_tile(sums, rows, tokens, y, ldy);
+}
+
+#if QUANT_X86
 /* One copy per constant R (1..GEMM_ROWS): R x 2 sums of 16 tokens in registers, over
  * GEMM_CHUNK values of k at a time, each chunk's sums then added to the tile's. */
 TARGET_AVX512 static inline __attribute__((always_inline)) void
@@ -196,11 +187,6 @@ TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t 
  * the threads. */
 void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t count, float *y, int64_t ldy) {
-    void (*write)(const float *, int, int64_t, float *, int64_t) = write_tile;
-#if QUANT_X86
-    if (isa == ISA_AVX512) write = write_tile_avx512;
-#endif
-    (void)isa;
     float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
     const int64_t tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     for (int64_t t0 = 0; t0 < tiles; t0 += TILE_BLOCK)
@@ -209,7 +195,8 @@ void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_
             for (int64_t t = t0; t < min64(t0 + TILE_BLOCK, tiles); t++) {
                 micro(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows, sums);
                 const int64_t tok = t * GEMM_TOKENS;
-                write(sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
+                gemm_write_tile(isa, sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0,
+                                ldy);
             }
         }
 }

@@ -42,6 +42,8 @@ void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, flo
  * values apart) over k 32-bit values, for r < rows <= GEMM_ROWS */
 typedef void (*gemm_micro_fn)(const float *xt, const float *w, int64_t ldw, int64_t k, int rows,
                               float *sums);
+void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
+                     int64_t ldy);
 void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t count, float *y, int64_t ldy);
 void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,

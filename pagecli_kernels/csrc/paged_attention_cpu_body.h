@@ -118,6 +118,95 @@ PA_FN void PA_NAME(scores_tree)(const float *q, const float *const *krow, float 
     }
 }
 
+/* bfloat16 keys and values read straight from the cache (AVX-512, few rows: decodes). Every
+ * 32-bit lane of a row holds a pair of values, dims 2i and 2i + 1: the pair's high half is
+ * the odd dim's bfloat16 bits, and the float32 values are the lane shifted left by 16 (even)
+ * or with its low half cleared (odd), exactly. No widened copy and no reduction tree:
+ *   - keys: the chunk's 16 rows transposed as pairs (16 x 16 lanes per 32 dims), so each
+ *     pair lane gives two vectors of one dim over the 16 tokens, and each query row's 16
+ *     scores accumulate in two vectors (even dims, odd dims), added at the end;
+ *   - values: acc keeps each 32 dims as the even dims' 16 sums, then the odd dims' (the
+ *     layout that split_pairs undoes at the end of the item).
+ * Needs head_dim a multiple of 32 (dp == head_dim). */
+#if PA_W == 16
+PA_FN __m512 PA_NAME(even_dims)(__m512 pairs) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(pairs), 16));
+}
+
+PA_FN __m512 PA_NAME(odd_dims)(__m512 pairs) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(pairs), _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* s[r * TC + j] = q_r . k_j for r < num_rows, j < n (tokens past n score 0). */
+PA_FN void PA_NAME(scores_pairs)(const float *q, const uint16_t *const *krow, float *s,
+                                 int num_rows, int n, int dp) {
+    for (int r0 = 0; r0 < num_rows; r0 += 4) {
+        const int rows = num_rows - r0 < 4 ? num_rows - r0 : 4;
+        __m512 a[4][2];
+        for (int r = 0; r < 4; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+        for (int c = 0; c < dp; c += 32) {
+            __m512 t[16];
+            for (int j = 0; j < 16; ++j)
+                t[j] = j < n ? _mm512_loadu_ps((const float *)(krow[j] + c)) : _mm512_setzero_ps();
+            transpose16(t); /* t[i]: pair i of the 32 dims, over the tokens */
+            for (int i = 0; i < 16; ++i) {
+                const __m512 even = PA_NAME(even_dims)(t[i]), odd = PA_NAME(odd_dims)(t[i]);
+                for (int r = 0; r < rows; ++r) {
+                    const float *qr = q + (int64_t)(r0 + r) * dp + c + 2 * i;
+                    a[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(qr[0]), even, a[r][0]);
+                    a[r][1] = _mm512_fmadd_ps(_mm512_set1_ps(qr[1]), odd, a[r][1]);
+                }
+            }
+        }
+        for (int r = 0; r < rows; ++r)
+            _mm512_storeu_ps(s + (r0 + r) * TC, _mm512_add_ps(a[r][0], a[r][1]));
+    }
+}
+
+/* acc_r += sum_j p[r * TC + j] v_j, acc in the pair layout above, three rows at a time over
+ * 64 dims (12 sums in registers). */
+PA_FN void PA_NAME(accumulate_pairs)(float *acc, const float *p, const uint16_t *const *vrow,
+                                     int num_rows, int n, int dp) {
+    for (int r0 = 0; r0 < num_rows; r0 += 3) {
+        const int rows = num_rows - r0 < 3 ? num_rows - r0 : 3;
+        for (int c = 0; c < dp; c += 64) {
+            const int halves = dp - c >= 64 ? 2 : 1; /* 32-dim halves in this block */
+            __m512 a[3][4];
+            for (int r = 0; r < rows; ++r)
+                for (int x = 0; x < 2 * halves; ++x)
+                    a[r][x] = _mm512_loadu_ps(acc + (int64_t)(r0 + r) * dp + c + 16 * x);
+            for (int j = 0; j < n; ++j) {
+                __m512 v[4];
+                for (int h = 0; h < halves; ++h) {
+                    const __m512 pairs = _mm512_loadu_ps((const float *)(vrow[j] + c + 32 * h));
+                    v[2 * h] = PA_NAME(even_dims)(pairs);
+                    v[2 * h + 1] = PA_NAME(odd_dims)(pairs);
+                }
+                for (int r = 0; r < rows; ++r) {
+                    const __m512 w = _mm512_set1_ps(p[(r0 + r) * TC + j]);
+                    for (int x = 0; x < 2 * halves; ++x) a[r][x] = _mm512_fmadd_ps(w, v[x], a[r][x]);
+                }
+            }
+            for (int r = 0; r < rows; ++r)
+                for (int x = 0; x < 2 * halves; ++x)
+                    _mm512_storeu_ps(acc + (int64_t)(r0 + r) * dp + c + 16 * x, a[r][x]);
+        }
+    }
+}
+
+/* acc's rows from the pair layout back to dims in order. */
+PA_FN void PA_NAME(split_pairs)(float *acc, int num_rows, int dp) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    for (int64_t i = 0; i < (int64_t)num_rows * dp; i += 32) {
+        const __m512 even = _mm512_loadu_ps(acc + i), odd = _mm512_loadu_ps(acc + i + 16);
+        _mm512_storeu_ps(acc + i, _mm512_permutex2var_ps(even, lo, odd));
+        _mm512_storeu_ps(acc + i + 16, _mm512_permutex2var_ps(even, hi, odd));
+    }
+}
+#endif
+
 /* exp_nonpositive on 16 lanes (the same steps). */
 PA_FN __m512 PA_NAME(exp16)(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -235,23 +324,30 @@ PA_FN void PA_NAME(accumulate_v)(float *acc, const float *p, const float *const 
 }
 
 /* One work item for the padded head_dim dp (a constant in the copies that item() makes, so
- * that the loops over the head's values unroll). */
+ * that the loops over the head's values unroll). The item's rows come in one block per kv
+ * head, each block its tokens times the group. */
 PA_FN void PA_NAME(item_dp)(const Problem *p, const Item *it, const Scratch *w, const int dp) {
     const int group = p->group, kv_dtype = p->kv_dtype;
     const int seq_len = p->seq_lens[it->seq];
     const int q_start = p->query_start_loc[it->seq];
     const int q_len = p->query_start_loc[it->seq + 1] - q_start;
     const int first_pos = seq_len - q_len; /* position of new token 0 */
-    const int num_rows = (it->q_end - it->q_begin) * group;
+    const int block_rows = (it->q_end - it->q_begin) * group; /* rows per kv head */
+    const int num_rows = block_rows * it->kv_heads;
     const int32_t *table = p->block_tables + (int64_t)it->seq * p->table_stride;
-    const int64_t head_off = (int64_t)it->kv_head * p->stride_head;
     /* rows are read in place when no conversion or padding is needed */
     const int direct = kv_dtype == KV_F32 && p->head_dim == dp;
-    const int transposed = num_rows >= TRANSPOSE_MIN_ROWS;
+    const int transposed = block_rows >= TRANSPOSE_MIN_ROWS;
+#if PA_W == 16
+    const int pairs = kv_dtype == KV_BF16 && !transposed && p->head_dim == dp && dp % 32 == 0;
+#else
+    const int pairs = 0;
+#endif
 
     for (int r = 0; r < num_rows; ++r) {
-        const int token = q_start + it->q_begin + r / group;
-        const int head = it->kv_head * group + r % group;
+        const int rb = r % block_rows;
+        const int token = q_start + it->q_begin + rb / group;
+        const int head = (it->kv_head + r / block_rows) * group + rb % group;
         const float *src = p->query + ((int64_t)token * p->num_heads + head) * p->head_dim;
         float *dst = w->q + (int64_t)r * dp;
         for (int d = 0; d < p->head_dim; ++d) dst[d] = src[d] * p->scale;
@@ -268,81 +364,108 @@ PA_FN void PA_NAME(item_dp)(const Problem *p, const Item *it, const Scratch *w, 
         if (c_begin + p->split_tokens < c_end) c_end = c_begin + p->split_tokens;
     }
 
+    const int64_t head_off0 = (int64_t)it->kv_head * p->stride_head;
+    const int row_bytes = p->head_dim * p->elem_size;
     const float *krow[TC], *vrow[TC];
-    for (int t0 = c_begin; t0 < c_end; t0 += TC) {
-        const int n = c_end - t0 < TC ? c_end - t0 : TC;
-        /* The rows of the chunks ahead into the caches while this one computes: they sit in
-         * other blocks, wherever the table says, so no hardware prefetcher guesses them; the
-         * loads below had waited on memory (perf: most of the kernel's samples). Two chunks
-         * ahead into the L2, whose misses can be many in flight, and the next one on into
-         * the L1: 64 sequences at 300 tokens, 30 layers' caches from DRAM, AMD Zen 5, went
-         * from 84-89 ms to 63 with the L1 prefetch alone and about 50 with both. */
-        prefetch_rows(p, table, head_off, t0 + TC, c_end, 1);
-        prefetch_rows(p, table, head_off, t0 + 2 * TC, c_end, 2);
-        for (int j = 0; j < n; ++j) {
-            const int64_t off = row_offset(p, table, head_off, t0 + j);
-            if (direct) {
-                krow[j] = (const float *)(p->k_cache + off);
-                vrow[j] = (const float *)(p->v_cache + off);
-            } else {
-                float *kd = w->kr + (int64_t)j * dp, *vd = w->vr + (int64_t)j * dp;
-                PA_NAME(load_row)(kd, p->k_cache + off, p->head_dim, dp, kv_dtype);
-                PA_NAME(load_row)(vd, p->v_cache + off, p->head_dim, dp, kv_dtype);
-                krow[j] = kd;
-                vrow[j] = vd;
+    /* one kv head after the other, each over the whole context: the other heads' rows,
+     * side by side with this one's in each slot, come into the L2 with it (hardware
+     * prefetch), and wait there for their turn */
+    for (int hb = 0; hb < it->kv_heads; ++hb) {
+        const int64_t head_off = head_off0 + (int64_t)hb * p->stride_head;
+        for (int t0 = c_begin; t0 < c_end; t0 += TC) {
+            const int n = c_end - t0 < TC ? c_end - t0 : TC;
+            /* The rows of the chunks ahead into the caches while this one computes: they sit
+             * in other blocks, wherever the table says, so no hardware prefetcher guesses
+             * them; the loads below had waited on memory (perf: most of the kernel's
+             * samples). Two chunks ahead into the L2, whose misses can be many in flight, and
+             * the next one on into the L1: 64 sequences at 300 tokens, 30 layers' caches
+             * from DRAM, AMD Zen 5, went from 84-89 ms to 63 with the L1 prefetch alone and
+             * about 50 with both. */
+            prefetch_rows(p, table, head_off, row_bytes, t0 + TC, c_end, 1);
+            prefetch_rows(p, table, head_off, row_bytes, t0 + 2 * TC, c_end, 2);
+            const int r0 = hb * block_rows; /* this kv head's block of rows */
+            float *const q = w->q + (int64_t)r0 * dp, *const acc = w->acc + (int64_t)r0 * dp;
+            float *const sc = w->s + r0 * TC, *const m = w->m + r0, *const l = w->l + r0;
+            for (int j = 0; j < n; ++j) {
+                const int64_t off = row_offset(p, table, head_off, t0 + j);
+                if (direct || pairs) { /* in place (pairs: bfloat16 rows, cast back below) */
+                    krow[j] = (const float *)(p->k_cache + off);
+                    vrow[j] = (const float *)(p->v_cache + off);
+                } else {
+                    float *kd = w->kr + (int64_t)j * dp, *vd = w->vr + (int64_t)j * dp;
+                    PA_NAME(load_row)(kd, p->k_cache + off, p->head_dim, dp, kv_dtype);
+                    PA_NAME(load_row)(vd, p->v_cache + off, p->head_dim, dp, kv_dtype);
+                    krow[j] = kd;
+                    vrow[j] = vd;
+                }
             }
-        }
-        if (transposed)
-            PA_NAME(scores_tr)(w->q, krow, w->s, w->kt, num_rows, n, dp);
-        else
+            if (transposed)
+                PA_NAME(scores_tr)(q, krow, sc, w->kt, block_rows, n, dp);
 #if PA_W == 16
-            PA_NAME(scores_tree)(w->q, krow, w->s, num_rows, n, dp);
+            else if (pairs)
+                PA_NAME(scores_pairs)(q, (const uint16_t *const *)krow, sc, block_rows, n, dp);
+#endif
+            else
+#if PA_W == 16
+                PA_NAME(scores_tree)(q, krow, sc, block_rows, n, dp);
 #else
-            PA_NAME(scores_dot)(w->q, krow, w->s, num_rows, n, dp);
+                PA_NAME(scores_dot)(q, krow, sc, block_rows, n, dp);
 #endif
 
-        /* causal mask, online softmax; masked and past-the-chunk scores become 0 */
-        for (int r = 0; r < num_rows; ++r) {
-            float *s = w->s + r * TC;
-            const int valid_end = first_pos + it->q_begin + r / group - t0 + 1; /* j < this */
-            const int nv = valid_end < n ? valid_end : n;
-            if (nv <= 0) {
-                for (int j = 0; j < TC; ++j) s[j] = 0.0f;
-                continue;
-            }
-            float cm = -INFINITY;
-            for (int j = 0; j < nv; ++j) cm = s[j] > cm ? s[j] : cm;
-            const float m_old = w->m[r];
-            const float m_new = cm > m_old ? cm : m_old;
-            if (m_new > m_old && m_old != -INFINITY) {
-                const float alpha = exp_nonpositive(m_old - m_new);
-                w->l[r] *= alpha;
-                float *a = w->acc + (int64_t)r * dp;
-                for (int d = 0; d < dp; d += PA_W) *(VF *)(a + d) *= alpha;
-            }
-            w->m[r] = m_new;
+            /* causal mask, online softmax; masked and past-the-chunk scores become 0 */
+            for (int r = 0; r < block_rows; ++r) {
+                float *s = sc + r * TC;
+                const int valid_end = first_pos + it->q_begin + r / group - t0 + 1; /* j < this */
+                const int nv = valid_end < n ? valid_end : n;
+                if (nv <= 0) {
+                    for (int j = 0; j < TC; ++j) s[j] = 0.0f;
+                    continue;
+                }
+                float cm = -INFINITY;
+                for (int j = 0; j < nv; ++j) cm = s[j] > cm ? s[j] : cm;
+                const float m_old = m[r];
+                const float m_new = cm > m_old ? cm : m_old;
+                if (m_new > m_old && m_old != -INFINITY) {
+                    const float alpha = exp_nonpositive(m_old - m_new);
+                    l[r] *= alpha;
+                    float *a = acc + (int64_t)r * dp;
+                    for (int d = 0; d < dp; d += PA_W) *(VF *)(a + d) *= alpha;
+                }
+                m[r] = m_new;
 #if PA_W == 16
-            const __mmask16 live = nv >= TC ? 0xFFFF : (__mmask16)((1u << nv) - 1);
-            const __m512 e = _mm512_maskz_mov_ps(
-                live, PA_NAME(exp16)(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(m_new))));
-            _mm512_storeu_ps(s, e);
-            w->l[r] += _mm512_reduce_add_ps(e);
+                const __mmask16 live = nv >= TC ? 0xFFFF : (__mmask16)((1u << nv) - 1);
+                const __m512 e = _mm512_maskz_mov_ps(
+                    live,
+                    PA_NAME(exp16)(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(m_new))));
+                _mm512_storeu_ps(s, e);
+                l[r] += _mm512_reduce_add_ps(e);
 #else
-            float sum = 0.0f;
-            for (int j = 0; j < TC; ++j) {
-                const float e = exp_nonpositive(s[j] - m_new);
-                s[j] = j < nv ? e : 0.0f;
-                sum += s[j];
-            }
-            w->l[r] += sum;
+                float sum = 0.0f;
+                for (int j = 0; j < TC; ++j) {
+                    const float e = exp_nonpositive(s[j] - m_new);
+                    s[j] = j < nv ? e : 0.0f;
+                    sum += s[j];
+                }
+                l[r] += sum;
 #endif
+            }
+#if PA_W == 16
+            if (pairs)
+                PA_NAME(accumulate_pairs)(acc, sc, (const uint16_t *const *)vrow, block_rows, n,
+                                          dp);
+            else
+#endif
+                PA_NAME(accumulate_v)(acc, sc, vrow, block_rows, n, dp);
         }
-        PA_NAME(accumulate_v)(w->acc, w->s, vrow, num_rows, n, dp);
     }
+#if PA_W == 16
+    if (pairs) PA_NAME(split_pairs)(w->acc, num_rows, dp);
+#endif
 
     for (int r = 0; r < num_rows; ++r) {
-        const int token = q_start + it->q_begin + r / group;
-        const int head = it->kv_head * group + r % group;
+        const int rb = r % block_rows;
+        const int token = q_start + it->q_begin + rb / group;
+        const int head = (it->kv_head + r / block_rows) * group + rb % group;
         const float *a = w->acc + (int64_t)r * dp;
         if (p->split_tokens > 0) {
             float *dst = p->partial +

@@ -136,7 +136,9 @@ def test_bfloat16_json_names_who_multiplies_its_batches(capsys):
     report = json.loads(pagecli(capsys, "bench", *args)[0])
     assert report["dtype"] == "bfloat16"
     want = "torch (oneDNN)"
-    if quant_cpu.bf16_gemm() == "pairs":
+    if quant_cpu.bf16_gemm() == "tiles":
+        want = "native (AMX tiles) to 256 rows, torch (oneDNN) above"
+    elif quant_cpu.bf16_gemm() == "pairs":
         want = "native (VDPBF16PS)" if quant_cpu.bf16_gemm_native() else "native (portable loop)"
     assert report["cpu_bf16_gemm"] == want
     assert "cpu_bf16_gemm" not in json.loads(pagecli(capsys, "bench", *TINY, "--json")[0])

@@ -95,13 +95,15 @@ def test_float32_checkpoints_take_the_layers_bit_for_bit(tiny_models, name, monk
     assert native_run == loop_run
 
 
-@pytest.mark.parametrize("gemm", ["pairs", "off"])
+@pytest.mark.parametrize("gemm", ["tiles", "pairs", "off"])
 @pytest.mark.parametrize("name", ["llama3", "qwen2"])
 def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, monkeypatch):
     # bfloat16: the C loop rounds where the loop's bfloat16 tensors round. With the pair GEMM
-    # it takes every step; without it, only the steps of at most BF16Linear.SMALL_ROWS tokens
-    # (two sequences decoding), and the prefill chunks in between run the loop. Both runs must
-    # agree to the bit.
+    # or AMX's tiles it takes every step (these are short); without either, only the steps of
+    # at most BF16Linear.SMALL_ROWS tokens (two sequences decoding), and the prefill chunks in
+    # between run the loop. Both runs must agree to the bit.
+    if gemm == "tiles" and not quant_cpu.bf16_tiles():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
     quant_cpu.set_bf16_gemm(gemm)
     calls = _counting(monkeypatch)
     options = dict(dtype="bfloat16", max_num_seqs=2 if gemm == "off" else 8)

@@ -298,11 +298,13 @@ def test_prefetch_level_must_be_known(prefetch):
 
 
 # bfloat16 inputs with bfloat16 weights (quant_cpu.bf16_linear, csrc/gemm_bf16.c): exact
-# products, float32 sums; the row kernels up to 8 rows, then the pair GEMM ("pairs": VDPBF16PS
-# on the AVX-512 path of a CPU with AVX512_BF16, its portable loop on the other paths) or the
-# float32 panels on the widened input ("off").
-@pytest.fixture(params=["pairs", "off"])
+# products, float32 sums; the row kernels up to 8 rows, then AMX's tiles ("tiles", CPUs with
+# AMX), the pair GEMM ("pairs": VDPBF16PS on the AVX-512 path of a CPU with AVX512_BF16, its
+# portable loop on the other paths) or the float32 panels on the widened input ("off").
+@pytest.fixture(params=["tiles", "pairs", "off"])
 def bf16_gemm(request):
+    if request.param == "tiles" and not quant_cpu.bf16_tiles():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
     quant_cpu.set_bf16_gemm(request.param)
     assert quant_cpu.bf16_gemm() == request.param
     yield request.param
@@ -311,7 +313,8 @@ def bf16_gemm(request):
 
 @pytest.mark.parametrize("rows", [*ROWS, 9, 31, 33])
 def test_bf16_linear_matches_float64(isa, bf16_gemm, rows):
-    """Token counts around the 32-token tiles; 37 and 45 outputs: not whole 12-row tiles."""
+    """Token counts around the 32-token tiles; 37 and 45 outputs: not whole 12-row (pairs) or
+    32-row (tiles) micro-tiles, so the tiles' last one reads W's rows from a padded copy."""
     gen = torch.Generator().manual_seed(rows)
     weight = float_rows(torch.randn(37, 736, generator=gen).bfloat16())
     x = torch.randn(rows, 736, generator=gen).bfloat16()
@@ -347,13 +350,16 @@ def test_bf16_pairs_sum_in_the_documented_order(path):
 
 
 def test_bf16_gemm_auto_follows_the_cpu():
-    """The pair GEMM where the AVX-512 path runs on a CPU with AVX512_BF16 and without AMX
-    (whose tiles torch's oneDNN uses); torch's GEMM elsewhere."""
+    """On the AVX-512 path: AMX's tiles where the CPU has them (and Linux grants them), else
+    the pair GEMM where it has AVX512_BF16; torch's GEMM elsewhere."""
     quant_cpu.set_bf16_gemm("auto")
     flags = _flags()
     native = quant_cpu.isa() == "avx512" and "avx512_bf16" in flags
+    tiles = quant_cpu.bf16_tiles()
+    assert not tiles or {"amx_bf16", "amx_tile"} <= flags
     assert quant_cpu.bf16_gemm_native() == native
-    assert quant_cpu.bf16_gemm() == ("pairs" if native and "amx_bf16" not in flags else "off")
+    want = "tiles" if tiles and quant_cpu.isa() == "avx512" else "pairs" if native else "off"
+    assert quant_cpu.bf16_gemm() == want
     quant_cpu.set_isa("portable")
     try:
         assert quant_cpu.bf16_gemm() == "off" and not quant_cpu.bf16_gemm_native()
@@ -361,6 +367,10 @@ def test_bf16_gemm_auto_follows_the_cpu():
         quant_cpu.set_isa(None)
     with pytest.raises(ValueError, match="bf16 gemm"):
         quant_cpu.set_bf16_gemm("amx")
+    if not tiles:
+        with pytest.raises(ValueError, match="does not have it"):
+            quant_cpu.set_bf16_gemm("tiles")
+        assert quant_cpu.bf16_gemm() == want
 
 
 def _flags() -> set[str]:

@@ -44,10 +44,14 @@ def _counted(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(
     ("rows", "gemm"),
-    [(1, "off"), (2, "off"), (1, "pairs"), (3, "pairs"), (9, "pairs"), (64, "pairs")],
+    [(1, "off"), (2, "off"), (1, "pairs"), (3, "pairs"), (9, "pairs"), (64, "pairs")]
+    + [(9, "tiles"), (64, "tiles"), (256, "tiles")],
 )
 def test_native_products_round_once(rows, gemm, bias, bf16_gemm, monkeypatch):
-    # the row kernels (up to SMALL_ROWS rows, or 8 with the pair GEMM) and the pair GEMM
+    # the row kernels (up to SMALL_ROWS rows, or 8 with a native GEMM), the pair GEMM, and
+    # AMX's tiles up to TILES_ROWS rows
+    if gemm == "tiles" and not quant_cpu.bf16_tiles():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
     bf16_gemm(gemm)
     weight, b = make(70, 96, bias, seed=rows)
     layer = BF16Linear(weight, b)
@@ -75,6 +79,20 @@ def test_larger_batches_without_the_pair_gemm_are_torch_gemm(rows, bf16_gemm, mo
     assert torch.equal(layer(x), F.linear(x, weight, b))
     assert calls == [] and not BF16Linear.native_takes(BF16Linear.SMALL_ROWS + 1)
     assert BF16Linear.native_takes(BF16Linear.SMALL_ROWS)
+
+
+def test_tiles_leave_batches_past_their_rows_to_torch(bf16_gemm, monkeypatch):
+    # oneDNN's GEMM on AMX outruns the tiles kernel from 512 rows on (BF16Linear.TILES_ROWS)
+    if not quant_cpu.bf16_tiles():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    bf16_gemm("tiles")
+    rows = BF16Linear.TILES_ROWS + 1
+    weight, b = make(70, 96, bias=True)
+    layer = BF16Linear(weight, b)
+    calls = _counted(monkeypatch)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    assert torch.equal(layer(x), F.linear(x, weight, b))
+    assert calls == [] and BF16Linear.native_takes(BF16Linear.TILES_ROWS)
 
 
 def test_bf16_linear_refuses_other_dtypes():
