@@ -149,13 +149,31 @@ int pagecli_quant_set_gemm(int choice) {
     return 0;
 }
 
-/* Who multiplies the panels now: GEMM_NATIVE, GEMM_BLAS, or 0 when neither (the fused path
- * takes every batch). */
+/* Who multiplies the panels of large batches (prefill) now: GEMM_NATIVE, GEMM_BLAS, or 0 when
+ * neither (the fused path takes every batch); gemm_for says it for a batch's size. */
 int pagecli_quant_gemm(void) {
     if (gemm_choice == GEMM_NATIVE) return GEMM_NATIVE;
     if (gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512 && !cpu_is_intel)
         return GEMM_NATIVE;
     return blas_sgemm ? GEMM_BLAS : 0;
+}
+
+/* Input rows from GEMM_TOKENS up to which the native kernel multiplies the panels of an
+ * Intel CPU too under GEMM_AUTO (batched decode), where MKL's sgemm is slower; it wins from a
+ * few hundred rows on, and below one whole 32-row tile. The shapes of a 64-sequence decode
+ * step of the default GGUF (30 layers' Q4_1 projections from memory and the Q8_0 head,
+ * benchmarks/RESULTS.md), 2-core Xeon with AMX, 2 threads: 60.1-61.2 ms native against
+ * 65.7-66.2 ms MKL; float32 rows 3072 x 576 in cache: 315 against 290 GFLOP/s at 64 rows,
+ * 341 against 371-377 at 512. */
+#define NATIVE_ROWS_INTEL 128
+
+/* pagecli_quant_gemm for a batch of m rows. */
+static int gemm_for(int64_t m) {
+    const int gemm = pagecli_quant_gemm();
+    if (gemm == GEMM_BLAS && gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512 &&
+        m >= GEMM_TOKENS && m <= NATIVE_ROWS_INTEL)
+        return GEMM_NATIVE;
+    return gemm;
 }
 
 static const struct quant_format *format_of(int type) {
@@ -350,7 +368,7 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
     const int64_t row_bytes = k / f->block_values * f->block_bytes;
     const int fits_int = n < (1LL << 31) && k < (1LL << 31) && m < (1LL << 31) &&
                          ldx < (1LL << 31) && ldy < (1LL << 31);
-    const int gemm = m > FUSED_MAX_ROWS ? pagecli_quant_gemm() : 0;
+    const int gemm = m > FUSED_MAX_ROWS ? gemm_for(m) : 0;
     if (gemm == GEMM_NATIVE || (gemm == GEMM_BLAS && fits_int))
         return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads,
                       gemm == GEMM_NATIVE);
