@@ -107,8 +107,8 @@ __attribute__((constructor)) static void find_features(void) {
 
 /* Multiply more than FUSED_ROWS rows with AMX's tiles (3), the pair GEMM (2), never (1), or as
  * the CPU suggests (0): on the AVX-512 path, the tiles where the CPU has them, else the pair
- * GEMM where it has AVX512_BF16 (forced, the tiles run whatever the path). Returns 0, -1 for an unknown choice, -2 for the tiles
- * on a CPU (or kernel) without them. */
+ * GEMM where it has AVX512_BF16 (forced, the tiles run whatever the path). Returns 0, -1 for
+ * an unknown choice, -2 for the tiles on a CPU (or kernel) without them. */
 int pagecli_bf16_set_gemm(int choice) {
     if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_TILES) return -1;
     if (choice == BF16_GEMM_TILES && !cpu_amx) return -2;

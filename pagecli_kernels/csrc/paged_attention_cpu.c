@@ -279,7 +279,8 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
         const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
         if (splits > max_splits) max_splits = splits;
         for (int q0 = 0; q0 < q_len; q0 += p.tile_tokens) {
-            const int heads = item_heads(&p, q_len - q0 < p.tile_tokens ? q_len - q0 : p.tile_tokens);
+            const int tokens = q_len - q0 < p.tile_tokens ? q_len - q0 : p.tile_tokens;
+            const int heads = item_heads(&p, tokens);
             num_items += (int64_t)((num_kv_heads + heads - 1) / heads) * splits;
         }
     }

@@ -185,7 +185,8 @@ PA_FN void PA_NAME(accumulate_pairs)(float *acc, const float *p, const uint16_t 
                 }
                 for (int r = 0; r < rows; ++r) {
                     const __m512 w = _mm512_set1_ps(p[(r0 + r) * TC + j]);
-                    for (int x = 0; x < 2 * halves; ++x) a[r][x] = _mm512_fmadd_ps(w, v[x], a[r][x]);
+                    for (int x = 0; x < 2 * halves; ++x)
+                        a[r][x] = _mm512_fmadd_ps(w, v[x], a[r][x]);
                 }
             }
             for (int r = 0; r < rows; ++r)

@@ -19,7 +19,8 @@ TRANSPOSE16_FN void transpose16(__m512 r[16]) {
     }
     for (int i = 0; i < 4; i++)
         for (int h = 0; h < 2; h++) {
-            const __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
+            const __m512d a = _mm512_castps_pd(t[4 * i + h]);
+            const __m512d b = _mm512_castps_pd(t[4 * i + h + 2]);
             r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
             r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
         }
