@@ -141,7 +141,7 @@ def bf16_gemm() -> str | None:
 def set_bf16_gemm(choice: str) -> None:
     """Choose "tiles" (a CPU with AMX only), "pairs", "off", or "auto" (on the AVX-512 path:
     the tiles where the CPU has AMX and Linux grants them, else pairs where the CPU has
-    AVX512_BF16). Tests and benchmarks."""
+    AVX512_BF16 and no AMX). Tests and benchmarks."""
     _choose("pagecli_bf16_set_gemm", BF16_GEMMS, choice, "bf16 gemm")
 
 

@@ -78,8 +78,9 @@
 /* Who multiplies more than FUSED_ROWS rows (pagecli_bf16_set_gemm, pagecli_bf16_gemm). */
 enum { BF16_GEMM_AUTO = 0, BF16_GEMM_OFF = 1, BF16_GEMM_PAIRS = 2, BF16_GEMM_TILES = 3 };
 static int gemm_choice = BF16_GEMM_AUTO;
-static int cpu_bf16; /* AVX512_BF16, decided once at load */
-static int cpu_amx;  /* AMX's bfloat16 tiles, on the CPU and granted by the kernel */
+static int cpu_bf16;     /* AVX512_BF16, decided once at load */
+static int cpu_has_amx;  /* AMX's bfloat16 tiles on the CPU */
+static int cpu_amx;      /* ... and usable here: built with them, granted by the kernel */
 
 #if AMX_X86
 /* Ask Linux for the tiles' register state (arch_prctl ARCH_REQ_XCOMP_PERM for
@@ -97,18 +98,21 @@ __attribute__((constructor)) static void find_features(void) {
 #if BF16_X86
     unsigned eax, ebx, ecx, edx;
     if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) cpu_bf16 = (eax >> 5) & 1;
-#if AMX_X86
     /* AMX-BF16 (bit 22) and AMX-TILE (bit 24) of leaf 7's edx */
-    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1) && (edx >> 24 & 1))
-        cpu_amx = amx_granted();
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx))
+        cpu_has_amx = (edx >> 22 & 1) && (edx >> 24 & 1);
+#if AMX_X86
+    if (cpu_has_amx) cpu_amx = amx_granted();
 #endif
 #endif
 }
 
 /* Multiply more than FUSED_ROWS rows with AMX's tiles (3), the pair GEMM (2), never (1), or as
- * the CPU suggests (0): on the AVX-512 path, the tiles where the CPU has them, else the pair
- * GEMM where it has AVX512_BF16 (forced, the tiles run whatever the path). Returns 0, -1 for
- * an unknown choice, -2 for the tiles on a CPU (or kernel) without them. */
+ * the CPU suggests (0): on the AVX-512 path, the tiles where we can use them, else the pair
+ * GEMM where the CPU has AVX512_BF16 and no AMX (where it has AMX that this build or kernel
+ * cannot use, torch's oneDNN may still: the pair GEMM ran at a fifth of its rate there).
+ * Forced, the tiles run whatever the path. Returns 0, -1 for an unknown choice, -2 for the
+ * tiles where they cannot run. */
 int pagecli_bf16_set_gemm(int choice) {
     if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_TILES) return -1;
     if (choice == BF16_GEMM_TILES && !cpu_amx) return -2;
@@ -125,7 +129,7 @@ int pagecli_bf16_gemm(void) {
     case BF16_GEMM_TILES: return 2;
     }
     if (pagecli_quant_isa() != ISA_AVX512) return 0; /* other paths: no native GEMM */
-    return cpu_amx ? 2 : cpu_bf16;
+    return cpu_amx ? 2 : cpu_bf16 && !cpu_has_amx;
 }
 
 /* 1 where the CPU has AMX's bfloat16 tiles and the kernel granted them. */
