@@ -122,7 +122,7 @@ def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> No
     if choice not in choices:
         raise ValueError(f"{what} {choice!r}: choose one of {choices}")
     if getattr(lib, setter)(choices.index(choice)) == -2:
-        raise ValueError(f"{what} {choice!r}: this CPU (or its kernel) does not have it")
+        raise ValueError(f"{what} {choice!r}: not available on this CPU, kernel or build")
 
 
 BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
