@@ -237,8 +237,9 @@ static const struct {
 
 /* y[tok][r] for the tokens of x (packed, m rows, `pairs` pairs) and W's rows [0, count), rows
  * k values apart; `pad` holds TILE_ROWS * k values for a last micro-tile that passes W's end
- * (`tail`: W's rows there are fewer than TILE_ROWS). Single-threaded, tiles configured. */
-TARGET_AMX static void tiles_sweep(const uint16_t *w, int64_t k, int64_t count, int tail,
+ * (panels are whole micro-tiles, so only W's end has fewer than TILE_ROWS rows; NULL where W
+ * has none such). Single-threaded, tiles configured. */
+TARGET_AMX static void tiles_sweep(const uint16_t *w, int64_t k, int64_t count,
                                    const uint32_t *xt, int64_t m, float *y, int64_t ldy,
                                    uint16_t *pad) {
     float sums[TILE_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
@@ -248,7 +249,7 @@ TARGET_AMX static void tiles_sweep(const uint16_t *w, int64_t k, int64_t count, 
         for (int64_t r0 = 0; r0 < count; r0 += TILE_ROWS) {
             const int rows = (int)min64(TILE_ROWS, count - r0);
             const uint16_t *a = w + r0 * k;
-            if (tail && rows < TILE_ROWS) { /* W ends inside this micro-tile */
+            if (rows < TILE_ROWS) { /* W ends inside this micro-tile */
                 for (int64_t i = 0; i < TILE_ROWS * k; i++) pad[i] = i < rows * k ? a[i] : 0;
                 MEMORY_BARRIER();
                 a = pad;
@@ -339,8 +340,8 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
                 const int64_t first = p * rows;
                 if (!failed)
                     tiles_sweep((const uint16_t *)w + first * k, k, min64(rows, n - first),
-                                tail, (const uint32_t *)xt, m, y + first, ldy,
-                                (uint16_t *)padded);
+                                (const uint32_t *)xt, m, y + first, ldy,
+                                tail ? (uint16_t *)padded : NULL);
             }
             tiles_end();
         } else

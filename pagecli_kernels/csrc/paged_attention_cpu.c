@@ -154,6 +154,22 @@ static int item_heads(const Problem *p, int tokens) {
     return heads < 1 ? 1 : heads > p->num_kv_heads ? p->num_kv_heads : heads;
 }
 
+/* The items of sequence s (q_len new tokens, `splits` context splits), written to `out`
+ * unless it is NULL; returns how many. Counting and filling walk the same loops. */
+static int64_t seq_items(const Problem *p, int s, int q_len, int splits, Item *out) {
+    int64_t count = 0;
+    for (int q0 = 0; q0 < q_len; q0 += p->tile_tokens) {
+        const int q1 = q0 + p->tile_tokens < q_len ? q0 + p->tile_tokens : q_len;
+        const int heads = item_heads(p, q1 - q0);
+        for (int h = 0; h < p->num_kv_heads; h += heads)
+            for (int k = 0; k < splits; ++k, ++count) {
+                const int nh = p->num_kv_heads - h < heads ? p->num_kv_heads - h : heads;
+                if (out) out[count] = (Item){s, h, nh, q0, q1, k};
+            }
+    }
+    return count;
+}
+
 typedef void (*ItemFn)(const Problem *, const Item *, const Scratch *);
 
 /* The item body, once per instruction-set path (see paged_attention_cpu_body.h). */
@@ -278,11 +294,7 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
         const int q_len = query_start_loc[s + 1] - query_start_loc[s];
         const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
         if (splits > max_splits) max_splits = splits;
-        for (int q0 = 0; q0 < q_len; q0 += p.tile_tokens) {
-            const int tokens = q_len - q0 < p.tile_tokens ? q_len - q0 : p.tile_tokens;
-            const int heads = item_heads(&p, tokens);
-            num_items += (int64_t)((num_kv_heads + heads - 1) / heads) * splits;
-        }
+        num_items += seq_items(&p, s, q_len, splits, NULL);
     }
     p.max_splits = max_splits;
     Item *items = malloc(sizeof(Item) * (size_t)(num_items > 0 ? num_items : 1));
@@ -304,15 +316,7 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
         const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
         for (int q = query_start_loc[s]; token_splits && q < query_start_loc[s + 1]; ++q)
             token_splits[q] = splits;
-        for (int q0 = 0; q0 < q_len; q0 += p.tile_tokens) {
-            const int q1 = q0 + p.tile_tokens < q_len ? q0 + p.tile_tokens : q_len;
-            const int heads = item_heads(&p, q1 - q0);
-            for (int h = 0; h < num_kv_heads; h += heads)
-                for (int k = 0; k < splits; ++k) {
-                    const int nh = num_kv_heads - h < heads ? num_kv_heads - h : heads;
-                    items[i++] = (Item){s, h, nh, q0, q1, k};
-                }
-        }
+        i += seq_items(&p, s, q_len, splits, items + i);
     }
 
     const ItemFn fn = item_fn(isa);
