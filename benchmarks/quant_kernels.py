@@ -8,11 +8,13 @@ the time per pass and the GB/s of weights read, next to the machine's read bandw
 float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
 
     .venv/bin/python benchmarks/quant_kernels.py [--threads 2] [--repeats 7]
-        [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2]
+        [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2] [--tiles off,on]
 
 --prefetch names the cache levels the batch-1 kernels' software prefetch may fill (the
-default: the CPU's default only); with two, their passes alternate, so both see the
-same neighbours.
+default: the CPU's default only); --tiles whether batches of more than 8 rows multiply on
+AMX's tiles (csrc/gemm_quant_amx.c) or on the float32 panels (default: auto only). With
+several choices, their passes alternate, so all see the same neighbours. GFLOP/s counts
+2 x rows x weights per pass.
 
 Each product goes through quant_cpu.PreparedLinear, the engine's own call (its Python cost is
 a few microseconds of the pass). Runs on older checkouts too (it needs only PreparedLinear and
@@ -66,16 +68,23 @@ def main() -> None:
     parser.add_argument("--formats", default="q4_1,q8_0,q4_0")
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--prefetch", default=None, help="l1, l2 or l1,l2 (default: the CPU's)")
+    parser.add_argument("--tiles", default=None, help="off, on, auto or a list (default: auto)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     levels = args.prefetch.split(",") if args.prefetch else [None]
+    tiles = args.tiles.split(",") if args.tiles else [None]
+    variants = [(level, choice) for level in levels for choice in tiles]
     print(f"{args.threads} threads, read bandwidth {read_bandwidth() / 1e9:.1f} GB/s")
-    print(f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'ms/pass':>9}{'MB':>7}{'GB/s':>7}")
+    print(
+        f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'tiles':>6}{'ms/pass':>9}{'MB':>7}"
+        f"{'GB/s':>7}{'GFLOP/s':>9}"
+    )
     rng = np.random.default_rng(0)
     for fmt in args.formats.split(","):
         weights = [random_weight(fmt, n, k, rng) for _ in range(LAYERS) for n, k in SHAPES]
         weights.append(random_weight(fmt, VOCAB, HIDDEN, rng))
         total = sum(w.nbytes for w in weights)
+        values = sum(w.rows * w.cols for w in weights)
         for isa in quant_cpu.supported_isas():
             if isa == "portable":
                 continue  # for correctness, not speed
@@ -89,26 +98,33 @@ def main() -> None:
                     for prepared, x in calls:
                         prepared(x)
 
-                times: dict = {level: [] for level in levels}
+                times: dict = {variant: [] for variant in variants}
                 for repeat in range(args.repeats + 1):
-                    for level in levels:
-                        if hasattr(quant_cpu, "set_prefetch"):  # older checkouts lack it
-                            quant_cpu.set_prefetch(level)
+                    for variant in variants:
+                        choose(*variant)
                         took = _time(one_pass)
                         if repeat:  # the first round warms up
-                            times[level].append(took)
-                for level in levels:
-                    if hasattr(quant_cpu, "set_prefetch"):
-                        quant_cpu.set_prefetch(level)
+                            times[variant].append(took)
+                for variant in variants:
+                    choose(*variant)
                     shown = quant_cpu.prefetch() if hasattr(quant_cpu, "prefetch") else "l1"
-                    ms = statistics.median(times[level]) * 1e3
+                    tiled = "on" if getattr(quant_cpu, "tiles", lambda: False)() else "off"
+                    ms = statistics.median(times[variant]) * 1e3
                     print(
-                        f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{ms:>9.2f}{total / 1e6:>7.1f}"
-                        f"{total / (ms / 1e3) / 1e9:>7.1f}"
+                        f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{tiled:>6}{ms:>9.2f}"
+                        f"{total / 1e6:>7.1f}{total / (ms / 1e3) / 1e9:>7.1f}"
+                        f"{2 * rows * values / (ms / 1e3) / 1e9:>9.0f}"
                     )
         quant_cpu.set_isa(None)
-        if hasattr(quant_cpu, "set_prefetch"):
-            quant_cpu.set_prefetch(None)
+        choose(None, None)
+
+
+def choose(level: str | None, tiles: str | None) -> None:
+    """The prefetch level and tiles choice (None: the default); older checkouts lack both."""
+    if hasattr(quant_cpu, "set_prefetch"):
+        quant_cpu.set_prefetch(level)
+    if hasattr(quant_cpu, "set_tiles"):
+        quant_cpu.set_tiles(tiles or "auto")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ EXTRA_SOURCES = [
         "quant_bf16.c",
         "gemm_f32.c",
         "gemm_bf16.c",
+        "gemm_quant_amx.c",
         "llama_layers_cpu.c",
     )
 ]

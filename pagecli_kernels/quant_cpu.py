@@ -10,7 +10,9 @@ For more than a few input rows the kernels multiply cache-sized float32 panels o
 torch's own BLAS (MKL's `sgemm_` in libtorch_cpu, looked up once here), or with the library's
 own AVX-512 GEMM (csrc/gemm_f32.c) on AVX-512 CPUs that are not Intel's, where MKL runs its
 AVX2 code (`gemm()`, `set_gemm()`); with neither, every call takes the fused path, correct but
-slower for prefill.
+slower for prefill. On CPUs with AMX, the formats with a scale per 32 values (Q8_0, Q4_0,
+Q4_1, Q4_K, Q5_K) multiply such batches on AMX's tiles instead (csrc/gemm_quant_amx.c: the
+activations split exactly into three bfloat16 parts, float32 sums; `tiles()`, `set_tiles()`).
 """
 
 from __future__ import annotations
@@ -125,6 +127,23 @@ def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> No
         raise ValueError(f"{what} {choice!r}: not available on this CPU, kernel or build")
 
 
+TILES = ("auto", "off", "on")  # pagecli_quant_set_tiles's choices
+
+
+def tiles() -> bool:
+    """Whether batches of more than a few rows of the formats with a scale per 32 values
+    multiply on AMX's tiles now (csrc/gemm_quant_amx.c); Q6_K and float rows never do."""
+    lib = library()
+    return lib is not None and bool(lib.pagecli_quant_tiles())
+
+
+def set_tiles(choice: str) -> None:
+    """Choose "on" (a CPU with AMX that Linux grants, whatever the path), "off" (the float32
+    panels of `gemm()`), or "auto" (on the AVX-512 path where the tiles are granted). Tests and
+    benchmarks."""
+    _choose("pagecli_quant_set_tiles", TILES, choice, "tiles")
+
+
 BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
 
 
@@ -229,6 +248,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_gemm.argtypes = [i32]
     lib.pagecli_quant_set_gemm.restype = i32
     lib.pagecli_quant_gemm.restype = i32
+    lib.pagecli_quant_set_tiles.argtypes = [i32]
+    lib.pagecli_quant_set_tiles.restype = i32
+    lib.pagecli_quant_tiles.restype = i32
     lib.pagecli_bf16_linear.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_bf16_linear.restype = i32
     lib.pagecli_bf16_set_gemm.argtypes = [i32]

@@ -16,6 +16,13 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
 /* gemm_bf16.c */
 int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int64_t ldx,
                         int64_t m, float *y, int64_t ldy, int num_threads);
+int pagecli_bf16_tiles(void);
+
+/* gemm_quant_amx.c */
+int pagecli_quant_tiles_format(int type);
+int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64_t n, int64_t k,
+                               const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
+                               int num_threads);
 
 /* paged_attention_cpu.c */
 int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const void *k_cache,

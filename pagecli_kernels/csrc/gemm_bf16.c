@@ -36,6 +36,7 @@
 
 #include "quant_blocks.h"
 
+#include "amx.h"
 #include "bf16.h"
 #include "cpu_entry_points.h"
 #include "gemm_f32.h"
@@ -55,17 +56,9 @@
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #endif
 
-/* AMX's tile intrinsics: GCC 11 and clang 12 on, 64-bit Linux (the kernel grants the tiles'
- * state to a process that asks, Linux 5.16 on) */
-#if BF16_X86 && defined(__linux__) && defined(__x86_64__) &&                                   \
-    (__clang_major__ >= 12 || (!defined(__clang__) && __GNUC__ >= 11))
-#define AMX_X86 1
+#if AMX_X86
 #include <sys/syscall.h>
 #include <unistd.h>
-#define TARGET_AMX                                                                             \
-    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#else
-#define AMX_X86 0
 #endif
 
 #define FUSED_ROWS 8           /* input rows that take the row kernels (as quant_linear) */
@@ -221,20 +214,6 @@ static int64_t panel_rows(int64_t n, int64_t k, int num_threads, int unit) {
  * Intel does not say in which order it adds a tile row's 32 products, so this path is tested
  * against float64 only. */
 
-static const struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((aligned(64))) tile_config = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
-
-/* The tile instructions are asm statements that name no memory: order them against the C
- * code's stores and loads of the same buffers. */
-#define MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
-
 /* y[tok][r] for the tokens of x (packed, m rows, `pairs` pairs) and W's rows [0, count), rows
  * k values apart; `pad` holds TILE_ROWS * k values for a last micro-tile that passes W's end
  * (panels are whole micro-tiles, so only W's end has fewer than TILE_ROWS rows; NULL where W
@@ -285,8 +264,6 @@ TARGET_AMX static void tiles_sweep(const uint16_t *w, int64_t k, int64_t count,
         }
 }
 
-TARGET_AMX static void tiles_begin(void) { _tile_loadconfig(&tile_config); }
-TARGET_AMX static void tiles_end(void) { _tile_release(); }
 #endif
 
 static __thread float *widened;
@@ -334,7 +311,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
         if (tiles_path) {
             const int tail = n % TILE_ROWS != 0;
             if (tail && gemm_reserve(&padded, &padded_cap, TILE_ROWS * k / 2)) failed = 1;
-            tiles_begin();
+            amx_begin();
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < num_panels; p++) {
                 const int64_t first = p * rows;
@@ -343,7 +320,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
                                 (const uint32_t *)xt, m, y + first, ldy,
                                 tail ? (uint16_t *)padded : NULL);
             }
-            tiles_end();
+            amx_end();
         } else
 #endif
 #pragma omp for schedule(static)

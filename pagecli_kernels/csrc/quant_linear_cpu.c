@@ -176,6 +176,28 @@ static int gemm_for(int64_t m) {
     return gemm;
 }
 
+/* Whether batches of the formats with a scale per 32 values multiply on AMX's tiles
+ * (gemm_quant_amx.c, about twice the float32 panels' rate): on (TILES_ON, refused where the
+ * tiles cannot run), off, or as the CPU suggests (TILES_AUTO: on the AVX-512 path where the
+ * tiles are granted). */
+enum { TILES_AUTO = 0, TILES_OFF = 1, TILES_ON = 2 };
+static int tiles_choice = TILES_AUTO;
+
+/* Choose; returns 0, -1 for an unknown choice, -2 for TILES_ON where the tiles cannot run. */
+int pagecli_quant_set_tiles(int choice) {
+    if (choice < TILES_AUTO || choice > TILES_ON) return -1;
+    if (choice == TILES_ON && !pagecli_bf16_tiles()) return -2;
+    tiles_choice = choice;
+    return 0;
+}
+
+/* 1 where batches of those formats take the tiles now, else 0. */
+int pagecli_quant_tiles(void) {
+    if (tiles_choice == TILES_AUTO)
+        return pagecli_quant_isa() == ISA_AVX512 && pagecli_bf16_tiles();
+    return tiles_choice == TILES_ON;
+}
+
 static const struct quant_format *format_of(int type) {
     switch (type) {
     case QT_F32: return &FORMAT_F32;
@@ -368,6 +390,9 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
     const int64_t row_bytes = k / f->block_values * f->block_bytes;
     const int fits_int = n < (1LL << 31) && k < (1LL << 31) && m < (1LL << 31) &&
                          ldx < (1LL << 31) && ldy < (1LL << 31);
+    if (m > FUSED_MAX_ROWS && pagecli_quant_tiles() && pagecli_quant_tiles_format(type))
+        return pagecli_quant_tiles_linear(type, w, row_bytes, n, k, x, ldx, m, y, ldy,
+                                          num_threads);
     const int gemm = m > FUSED_MAX_ROWS ? gemm_for(m) : 0;
     if (gemm == GEMM_NATIVE || (gemm == GEMM_BLAS && fits_int))
         return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads,

@@ -88,6 +88,8 @@ def check_row(row: dict) -> None:
 
 
 def test_throughput_json_schema(capsys, tmp_path):
+    from pagecli_kernels import quant_cpu
+
     saved = tmp_path / "work.jsonl"
     out, err = pagecli(capsys, "bench", *TINY, "--json", "--save-workload", str(saved))
     report = json.loads(out)
@@ -108,6 +110,7 @@ def test_throughput_json_schema(capsys, tmp_path):
     }
     assert report["cpu_quant_kernels"].startswith("native C kernels (")
     assert report["cpu_gemm"] in ("native", "blas")
+    assert report["cpu_quant_tiles"] is quant_cpu.tiles()
     (row,) = report["results"]
     check_row(row)
     assert row["engine"] == "pagecli" and row["num_requests"] == 3 and row["output_tokens"] == 12

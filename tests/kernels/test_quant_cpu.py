@@ -4,9 +4,9 @@ Every format x every instruction-set path this machine runs (the portable one in
 - dequantization equals gguf.quants.dequantize bit for bit;
 - `quant_linear` equals the float64 product of the dequantized weights within a per-format
   tolerance, for 1, 2, 3, 7, 8, 64 and 300 input rows (the fused decode path up to 8, the
-  panel path above, through each GEMM: torch's sgemm and csrc/gemm_f32.c; and the fused
-  path for many rows when the panel path is off), odd output sizes, and input rows that are
-  not contiguous.
+  panel path above, through each GEMM: torch's sgemm, csrc/gemm_f32.c, and AMX's tiles
+  (csrc/gemm_quant_amx.c) where the CPU has them; and the fused path for many rows when the
+  panel path is off), odd output sizes, and input rows that are not contiguous.
 
 Weights are random bytes with finite random f16 scales, so every bit pattern of the quants
 occurs.
@@ -24,7 +24,9 @@ from pagecli_kernels.quant_formats import FORMATS, QuantWeight, float_rows
 # |y - y_ref| <= TOL * (|x| @ |W|.T) per output. The weights are exact in float32 (each is an
 # f16 scale times a small integer, or a difference of two such products), so every format's
 # error is float32 summation only: about sqrt(cols) * 2^-24 relative to the sum of |products|
-# in practice, K * 2^-24 at worst; cols here are at most 768.
+# in practice, K * 2^-24 at worst; cols here are at most 768. AMX's tiles sum each block's
+# exact products and then scale the block's sum (one more float32 rounding per block, in
+# another order); they are held to the same tolerance.
 TOLERANCES = {"q8_0": 2e-6, "q4_0": 2e-6, "q4_1": 2e-6, "q4_k": 2e-6, "q5_k": 2e-6, "q6_k": 2e-6}
 # Byte offsets of each block's f16 scales (random bytes there could be inf or NaN).
 SCALE_OFFSETS = {
@@ -113,14 +115,24 @@ def test_quant_linear_strided_input_rows(isa, fmt, rows):
     assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
 
 
-@pytest.fixture(params=["blas", "native"])
+@pytest.fixture(params=["blas", "native", "tiles"])
 def gemm(request):
     """Each GEMM of the panel path in turn (the native one on every ISA path: the portable
-    loop where the CPU lacks AVX-512); "auto" again afterwards."""
-    quant_cpu.set_gemm(request.param)
-    assert quant_cpu.gemm() == request.param
+    loop where the CPU lacks AVX-512), with AMX's tiles off; then the tiles, on CPUs with AMX,
+    for the formats with a scale per 32 values (the others keep the float32 panels). "auto"
+    again afterwards."""
+    if request.param == "tiles":
+        if not quant_cpu.bf16_tiles():
+            pytest.skip("this CPU (or its kernel) has no AMX tiles")
+        quant_cpu.set_tiles("on")
+        assert quant_cpu.tiles()
+    else:
+        quant_cpu.set_tiles("off")
+        quant_cpu.set_gemm(request.param)
+        assert quant_cpu.gemm() == request.param and not quant_cpu.tiles()
     yield request.param
     quant_cpu.set_gemm("auto")
+    quant_cpu.set_tiles("auto")
 
 
 @pytest.mark.parametrize("rows", [9, 31, 33, 64, 300])
@@ -178,13 +190,65 @@ def test_many_rows_without_blas_take_the_fused_path(isa, fmt):
     x = torch.randn(64, cols, generator=torch.Generator().manual_seed(4))
     quant_cpu.use_blas(False)
     quant_cpu.set_gemm("blas")
+    quant_cpu.set_tiles("off")
     try:
         assert quant_cpu.gemm() is None
         got = quant_cpu.quant_linear(x, weight)
     finally:
         quant_cpu.use_blas(True)
         quant_cpu.set_gemm("auto")
+        quant_cpu.set_tiles("auto")
     assert_within(got, x, weight, fmt)
+
+
+def test_tiles_auto_follows_the_cpu():
+    """On the AVX-512 path of a CPU with AMX that Linux grants; never on the other paths under
+    "auto"; "on" refused where the tiles cannot run."""
+    quant_cpu.set_tiles("auto")
+    assert quant_cpu.tiles() == (quant_cpu.isa() == "avx512" and quant_cpu.bf16_tiles())
+    quant_cpu.set_isa("portable")
+    try:
+        assert not quant_cpu.tiles()
+    finally:
+        quant_cpu.set_isa(None)
+    with pytest.raises(ValueError, match="tiles"):
+        quant_cpu.set_tiles("amx")
+    if not quant_cpu.bf16_tiles():
+        with pytest.raises(ValueError, match="not available on this CPU"):
+            quant_cpu.set_tiles("on")
+        assert not quant_cpu.tiles()
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_tiles_keep_every_bit_of_the_input(fmt):
+    """Row r of W is 1.0 at column r and 0 elsewhere (f16 scale 1, offset 0), so y = x[:, :32]
+    exactly, whatever the summation order: only if all three bfloat16 parts of each float32
+    input value reach the sums (x with full 24-bit significands, some of them near 2^-100;
+    below 2^-103 the lowest part can be denormal, which TDPBF16PS takes as zero)."""
+    if not quant_cpu.bf16_tiles():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    f = FORMATS[fmt]
+    data = np.zeros((32, f.block_bytes), dtype=np.uint8)
+    data[:, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
+    for r in range(32):
+        if fmt == "q8_0":
+            data[r, 2 + r] = 1
+        else:  # Q4_1: d, m, then value j in the low nibble of byte j, j + 16 in the high one
+            data[r, 4 + r % 16] = 1 << (4 * (r // 16))
+    weight = QuantWeight(f, torch.from_numpy(data), 32)
+    gen = torch.Generator().manual_seed(5)
+    significand = 1 + torch.rand(40, 32, generator=gen, dtype=torch.float64)  # [1, 2)
+    sign = torch.randint(0, 2, (40, 32), generator=gen) * 2 - 1
+    exponent = torch.randint(-3, 4, (40, 32), generator=gen)
+    exponent[:8] = -100
+    x = (sign * significand * 2.0**exponent).float()  # 24 significant bits, rounded
+    assert (x.view(torch.int32) & 0xFF).count_nonzero() > 1000  # lowest part non-zero
+    quant_cpu.set_tiles("on")
+    try:
+        got = quant_cpu.quant_linear(x, weight)
+    finally:
+        quant_cpu.set_tiles("auto")
+    assert torch.equal(got, x), (got - x).abs().max()
 
 
 # float32 rows through the same drivers (quant_formats.F32): float weights of safetensors

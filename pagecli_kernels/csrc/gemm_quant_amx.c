@@ -1,0 +1,399 @@
+/*
+ * GGUF blocks times float32 activations on AMX's tiles, for batches (prefill, batched decode):
+ * y[m, n] = x[m, k] @ dequant(W[n, k]).T with x and y float32 and float32 sums, as
+ * quant_linear_cpu.c's float32 panels compute it, at about twice their rate.
+ *
+ * Which formats: those whose every 32 values share one scale and one offset, value =
+ * scale * q + offset with q a small integer: Q8_0 (q -128..127, no offset), Q4_0 (q - 8),
+ * Q4_1, and the sub-blocks of Q4_K and Q5_K (scale d * sc, offset -dmin * m). Q6_K (a scale
+ * per 16 values) and float rows keep the float32 panels.
+ *
+ * Numerics. Nothing is rounded that the float32 product does not round:
+ *   - each input value is split exactly into three bfloat16 parts, x = hi + mid + lo (hi: x's
+ *     top 8 significant bits, mid: the next 8 of the rest, lo: the remaining at most 8 bits);
+ *   - q is exact in bfloat16 (at most 8 bits), so every product q * part is exact in float32
+ *     (at most 16 bits);
+ *   - TDPBF16PS adds those products into float32 sums, one per block of 32 values and output;
+ *   - the block's sum times its scale, plus its offset times the block's float32 sum of x,
+ *     is added to the output's float32 total.
+ * So the result is sum over blocks of (scale * sum(q * x) + offset * sum(x)), which equals
+ * sum(x * (scale * q + offset)) in exact arithmetic: float32 rounding of sums and of the
+ * scale's product, in another order than the float32 panels' (the kernel tests hold it to
+ * the same per-format tolerance against float64). TDPBF16PS takes denormal inputs as zero, so
+ * an input below 2^-103 in magnitude can lose its lowest bits; an infinite input gives NaN.
+ *
+ * Layout. Each thread turns a panel of W's rows into bfloat16 codes of q (rows k values apart,
+ * whole 32-row micro-tiles, zero past W's end) and per-block scales and offsets; x is packed
+ * once per call by all threads: per 32-token tile and block, the three parts as 16 pairs x 32
+ * tokens of 32-bit pairs (TDPBF16PS's second operand), and the block's sums of x. A micro-tile
+ * is 32 rows x 32 tokens, four 16 x 16 tiles of sums (tmm0-3); per block two tiles of codes
+ * (tmm4-5, loaded from the panel as it lies), two of each part (tmm6-7), twelve TDPBF16PS; the
+ * sums go to memory and are scaled into the micro-tile's totals with AVX-512, which are
+ * written out by gemm_f32.c's transposing writer.
+ */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "quant_blocks.h"
+
+#include "amx.h"
+#include "cpu_entry_points.h"
+#include "gemm_f32.h"
+#if AMX_X86
+#include "transpose16.h"
+#endif
+
+#define BLOCK 32               /* values per scale */
+#define PARTS 3                /* bfloat16 parts of an input value */
+#define TILE_ROWS 32           /* W rows per micro-tile */
+#define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
+#define PANEL_BYTES (1 << 19)  /* bytes of q codes per panel, per thread: in the L2 */
+#define X_BYTES (1 << 20)      /* bytes of packed x swept per W micro-tile: in the L2 */
+#define E_FORMAT -1
+#define E_MEMORY -3
+
+/* Floats per token tile and block of packed x: the parts' pairs, as 32-bit values. */
+#define PACKED_BLOCK (PARTS * PAIRS * GEMM_TOKENS)
+
+/* Whether `type`'s blocks take this path (pagecli_quant_tiles_linear). */
+int pagecli_quant_tiles_format(int type) {
+    switch (type) {
+    case QT_Q8_0:
+    case QT_Q4_0:
+    case QT_Q4_1:
+    case QT_Q4_K:
+    case QT_Q5_K: return AMX_X86;
+    default: return 0;
+    }
+}
+
+#if AMX_X86
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- W: a row's blocks as bfloat16 codes of q, scales and offsets -------------------------- */
+
+/* (blocks of a row; k values) -> q[k] codes, scale[k / 32], offset[k / 32] (NULL where the
+ * format has none) */
+typedef void (*split_fn)(const void *row, int64_t k, uint16_t *q, float *scale, float *offset);
+
+/* The bfloat16 codes of the integers 0..31 (minus `bias`), as a 32-word table for VPERMW. */
+TARGET_AMX static inline __m512i int_codes(int bias) {
+    uint16_t codes[32];
+    for (int i = 0; i < 32; i++) {
+        const float f = (float)(i - bias);
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        codes[i] = (uint16_t)(bits >> 16); /* exact: at most 5 significant bits */
+    }
+    return _mm512_loadu_si512(codes);
+}
+
+/* 32 values 0..31 (bytes) -> their codes from `table`, stored at q. */
+TARGET_AMX static inline void store_codes(__m256i values, __m512i table, uint16_t *q) {
+    _mm512_storeu_si512(q, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(values), table));
+}
+
+/* 16 bytes as their low nibbles (values 0..15), then their high ones (16..31). */
+TARGET_AMX static inline __m256i nibbles(const uint8_t *qs) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(0xF);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, low)),
+                                   _mm_and_si128(_mm_srli_epi16(raw, 4), low), 1);
+}
+
+TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
+    (void)offset;
+    const block_q8_0 *b = row;
+    for (int64_t i = 0; i < k / QK8_0; i++, q += QK8_0) {
+        scale[i] = _cvtsh_ss(b[i].d);
+        const __m128i lo = _mm_loadu_si128((const __m128i *)b[i].qs);
+        const __m128i hi = _mm_loadu_si128((const __m128i *)(b[i].qs + 16));
+        /* int8 -> float (exact) -> its top 16 bits: the bfloat16 code, exact */
+        const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
+        const __m512i c = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)));
+        _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(_mm512_srli_epi32(a, 16)));
+        _mm256_storeu_si256((__m256i *)(q + 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(c, 16)));
+    }
+}
+
+TARGET_AMX static void split_q4_0(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
+    (void)offset;
+    const block_q4_0 *b = row;
+    const __m512i table = int_codes(8);
+    for (int64_t i = 0; i < k / QK4_0; i++, q += QK4_0) {
+        scale[i] = _cvtsh_ss(b[i].d);
+        store_codes(nibbles(b[i].qs), table, q);
+    }
+}
+
+TARGET_AMX static void split_q4_1(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
+    const block_q4_1 *b = row;
+    const __m512i table = int_codes(0);
+    for (int64_t i = 0; i < k / QK4_1; i++, q += QK4_1) {
+        scale[i] = _cvtsh_ss(b[i].d);
+        offset[i] = _cvtsh_ss(b[i].m);
+        store_codes(nibbles(b[i].qs), table, q);
+    }
+}
+
+/* Sub-block j's scale d * sc and offset -(dmin * m), computed as the dequantization does. */
+static inline void k_scale_offset(int j, const uint8_t *scales, float d, float dmin,
+                                  float *scale, float *offset) {
+    uint8_t sc, m;
+    k_scale_min(j, scales, &sc, &m);
+    *scale = d * (float)sc;
+    *offset = -(dmin * (float)m);
+}
+
+TARGET_AMX static void split_q4_K(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
+    const block_q4_K *b = row;
+    const __m512i table = int_codes(0);
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
+        for (int j = 0; j < 8; j += 2, q += 64, scale += 2, offset += 2) {
+            k_scale_offset(j, b[i].scales, d, dmin, scale, offset);
+            k_scale_offset(j + 1, b[i].scales, d, dmin, scale + 1, offset + 1);
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(b[i].qs + 16 * j));
+            store_codes(_mm256_and_si256(raw, low), table, q);
+            store_codes(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), table, q + 32);
+        }
+    }
+}
+
+TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
+    const block_q5_K *b = row;
+    const __m512i table = int_codes(0);
+    const __m256i low = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
+        for (int j = 0; j < 8; j += 2, q += 64, scale += 2, offset += 2) {
+            k_scale_offset(j, b[i].scales, d, dmin, scale, offset);
+            k_scale_offset(j + 1, b[i].scales, d, dmin, scale + 1, offset + 1);
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(b[i].qs + 16 * j));
+            /* bit j of qh[l], then bit j + 1: the fifth bit of value l of sub-blocks j, j + 1 */
+            const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), one);
+            const __m256i h1 =
+                _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j + 1)), one);
+            store_codes(_mm256_or_si256(_mm256_and_si256(raw, low), _mm256_slli_epi16(h0, 4)),
+                        table, q);
+            store_codes(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low),
+                                        _mm256_slli_epi16(h1, 4)),
+                        table, q + 32);
+        }
+    }
+}
+
+static split_fn split_of(int type) {
+    switch (type) {
+    case QT_Q8_0: return split_q8_0;
+    case QT_Q4_0: return split_q4_0;
+    case QT_Q4_1: return split_q4_1;
+    case QT_Q4_K: return split_q4_K;
+    case QT_Q5_K: return split_q5_K;
+    default: return NULL;
+    }
+}
+
+/* ---- x: three bfloat16 parts per value, and each block's sum -------------------------------- */
+
+/* The top 16 bits of each float: its bfloat16 truncation, kept in place. */
+TARGET_AMX static inline __m512 top_bits(__m512 v) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* The 32-bit pairs of part values (even value in the low half, as a row of codes lies). */
+TARGET_AMX static inline __m512i pair(__m512 even, __m512 odd) {
+    return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(even), 16),
+                           _mm512_castps_si512(odd));
+}
+
+/* Token tile `tile` of x (m rows, k values, rows ldx apart) into xs (PACKED_BLOCK floats per
+ * block: part p's pair i of token j at (p * PAIRS + i) * GEMM_TOKENS + j) and sums (GEMM_TOKENS
+ * per block: sum(x) over the block's 32 values, in order); zero past m. */
+TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_t k,
+                                  uint32_t *xs, float *sums, int64_t tile) {
+    const int64_t blocks = k / BLOCK;
+    for (int half = 0; half < GEMM_TOKENS / 16; half++) {
+        const int64_t tok0 = tile * GEMM_TOKENS + half * 16;
+        for (int64_t b = 0; b < blocks; b++) {
+            __m512 v[BLOCK]; /* v[i]: value i of the block, 16 tokens */
+            for (int h = 0; h < 2; h++) {
+                for (int j = 0; j < 16; j++)
+                    v[16 * h + j] = tok0 + j < m
+                                        ? _mm512_loadu_ps(x + (tok0 + j) * ldx + b * BLOCK + 16 * h)
+                                        : _mm512_setzero_ps();
+                transpose16(v + 16 * h);
+            }
+            uint32_t *dst = xs + (tile * blocks + b) * PACKED_BLOCK + half * 16;
+            __m512 total = v[0];
+            for (int i = 1; i < BLOCK; i++) total = _mm512_add_ps(total, v[i]);
+            _mm512_store_ps(sums + (tile * blocks + b) * GEMM_TOKENS + half * 16, total);
+            for (int i = 0; i < PAIRS; i++) {
+                __m512 e = v[2 * i], o = v[2 * i + 1];
+                for (int p = 0; p < PARTS; p++) { /* the rest is exact: it drops the top bits */
+                    const __m512 eh = top_bits(e), oh = top_bits(o);
+                    _mm512_store_si512(dst + (p * PAIRS + i) * GEMM_TOKENS, pair(eh, oh));
+                    e = _mm512_sub_ps(e, eh);
+                    o = _mm512_sub_ps(o, oh);
+                }
+            }
+        }
+    }
+}
+
+/* ---- the micro-tiles ------------------------------------------------------------------------ */
+
+/* y[tok][r] for the tokens of xs (m rows) and the panel's rows [0, count): codes q (whole
+ * micro-tiles, rows k apart), scale and offset (k / 32 per row; offset NULL: none).
+ * Single-threaded, tiles configured. */
+TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float *offset,
+                             int64_t k, int64_t count, const uint32_t *xs, const float *xsum,
+                             int64_t m, float *y, int64_t ldy) {
+    float sums[TILE_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    float total[TILE_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    const int64_t blocks = k / BLOCK, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    const int64_t stride = k * (int64_t)sizeof(uint16_t);
+    int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
+    group = group < 1 ? 1 : group;
+    for (int64_t t0 = 0; t0 < tiles; t0 += group)
+        for (int64_t r0 = 0; r0 < count; r0 += TILE_ROWS) {
+            const uint16_t *a = q + r0 * k;
+            const float *s = scale + r0 * blocks, *o = offset ? offset + r0 * blocks : NULL;
+            for (int64_t t = t0; t < min64(t0 + group, tiles); t++) {
+                for (int64_t b = 0; b < blocks; b++) {
+                    const uint32_t *bx = xs + (t * blocks + b) * PACKED_BLOCK;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    _tile_loadd(4, a + b * BLOCK, stride);
+                    _tile_loadd(5, a + 16 * k + b * BLOCK, stride);
+                    for (int p = 0; p < PARTS; p++) {
+                        _tile_loadd(6, bx + p * PAIRS * GEMM_TOKENS, GEMM_TOKENS * 4);
+                        _tile_loadd(7, bx + p * PAIRS * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                    _tile_stored(0, sums, GEMM_TOKENS * 4);
+                    _tile_stored(1, sums + 16, GEMM_TOKENS * 4);
+                    _tile_stored(2, sums + 16 * GEMM_TOKENS, GEMM_TOKENS * 4);
+                    _tile_stored(3, sums + 16 * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
+                    MEMORY_BARRIER();
+                    const float *xb = xsum + (t * blocks + b) * GEMM_TOKENS;
+                    const __m512 x0 = _mm512_load_ps(xb), x1 = _mm512_load_ps(xb + 16);
+                    for (int r = 0; r < TILE_ROWS; r++) {
+                        float *tr = total + r * GEMM_TOKENS;
+                        const float *sr = sums + r * GEMM_TOKENS;
+                        const __m512 d = _mm512_set1_ps(s[r * blocks + b]);
+                        __m512 t0v = _mm512_mul_ps(d, _mm512_load_ps(sr));
+                        __m512 t1v = _mm512_mul_ps(d, _mm512_load_ps(sr + 16));
+                        if (o) {
+                            const __m512 c = _mm512_set1_ps(o[r * blocks + b]);
+                            t0v = _mm512_fmadd_ps(c, x0, t0v);
+                            t1v = _mm512_fmadd_ps(c, x1, t1v);
+                        }
+                        if (b) {
+                            t0v = _mm512_add_ps(_mm512_load_ps(tr), t0v);
+                            t1v = _mm512_add_ps(_mm512_load_ps(tr + 16), t1v);
+                        }
+                        _mm512_store_ps(tr, t0v);
+                        _mm512_store_ps(tr + 16, t1v);
+                    }
+                    MEMORY_BARRIER();
+                }
+                const int64_t tok = t * GEMM_TOKENS, tokens = min64(GEMM_TOKENS, m - tok);
+                const int rows = (int)min64(TILE_ROWS, count - r0);
+                float *out = y + tok * ldy + r0;
+                gemm_write_tile(ISA_AVX512, total, rows < 16 ? rows : 16, tokens, out, ldy);
+                if (rows > 16)
+                    gemm_write_tile(ISA_AVX512, total + 16 * GEMM_TOKENS, rows - 16, tokens,
+                                    out + 16, ldy);
+            }
+        }
+}
+
+/* Panels of W's rows: whole micro-tiles, at most PANEL_BYTES of codes each (one when a row
+ * is larger), as many per thread, and as even as micro-tiles allow (schedule(static) gives each
+ * thread a run of them). Panel p holds micro-tiles [p * tiles / panels, (p + 1) * tiles /
+ * panels). */
+static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
+    const int64_t tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
+    int64_t most = PANEL_BYTES / (k * (int64_t)sizeof(uint16_t) * TILE_ROWS);
+    most = most < 1 ? 1 : most;
+    const int64_t share = (tiles + num_threads - 1) / num_threads;
+    const int64_t panels = (share + most - 1) / most * num_threads;
+    return panels < tiles ? panels : tiles;
+}
+
+static __thread float *packed; /* the calling thread's: x's parts, then the block sums */
+static __thread int64_t packed_cap;
+static __thread float *panel; /* each thread's: codes, then scales and offsets */
+static __thread int64_t panel_cap;
+
+#endif
+
+/* y[m, n] = x[m, k] @ dequant(W[n, k]).T for a format that pagecli_quant_tiles_format names:
+ * W's rows row_bytes apart, x's rows ldx floats apart, y's rows ldy apart; k whole blocks of
+ * the format. The caller checks that the tiles are granted (pagecli_bf16_tiles). Returns 0,
+ * E_FORMAT (another format), or E_MEMORY. */
+int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64_t n, int64_t k,
+                               const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
+                               int num_threads) {
+#if AMX_X86
+    const split_fn split = split_of(type);
+    if (!split || k % BLOCK) return E_FORMAT;
+    if (m <= 0 || n <= 0) return 0;
+    const int64_t blocks = k / BLOCK, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    if (gemm_reserve(&packed, &packed_cap, tiles * blocks * (PACKED_BLOCK + GEMM_TOKENS)))
+        return E_MEMORY;
+    uint32_t *const xs = (uint32_t *)packed; /* shared with the team below */
+    float *const xsum = packed + tiles * blocks * PACKED_BLOCK;
+    const int64_t panels = num_panels(n, k, num_threads);
+    const int64_t micro_tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
+    const int64_t rows = (micro_tiles + panels - 1) / panels * TILE_ROWS; /* the most per panel */
+    const int has_offset = type != QT_Q8_0 && type != QT_Q4_0;
+    const int64_t panel_floats = rows * k / 2 + 2 * rows * blocks;
+    const uint8_t *wb = w;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) pack_parts(x, ldx, m, k, xs, xsum, t);
+        if (gemm_reserve(&panel, &panel_cap, panel_floats)) failed = 1;
+        amx_begin();
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            if (failed) continue;
+            const int64_t first = p * micro_tiles / panels * TILE_ROWS;
+            const int64_t count = min64((p + 1) * micro_tiles / panels * TILE_ROWS, n) - first;
+            uint16_t *q = (uint16_t *)panel;
+            float *scale = panel + rows * k / 2, *offset = scale + rows * blocks;
+            for (int64_t r = 0; r < count; r++)
+                split(wb + (first + r) * row_bytes, k, q + r * k, scale + r * blocks,
+                      offset + r * blocks);
+            const int64_t padded = (count + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+            for (int64_t r = count; r < padded; r++) /* zero rows: finite sums, not written */
+                for (int64_t i = 0; i < k; i++) q[r * k + i] = 0;
+            for (int64_t i = count * blocks; i < padded * blocks; i++) scale[i] = offset[i] = 0;
+            MEMORY_BARRIER();
+            sweep(q, scale, has_offset ? offset : NULL, k, count, xs, xsum, m, y + first, ldy);
+        }
+        amx_end();
+    }
+    return failed ? E_MEMORY : 0;
+#else
+    (void)type, (void)w, (void)row_bytes, (void)n, (void)k, (void)x, (void)ldx, (void)m,
+        (void)y, (void)ldy, (void)num_threads;
+    return E_FORMAT;
+#endif
+}
