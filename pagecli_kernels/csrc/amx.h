@@ -12,6 +12,8 @@
 
 #include "quant_blocks.h"
 
+#include "gemm_f32.h"
+
 /* AMX's tile intrinsics: GCC 11 and clang 12 on, 64-bit Linux (the kernel grants the tiles'
  * state to a process that asks, Linux 5.16 on) */
 #if QUANT_X86 && defined(__linux__) && defined(__x86_64__) &&                                  \
@@ -42,5 +44,39 @@ TARGET_AMX static inline void amx_end(void) { _tile_release(); }
 /* The tile instructions are asm statements that name no memory: order them against the C
  * code's stores and loads of the same buffers. */
 #define MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
+
+#if AMX_X86
+/* A micro-tile of 32 W rows x GEMM_TOKENS tokens keeps its float32 sums in tmm0-3 (rows 0-15
+ * and 16-31, tokens 0-15 and 16-31); tmm4-5 hold 16 pairs of k of W's rows 0-15 and 16-31.
+ * amx_products adds their products with 16 pairs of the packed input at b (gemm_pack_x's
+ * token tiles of 32-bit pairs): tokens 0-15 into tmm6, 16-31 into tmm7, four TDPBF16PS. */
+TARGET_AMX static inline void amx_products(const uint32_t *b) {
+    _tile_loadd(6, b, GEMM_TOKENS * 4);
+    _tile_loadd(7, b + 16, GEMM_TOKENS * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
+/* tmm0-3 into sums as gemm_sweep's micro-kernels leave theirs (W row r, token j at
+ * r * GEMM_TOKENS + j), ordered before the C code reads them. */
+TARGET_AMX static inline void amx_store_sums(float *sums) {
+    _tile_stored(0, sums, GEMM_TOKENS * 4);
+    _tile_stored(1, sums + 16, GEMM_TOKENS * 4);
+    _tile_stored(2, sums + 16 * GEMM_TOKENS, GEMM_TOKENS * 4);
+    _tile_stored(3, sums + 16 * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
+    MEMORY_BARRIER();
+}
+
+/* y[j][r] = sums[r * GEMM_TOKENS + j] for r < rows <= 32, j < tokens: gemm_f32.c's writer, for
+ * each half of the micro-tile's rows. */
+static inline void amx_write_sums(const float *sums, int rows, int64_t tokens, float *y,
+                                  int64_t ldy) {
+    gemm_write_tile(ISA_AVX512, sums, rows < 16 ? rows : 16, tokens, y, ldy);
+    if (rows > 16)
+        gemm_write_tile(ISA_AVX512, sums + 16 * GEMM_TOKENS, rows - 16, tokens, y + 16, ldy);
+}
+#endif
 
 #endif

@@ -242,24 +242,11 @@ TARGET_AMX static void tiles_sweep(const uint16_t *w, int64_t k, int64_t count,
                 for (int64_t p = 0; p < pairs; p += 16) {
                     _tile_loadd(4, a + 2 * p, stride);
                     _tile_loadd(5, a + 16 * k + 2 * p, stride);
-                    _tile_loadd(6, b + p * GEMM_TOKENS, GEMM_TOKENS * 4);
-                    _tile_loadd(7, b + p * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
+                    amx_products(b + p * GEMM_TOKENS);
                 }
-                _tile_stored(0, sums, GEMM_TOKENS * 4);
-                _tile_stored(1, sums + 16, GEMM_TOKENS * 4);
-                _tile_stored(2, sums + 16 * GEMM_TOKENS, GEMM_TOKENS * 4);
-                _tile_stored(3, sums + 16 * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
-                MEMORY_BARRIER();
-                const int64_t tok = t * GEMM_TOKENS, tokens = min64(GEMM_TOKENS, m - tok);
-                float *out = y + tok * ldy + r0;
-                gemm_write_tile(ISA_AVX512, sums, rows < 16 ? rows : 16, tokens, out, ldy);
-                if (rows > 16)
-                    gemm_write_tile(ISA_AVX512, sums + 16 * GEMM_TOKENS, rows - 16, tokens,
-                                    out + 16, ldy);
+                amx_store_sums(sums);
+                const int64_t tok = t * GEMM_TOKENS;
+                amx_write_sums(sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
             }
         }
 }

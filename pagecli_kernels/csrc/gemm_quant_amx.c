@@ -276,19 +276,8 @@ TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float 
                     _tile_zero(3);
                     _tile_loadd(4, a + b * BLOCK, stride);
                     _tile_loadd(5, a + 16 * k + b * BLOCK, stride);
-                    for (int p = 0; p < PARTS; p++) {
-                        _tile_loadd(6, bx + p * PAIRS * GEMM_TOKENS, GEMM_TOKENS * 4);
-                        _tile_loadd(7, bx + p * PAIRS * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
-                        _tile_dpbf16ps(0, 4, 6);
-                        _tile_dpbf16ps(1, 4, 7);
-                        _tile_dpbf16ps(2, 5, 6);
-                        _tile_dpbf16ps(3, 5, 7);
-                    }
-                    _tile_stored(0, sums, GEMM_TOKENS * 4);
-                    _tile_stored(1, sums + 16, GEMM_TOKENS * 4);
-                    _tile_stored(2, sums + 16 * GEMM_TOKENS, GEMM_TOKENS * 4);
-                    _tile_stored(3, sums + 16 * GEMM_TOKENS + 16, GEMM_TOKENS * 4);
-                    MEMORY_BARRIER();
+                    for (int p = 0; p < PARTS; p++) amx_products(bx + p * PAIRS * GEMM_TOKENS);
+                    amx_store_sums(sums);
                     const float *xb = xsum + (t * blocks + b) * GEMM_TOKENS;
                     const __m512 x0 = _mm512_load_ps(xb), x1 = _mm512_load_ps(xb + 16);
                     for (int r = 0; r < TILE_ROWS; r++) {
@@ -311,13 +300,9 @@ TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float 
                     }
                     MEMORY_BARRIER();
                 }
-                const int64_t tok = t * GEMM_TOKENS, tokens = min64(GEMM_TOKENS, m - tok);
-                const int rows = (int)min64(TILE_ROWS, count - r0);
-                float *out = y + tok * ldy + r0;
-                gemm_write_tile(ISA_AVX512, total, rows < 16 ? rows : 16, tokens, out, ldy);
-                if (rows > 16)
-                    gemm_write_tile(ISA_AVX512, total + 16 * GEMM_TOKENS, rows - 16, tokens,
-                                    out + 16, ldy);
+                const int64_t tok = t * GEMM_TOKENS;
+                amx_write_sums(total, (int)min64(TILE_ROWS, count - r0),
+                               min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
             }
         }
 }
