@@ -107,7 +107,11 @@ def main() -> None:
     args = parser.parse_args()
     source = resolve_model(None)
     folder = str(float_checkpoint(source))
-    common = dict(num_threads=args.threads, enable_prefix_caching=False, num_kv_blocks=64)
+    # float32 pinned: `auto` is bfloat16 for float checkpoints on CPUs with fast bfloat16
+    # (AMX), which made the "float32" reference a bfloat16 one there
+    common = dict(
+        num_threads=args.threads, enable_prefix_caching=False, num_kv_blocks=64, dtype="float32"
+    )
     reference = LLM(folder, quantization="none", **common)
     tok = reference.engine.tokenizer
     prompts = [tok.encode(p) for p in PROMPTS]
