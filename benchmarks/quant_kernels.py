@@ -35,6 +35,7 @@ from pagecli_kernels.quant_formats import FORMATS, QuantWeight
 
 HIDDEN, INTERMEDIATE, Q_KV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 SHAPES = [(Q_KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+FUSED_ROWS = 8  # csrc/quant_linear_cpu.c's FUSED_MAX_ROWS: up to it, never the panels or tiles
 SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2]}
 
 
@@ -94,7 +95,7 @@ def main() -> None:
 
                 calls = [(quant_cpu.PreparedLinear(w), xs[w.cols]) for w in weights]
 
-                def one_pass() -> None:
+                def one_pass(calls=calls) -> None:
                     for prepared, x in calls:
                         prepared(x)
 
@@ -109,6 +110,8 @@ def main() -> None:
                     choose(*variant)
                     shown = quant_cpu.prefetch() if hasattr(quant_cpu, "prefetch") else "l1"
                     tiled = "on" if getattr(quant_cpu, "tiles", lambda: False)() else "off"
+                    if rows <= FUSED_ROWS:
+                        tiled = "-"  # the fused path, whatever the choice
                     ms = statistics.median(times[variant]) * 1e3
                     print(
                         f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{tiled:>6}{ms:>9.2f}"
