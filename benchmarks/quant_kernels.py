@@ -110,8 +110,8 @@ def main() -> None:
                     choose(*variant)
                     shown = quant_cpu.prefetch() if hasattr(quant_cpu, "prefetch") else "l1"
                     tiled = "on" if getattr(quant_cpu, "tiles", lambda: False)() else "off"
-                    if rows <= FUSED_ROWS:
-                        tiled = "-"  # the fused path, whatever the choice
+                    if rows <= FUSED_ROWS or fmt not in getattr(quant_cpu, "TILES_FORMATS", ()):
+                        tiled = "-"  # the fused path, or a format without tiles
                     ms = statistics.median(times[variant]) * 1e3
                     print(
                         f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{tiled:>6}{ms:>9.2f}"

@@ -128,6 +128,7 @@ def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> No
 
 
 TILES = ("auto", "off", "on")  # pagecli_quant_set_tiles's choices
+TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k")  # a scale per 32 values
 
 
 def tiles() -> bool:

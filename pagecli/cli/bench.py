@@ -260,7 +260,10 @@ def bench(
         )
         if engine.runner.weight_plan.quantized_names:
             info["cpu_quant_kernels"] = f"native C kernels ({quant_cpu.isa()})"
-            info["cpu_quant_tiles"] = quant_cpu.tiles()  # AMX for 32-value-scale blocks
+            # whether batches of this model's blocks multiply on AMX's tiles
+            names = {name for joined in formats.values() for name in joined.split("+")}
+            tiled = not names.isdisjoint(quant_cpu.TILES_FORMATS)
+            info["cpu_quant_tiles"] = tiled and quant_cpu.tiles()
         if quant_cpu.library() is not None:  # who multiplies prefill and batched panels
             info["cpu_gemm"] = quant_cpu.gemm()
             if info["dtype"] == "bfloat16":  # and bfloat16 batches of three rows or more

@@ -48,8 +48,9 @@ TARGET_AMX static inline void amx_end(void) { _tile_release(); }
 #if AMX_X86
 /* A micro-tile of 32 W rows x GEMM_TOKENS tokens keeps its float32 sums in tmm0-3 (rows 0-15
  * and 16-31, tokens 0-15 and 16-31); tmm4-5 hold 16 pairs of k of W's rows 0-15 and 16-31.
- * amx_products adds their products with 16 pairs of the packed input at b (gemm_pack_x's
- * token tiles of 32-bit pairs): tokens 0-15 into tmm6, 16-31 into tmm7, four TDPBF16PS. */
+ * amx_products adds their products with 16 pairs of the packed input at b (32-bit pairs,
+ * GEMM_TOKENS to a row: gemm_pack_x's token tiles, or a part of a block in gemm_quant_amx.c's
+ * packing): tokens 0-15 into tmm6, 16-31 into tmm7, four TDPBF16PS. */
 TARGET_AMX static inline void amx_products(const uint32_t *b) {
     _tile_loadd(6, b, GEMM_TOKENS * 4);
     _tile_loadd(7, b + 16, GEMM_TOKENS * 4);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 /* quant_linear_cpu.c */
+int pagecli_quant_best_isa(void);
 int pagecli_quant_isa(void);
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
                          int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);

@@ -108,7 +108,8 @@ __attribute__((constructor)) static void find_features(void) {
  * tiles where they cannot run. */
 int pagecli_bf16_set_gemm(int choice) {
     if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_TILES) return -1;
-    if (choice == BF16_GEMM_TILES && !cpu_amx) return -2;
+    if (choice == BF16_GEMM_TILES && (!cpu_amx || pagecli_quant_best_isa() != ISA_AVX512))
+        return -2; /* the tiles' writer and padding use AVX-512 too */
     gemm_choice = choice;
     return 0;
 }

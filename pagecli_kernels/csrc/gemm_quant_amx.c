@@ -1,14 +1,15 @@
 /*
  * GGUF blocks times float32 activations on AMX's tiles, for batches (prefill, batched decode):
  * y[m, n] = x[m, k] @ dequant(W[n, k]).T with x and y float32 and float32 sums, as
- * quant_linear_cpu.c's float32 panels compute it, at about twice their rate.
+ * quant_linear_cpu.c's float32 panels compute it, at 1.4-1.7x their rate (2-core Xeon with AMX,
+ * 16 to 256 rows, benchmarks/RESULTS.md).
  *
  * Which formats: those whose every 32 values share one scale and one offset, value =
  * scale * q + offset with q a small integer: Q8_0 (q -128..127, no offset), Q4_0 (q - 8),
  * Q4_1, and the sub-blocks of Q4_K and Q5_K (scale d * sc, offset -dmin * m). Q6_K (a scale
  * per 16 values) and float rows keep the float32 panels.
  *
- * Numerics. Nothing is rounded that the float32 product does not round:
+ * Numerics. The activations are not rounded:
  *   - each input value is split exactly into three bfloat16 parts, x = hi + mid + lo (hi: x's
  *     top 8 significant bits, mid: the next 8 of the rest, lo: the remaining at most 8 bits);
  *   - q is exact in bfloat16 (at most 8 bits), so every product q * part is exact in float32
@@ -16,11 +17,16 @@
  *   - TDPBF16PS adds those products into float32 sums, one per block of 32 values and output;
  *   - the block's sum times its scale, plus its offset times the block's float32 sum of x,
  *     is added to the output's float32 total.
- * So the result is sum over blocks of (scale * sum(q * x) + offset * sum(x)), which equals
- * sum(x * (scale * q + offset)) in exact arithmetic: float32 rounding of sums and of the
- * scale's product, in another order than the float32 panels' (the kernel tests hold it to
- * the same per-format tolerance against float64). TDPBF16PS takes denormal inputs as zero, so
- * an input below 2^-103 in magnitude can lose its lowest bits; an infinite input gives NaN.
+ * So the result is sum over blocks of (scale * sum(q * x) + offset * sum(x)): the products of
+ * the weights scale * q + offset as they are, where the dequantization (and transformers'
+ * float32 reference) rounds each such weight to float32 once (Q4_1, Q4_K, Q5_K: a difference
+ * of at most half an ulp of the weight; Q8_0 and Q4_0 weights are exact either way), then
+ * float32 rounding of the sums and of the scale's product, in another order than the float32
+ * panels'. The error is bounded by sum |x| (|scale * q| + |offset|) rather than sum |x| |w|;
+ * the kernel tests hold it to the same per-format tolerance against float64 as the panels.
+ * TDPBF16PS takes denormal inputs as zero, so an input below 2^-103 in magnitude can lose its
+ * lowest bits; an infinite input gives NaN, and inputs near float32's largest values (1e34
+ * on) can overflow the unscaled block sums where the panels' products stay finite.
  *
  * Layout. Each thread turns a panel of W's rows into bfloat16 codes of q (rows k values apart,
  * whole 32-row micro-tiles, zero past W's end) and per-block scales and offsets; x is packed
@@ -55,17 +61,21 @@
 /* Floats per token tile and block of packed x: the parts' pairs, as 32-bit values. */
 #define PACKED_BLOCK (PARTS * PAIRS * GEMM_TOKENS)
 
-/* Whether `type`'s blocks take this path (pagecli_quant_tiles_linear). */
-int pagecli_quant_tiles_format(int type) {
+/* The values per block of `type` where its blocks take this path (pagecli_quant_tiles_linear),
+ * else 0. */
+static int tiles_block_values(int type) {
     switch (type) {
     case QT_Q8_0:
     case QT_Q4_0:
-    case QT_Q4_1:
+    case QT_Q4_1: return AMX_X86 ? BLOCK : 0;
     case QT_Q4_K:
-    case QT_Q5_K: return AMX_X86;
+    case QT_Q5_K: return AMX_X86 ? QK_K : 0;
     default: return 0;
     }
 }
+
+/* Whether `type`'s blocks take this path (pagecli_quant_tiles_linear). */
+int pagecli_quant_tiles_format(int type) { return tiles_block_values(type) != 0; }
 
 #if AMX_X86
 
@@ -307,8 +317,8 @@ TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float 
         }
 }
 
-/* Panels of W's rows: whole micro-tiles, at most PANEL_BYTES of codes each (one when a row
- * is larger), as many per thread, and as even as micro-tiles allow (schedule(static) gives each
+/* Panels of W's rows: whole micro-tiles, at most PANEL_BYTES of codes each (one micro-tile
+ * where a micro-tile's codes alone pass it), as many per thread, and as even as micro-tiles allow (schedule(static) gives each
  * thread a run of them). Panel p holds micro-tiles [p * tiles / panels, (p + 1) * tiles /
  * panels). */
 static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
@@ -329,14 +339,15 @@ static __thread int64_t panel_cap;
 
 /* y[m, n] = x[m, k] @ dequant(W[n, k]).T for a format that pagecli_quant_tiles_format names:
  * W's rows row_bytes apart, x's rows ldx floats apart, y's rows ldy apart; k whole blocks of
- * the format. The caller checks that the tiles are granted (pagecli_bf16_tiles). Returns 0,
+ * the format. The caller checks that the tiles are granted and the CPU has AVX-512
+ * (pagecli_quant_tiles). Returns 0,
  * E_FORMAT (another format), or E_MEMORY. */
 int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64_t n, int64_t k,
                                const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
                                int num_threads) {
 #if AMX_X86
     const split_fn split = split_of(type);
-    if (!split || k % BLOCK) return E_FORMAT;
+    if (!split || k % tiles_block_values(type)) return E_FORMAT;
     if (m <= 0 || n <= 0) return 0;
     const int64_t blocks = k / BLOCK, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     if (gemm_reserve(&packed, &packed_cap, tiles * blocks * (PACKED_BLOCK + GEMM_TOKENS)))

@@ -3,7 +3,7 @@
  * float32 sums, W in a GGUF block format (quant_blocks.h; the formats are quant_q4_q8.c and
  * quant_k.c) or float32 rows taken as blocks (quant_f32.c).
  *
- * Two paths, chosen by the number of input rows m:
+ * Paths, chosen by the number of input rows m:
  *   - m <= FUSED_MAX_ROWS (decode): each thread takes contiguous ranges of W's output rows
  *     (one range each; for m == 1, guided chunks) and streams them once. For m == 1, a
  *     format's wide kernel (where it has one for the path) takes WIDE_ROWS rows of W at a
@@ -17,7 +17,9 @@
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
  *     that Python hands over (torch's MKL, run single-threaded inside the thread), or through
  *     gemm_f32.c's kernel where MKL would not run its AVX-512 code (pagecli_quant_gemm), or,
- *     with neither, through the fused path.
+ *     with neither, through the fused path;
+ *   - larger m, on CPUs with AMX (pagecli_quant_tiles) and formats with a scale per 32 values:
+ *     AMX's tiles instead of the panels (gemm_quant_amx.c), BLAS or not.
  *
  * Runtime dispatch: the instruction-set path (portable, AVX2+FMA, AVX-512) is the best one the
  * CPU reports, unless pagecli_quant_set_isa() chose a lower one (tests run every path). The
@@ -177,16 +179,17 @@ static int gemm_for(int64_t m) {
 }
 
 /* Whether batches of the formats with a scale per 32 values multiply on AMX's tiles
- * (gemm_quant_amx.c, about twice the float32 panels' rate): on (TILES_ON, refused where the
- * tiles cannot run), off, or as the CPU suggests (TILES_AUTO: on the AVX-512 path where the
- * tiles are granted). */
+ * (gemm_quant_amx.c, 1.4-1.7x the float32 panels' rate): on (TILES_ON, refused where the
+ * tiles cannot run: no AMX granted, or no AVX-512, which their packing and scaling use), off,
+ * or as the CPU suggests (TILES_AUTO: on the AVX-512 path where the tiles are granted). */
 enum { TILES_AUTO = 0, TILES_OFF = 1, TILES_ON = 2 };
 static int tiles_choice = TILES_AUTO;
 
 /* Choose; returns 0, -1 for an unknown choice, -2 for TILES_ON where the tiles cannot run. */
 int pagecli_quant_set_tiles(int choice) {
     if (choice < TILES_AUTO || choice > TILES_ON) return -1;
-    if (choice == TILES_ON && !pagecli_bf16_tiles()) return -2;
+    if (choice == TILES_ON && (!pagecli_bf16_tiles() || pagecli_quant_best_isa() != ISA_AVX512))
+        return -2;
     tiles_choice = choice;
     return 0;
 }

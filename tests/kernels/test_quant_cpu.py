@@ -121,18 +121,40 @@ def gemm(request):
     loop where the CPU lacks AVX-512), with AMX's tiles off; then the tiles, on CPUs with AMX,
     for the formats with a scale per 32 values (the others keep the float32 panels). "auto"
     again afterwards."""
-    if request.param == "tiles":
-        if not quant_cpu.bf16_tiles():
-            pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    if request.param == "tiles" and not _tiles_run():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    try:
+        if request.param == "tiles":
+            quant_cpu.set_tiles("on")
+            assert quant_cpu.tiles()
+        else:
+            quant_cpu.set_tiles("off")
+            quant_cpu.set_gemm(request.param)
+            assert quant_cpu.gemm() == request.param and not quant_cpu.tiles()
+        yield request.param
+    finally:
+        quant_cpu.set_gemm("auto")
+        quant_cpu.set_tiles("auto")
+
+
+def _tiles_run() -> bool:
+    """Whether AMX's tiles run here: granted, on a CPU with AVX-512."""
+    return quant_cpu.bf16_tiles() and "avx512" in quant_cpu.supported_isas()
+
+
+TILES_FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k"]  # a scale per 32 values
+
+
+def _tiles_and_panels(x: torch.Tensor, weight: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """quant_linear with the tiles on, then off."""
+    try:
         quant_cpu.set_tiles("on")
-        assert quant_cpu.tiles()
-    else:
+        tiles = quant_cpu.quant_linear(x, weight)
         quant_cpu.set_tiles("off")
-        quant_cpu.set_gemm(request.param)
-        assert quant_cpu.gemm() == request.param and not quant_cpu.tiles()
-    yield request.param
-    quant_cpu.set_gemm("auto")
-    quant_cpu.set_tiles("auto")
+        panels = quant_cpu.quant_linear(x, weight)
+    finally:
+        quant_cpu.set_tiles("auto")
+    return tiles, panels
 
 
 @pytest.mark.parametrize("rows", [9, 31, 33, 64, 300])
@@ -213,10 +235,33 @@ def test_tiles_auto_follows_the_cpu():
         quant_cpu.set_isa(None)
     with pytest.raises(ValueError, match="tiles"):
         quant_cpu.set_tiles("amx")
-    if not quant_cpu.bf16_tiles():
+    if not _tiles_run():
         with pytest.raises(ValueError, match="not available on this CPU"):
             quant_cpu.set_tiles("on")
         assert not quant_cpu.tiles()
+        return
+    try:
+        quant_cpu.set_tiles("on")
+        assert quant_cpu.tiles()
+        quant_cpu.set_tiles("off")
+        assert not quant_cpu.tiles()
+    finally:
+        quant_cpu.set_tiles("auto")
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_tiles_take_the_formats_with_32_value_scales(fmt):
+    """With the tiles on, those formats' batches sum in another order than the float32 panels
+    (so some output differs in its last bits: the tiles ran); Q6_K's do not change. 800
+    outputs: several panels per thread."""
+    if not _tiles_run():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    cols = _cols(fmt)
+    weight = random_weight(fmt, 800, cols, seed=6)
+    x = torch.randn(64, cols, generator=torch.Generator().manual_seed(6))
+    tiles, panels = _tiles_and_panels(x, weight)
+    assert torch.equal(tiles, panels) == (fmt not in TILES_FORMATS)
+    assert_within(tiles, x, weight, fmt)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
@@ -225,7 +270,7 @@ def test_tiles_keep_every_bit_of_the_input(fmt):
     exactly, whatever the summation order: only if all three bfloat16 parts of each float32
     input value reach the sums (x with full 24-bit significands, some of them near 2^-100;
     below 2^-103 the lowest part can be denormal, which TDPBF16PS takes as zero)."""
-    if not quant_cpu.bf16_tiles():
+    if not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     f = FORMATS[fmt]
     data = np.zeros((32, f.block_bytes), dtype=np.uint8)
@@ -243,12 +288,12 @@ def test_tiles_keep_every_bit_of_the_input(fmt):
     exponent[:8] = -100
     x = (sign * significand * 2.0**exponent).float()  # 24 significant bits, rounded
     assert (x.view(torch.int32) & 0xFF).count_nonzero() > 1000  # lowest part non-zero
-    quant_cpu.set_tiles("on")
-    try:
-        got = quant_cpu.quant_linear(x, weight)
-    finally:
-        quant_cpu.set_tiles("auto")
+    got, _ = _tiles_and_panels(x, weight)
     assert torch.equal(got, x), (got - x).abs().max()
+    # the same shapes with random blocks: the tiles, not the panels, made `got`
+    scrambled = random_weight(fmt, 32, 32, seed=7)
+    tiles, panels = _tiles_and_panels(x[8:], scrambled)
+    assert not torch.equal(tiles, panels)
 
 
 # float32 rows through the same drivers (quant_formats.F32): float weights of safetensors
