@@ -139,9 +139,9 @@ def tiles() -> bool:
 
 
 def set_tiles(choice: str) -> None:
-    """Choose "on" (a CPU with AMX that Linux grants, whatever the path), "off" (the float32
-    panels of `gemm()`), or "auto" (on the AVX-512 path where the tiles are granted). Tests and
-    benchmarks."""
+    """Choose "on" (AMX that Linux grants, on a CPU with AVX-512, whatever the path), "off"
+    (the float32 panels of `gemm()`), or "auto" (on the AVX-512 path where the tiles are
+    granted). Tests and benchmarks."""
     _choose("pagecli_quant_set_tiles", TILES, choice, "tiles")
 
 
