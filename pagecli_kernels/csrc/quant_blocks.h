@@ -7,7 +7,8 @@
  * such products' difference, computed in the same order; an FMA is used only where its
  * product is exact in float32, so it rounds as the separate operations do; the dequantization
  * tests check every format bit for bit). The activations are never quantized; the driver
- * multiplies the float32 weights with them.
+ * multiplies the float32 weights with them (batches on AMX's tiles multiply the weights'
+ * scale * q + offset unrounded instead, gemm_quant_amx.c).
  *
  * Layouts follow ggml (ggml-common.h); QK_K = 256 values per K-quant super-block.
  */
