@@ -61,22 +61,6 @@
 /* Floats per token tile and block of packed x: the parts' pairs, as 32-bit values. */
 #define PACKED_BLOCK (PARTS * PAIRS * GEMM_TOKENS)
 
-/* The values per block of `type` where its blocks take this path (pagecli_quant_tiles_linear),
- * else 0. */
-static int tiles_block_values(int type) {
-    switch (type) {
-    case QT_Q8_0:
-    case QT_Q4_0:
-    case QT_Q4_1: return AMX_X86 ? BLOCK : 0;
-    case QT_Q4_K:
-    case QT_Q5_K: return AMX_X86 ? QK_K : 0;
-    default: return 0;
-    }
-}
-
-/* Whether `type`'s blocks take this path (pagecli_quant_tiles_linear). */
-int pagecli_quant_tiles_format(int type) { return tiles_block_values(type) != 0; }
-
 #if AMX_X86
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -200,15 +184,21 @@ TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, float
     }
 }
 
-static split_fn split_of(int type) {
-    switch (type) {
-    case QT_Q8_0: return split_q8_0;
-    case QT_Q4_0: return split_q4_0;
-    case QT_Q4_1: return split_q4_1;
-    case QT_Q4_K: return split_q4_K;
-    case QT_Q5_K: return split_q5_K;
-    default: return NULL;
-    }
+/* The formats this path takes: values per block (k must be whole blocks), whether values have
+ * an offset, and the split. */
+static const struct tiles_format {
+    int type, block_values, has_offset;
+    split_fn split;
+} TILES_FORMATS[] = {
+    {QT_Q8_0, QK8_0, 0, split_q8_0}, {QT_Q4_0, QK4_0, 0, split_q4_0},
+    {QT_Q4_1, QK4_1, 1, split_q4_1}, {QT_Q4_K, QK_K, 1, split_q4_K},
+    {QT_Q5_K, QK_K, 1, split_q5_K},
+};
+
+static const struct tiles_format *tiles_format_of(int type) {
+    for (size_t i = 0; i < sizeof TILES_FORMATS / sizeof TILES_FORMATS[0]; i++)
+        if (TILES_FORMATS[i].type == type) return &TILES_FORMATS[i];
+    return NULL;
 }
 
 /* ---- x: three bfloat16 parts per value, and each block's sum -------------------------------- */
@@ -318,9 +308,9 @@ TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float 
 }
 
 /* Panels of W's rows: whole micro-tiles, at most PANEL_BYTES of codes each (one micro-tile
- * where a micro-tile's codes alone pass it), as many per thread, and as even as micro-tiles allow (schedule(static) gives each
- * thread a run of them). Panel p holds micro-tiles [p * tiles / panels, (p + 1) * tiles /
- * panels). */
+ * where a micro-tile's codes alone pass it), as many per thread, and as even as micro-tiles
+ * allow (schedule(static) gives each thread a run of them). Panel p holds micro-tiles
+ * [p * tiles / panels, (p + 1) * tiles / panels). */
 static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
     const int64_t tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
     int64_t most = PANEL_BYTES / (k * (int64_t)sizeof(uint16_t) * TILE_ROWS);
@@ -337,17 +327,27 @@ static __thread int64_t panel_cap;
 
 #endif
 
+/* Whether `type`'s blocks take this path (pagecli_quant_tiles_linear). */
+int pagecli_quant_tiles_format(int type) {
+#if AMX_X86
+    return tiles_format_of(type) != NULL;
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
 /* y[m, n] = x[m, k] @ dequant(W[n, k]).T for a format that pagecli_quant_tiles_format names:
  * W's rows row_bytes apart, x's rows ldx floats apart, y's rows ldy apart; k whole blocks of
  * the format. The caller checks that the tiles are granted and the CPU has AVX-512
- * (pagecli_quant_tiles). Returns 0,
- * E_FORMAT (another format), or E_MEMORY. */
+ * (pagecli_quant_tiles). Returns 0, E_FORMAT (another format, or k not whole blocks), or
+ * E_MEMORY. */
 int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64_t n, int64_t k,
                                const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
                                int num_threads) {
 #if AMX_X86
-    const split_fn split = split_of(type);
-    if (!split || k % tiles_block_values(type)) return E_FORMAT;
+    const struct tiles_format *f = tiles_format_of(type);
+    if (!f || k % f->block_values) return E_FORMAT;
     if (m <= 0 || n <= 0) return 0;
     const int64_t blocks = k / BLOCK, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     if (gemm_reserve(&packed, &packed_cap, tiles * blocks * (PACKED_BLOCK + GEMM_TOKENS)))
@@ -357,7 +357,6 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
     const int64_t panels = num_panels(n, k, num_threads);
     const int64_t micro_tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
     const int64_t rows = (micro_tiles + panels - 1) / panels * TILE_ROWS; /* the most per panel */
-    const int has_offset = type != QT_Q8_0 && type != QT_Q4_0;
     const int64_t panel_floats = rows * k / 2 + 2 * rows * blocks;
     const uint8_t *wb = w;
     int failed = 0;
@@ -375,14 +374,14 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
             uint16_t *q = (uint16_t *)panel;
             float *scale = panel + rows * k / 2, *offset = scale + rows * blocks;
             for (int64_t r = 0; r < count; r++)
-                split(wb + (first + r) * row_bytes, k, q + r * k, scale + r * blocks,
-                      offset + r * blocks);
+                f->split(wb + (first + r) * row_bytes, k, q + r * k, scale + r * blocks,
+                         offset + r * blocks);
             const int64_t padded = (count + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
             for (int64_t r = count; r < padded; r++) /* zero rows: finite sums, not written */
                 for (int64_t i = 0; i < k; i++) q[r * k + i] = 0;
             for (int64_t i = count * blocks; i < padded * blocks; i++) scale[i] = offset[i] = 0;
             MEMORY_BARRIER();
-            sweep(q, scale, has_offset ? offset : NULL, k, count, xs, xsum, m, y + first, ldy);
+            sweep(q, scale, f->has_offset ? offset : NULL, k, count, xs, xsum, m, y + first, ldy);
         }
         amx_end();
     }
