@@ -49,7 +49,9 @@ class EngineConfig:
     # the paged attention kernels: auto = Triton on CUDA, the native CPU path on the CPU;
     # triton on the CPU runs Triton's interpreter (TRITON_INTERPRET=1; tests)
     attention_impl: AttentionImpl = "auto"
-    num_threads: int | None = None  # torch CPU threads; None: the measured default
+    # CPU threads for torch and the C kernels; None: the physical cores the process may run
+    # on, capped by its cgroup CPU quota (engine/cpu_threads.py)
+    num_threads: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:

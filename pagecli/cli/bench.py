@@ -247,6 +247,7 @@ def bench(
         "dtype_reason": engine.dtype_choice.reason,
         "device": str(engine.device),
         "threads": None,
+        "threads_reason": engine.runner.thread_choice.reason,
         "version": __version__,
         "scenario": scenario.value,
         "weight_formats": formats,

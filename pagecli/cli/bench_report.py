@@ -112,6 +112,8 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
     console.print(table)
     if report.get("weight_formats"):
         console.print(f"weights: {format_weights(report['weight_formats'])}")
+    if report.get("threads_reason"):
+        console.print(f"threads: {report['threads']}, {report['threads_reason']}")
     for row in rows:
         for turn in row.get("turns", []):
             cached = (

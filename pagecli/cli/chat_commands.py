@@ -147,9 +147,7 @@ def _stats(chat: Chat, arg: str) -> None:
     from pagecli.cli.display import stats_table
 
     conversation = chat.state.current
-    tokens = (
-        f", {len(conversation.session.token_ids)} tokens" if chat.state.llm.is_local else ""
-    )
+    tokens = f", {len(conversation.session.token_ids)} tokens" if chat.state.llm.is_local else ""
     chat.info(f"session {conversation.name!r}: {turns_text(conversation.num_turns)}{tokens}")
     if chat.last_stats is not None:
         chat.info(f"last turn: {chat.last_stats.line()}")
@@ -158,6 +156,8 @@ def _stats(chat: Chat, arg: str) -> None:
         chat.info(f"engine numbers: {NOT_WITH_ENDPOINT}", style="dim")
     else:
         chat.show(stats_table(stats))
+        choice = chat.state.llm.engine.runner.thread_choice
+        chat.info(f"threads: {choice.num_threads}, {choice.reason}")
 
 
 def _blocks(chat: Chat, arg: str) -> None:

@@ -132,7 +132,14 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
     ),
     "num_threads": (
         Optional[int],
-        _opt(ENGINE_PANEL, "CPU threads for torch (default: measured best).", show_default=False),
+        _opt(
+            ENGINE_PANEL,
+            "CPU threads for torch and the C kernels (default: the physical cores this process "
+            "may run on, capped by its cgroup CPU quota).",
+            "--num-threads",
+            "--threads",
+            show_default=False,
+        ),
     ),
     "seed": (
         int,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from pagecli.config import EngineConfig
+from pagecli.engine.cpu_threads import ThreadChoice, choose_threads
 from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
 from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import bf16_rows_supported, packing_supported
@@ -21,9 +22,6 @@ from pagecli.loader.weights import (
 )
 from pagecli.models.registry import model_class
 from pagecli.outputs import TokenLogprob
-
-# Measured on the 2-core CI machine (see benchmarks/RESULTS.md): both cores help.
-DEFAULT_CPU_THREADS = 2
 
 
 def keep_freed_memory() -> bool:
@@ -98,14 +96,17 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         if device.type == "cpu":
-            import os
-
-            threads = config.num_threads or min(DEFAULT_CPU_THREADS, os.cpu_count() or 1)
-            torch.set_num_threads(threads)
+            # the C kernels take torch.get_num_threads() as their OpenMP thread count
+            self.thread_choice = choose_threads(config.num_threads)
+            torch.set_num_threads(self.thread_choice.num_threads)
             keep_freed_memory()
             from pagecli_kernels import native
 
             native.library()  # build (once, ~1 s) or load the decode kernel now, not in step 1
+        else:  # torch's own threads only serve the host side
+            self.thread_choice = ThreadChoice(
+                torch.get_num_threads(), f"torch's default (the model runs on {device.type})"
+            )
         self.num_threads = torch.get_num_threads()
         self.model = self._load_model(hf_config, source, max_model_len)
         self._set_attention_impl(config.attention_impl)

@@ -41,6 +41,7 @@ TOP_KEYS = {
     "dtype_reason",
     "device",
     "threads",
+    "threads_reason",
     "version",
     "scenario",
     "results",
