@@ -9,6 +9,7 @@ float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
 
     .venv/bin/python benchmarks/quant_kernels.py [--threads 2] [--repeats 7]
         [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2] [--tiles off,on]
+        [--shape default|1b|8b]
 
 --prefetch names the cache levels the batch-1 kernels' software prefetch may fill (the
 default: the CPU's default only); --tiles whether batches of more than 8 rows multiply on
@@ -33,8 +34,13 @@ import torch
 from pagecli_kernels import quant_cpu
 from pagecli_kernels.quant_formats import FORMATS, QuantWeight
 
-HIDDEN, INTERMEDIATE, Q_KV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
-SHAPES = [(Q_KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+# name: (hidden, intermediate, q + k + v rows, vocabulary, layers); 1b and 8b are Llama-3.2-1B
+# and Llama-3-8B with the default model's vocabulary (the K-quants need 256-value rows).
+MODEL_SHAPES = {
+    "default": (576, 1536, 960, 49152, 30),
+    "1b": (2048, 8192, 3072, 49152, 16),
+    "8b": (4096, 14336, 6144, 49152, 32),
+}
 FUSED_ROWS = 8  # csrc/quant_linear_cpu.c's FUSED_MAX_ROWS: up to it, never the panels or tiles
 SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2]}
 
@@ -70,20 +76,23 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--prefetch", default=None, help="l1, l2 or l1,l2 (default: the CPU's)")
     parser.add_argument("--tiles", default=None, help="off, on, auto or a list (default: auto)")
+    parser.add_argument("--shape", default="default", choices=sorted(MODEL_SHAPES))
     args = parser.parse_args()
+    hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[args.shape]
+    shapes = [(q_kv, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate)]
     torch.set_num_threads(args.threads)
     levels = args.prefetch.split(",") if args.prefetch else [None]
     tiles = args.tiles.split(",") if args.tiles else [None]
     variants = [(level, choice) for level in levels for choice in tiles]
-    print(f"{args.threads} threads, read bandwidth {read_bandwidth() / 1e9:.1f} GB/s")
+    print(f"{args.shape} shapes, {args.threads} threads, read bandwidth {read_bandwidth() / 1e9:.1f} GB/s")
     print(
         f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'tiles':>6}{'ms/pass':>9}{'MB':>7}"
         f"{'GB/s':>7}{'GFLOP/s':>9}"
     )
     rng = np.random.default_rng(0)
     for fmt in args.formats.split(","):
-        weights = [random_weight(fmt, n, k, rng) for _ in range(LAYERS) for n, k in SHAPES]
-        weights.append(random_weight(fmt, VOCAB, HIDDEN, rng))
+        weights = [random_weight(fmt, n, k, rng) for _ in range(layers) for n, k in shapes]
+        weights.append(random_weight(fmt, vocab, hidden, rng))
         total = sum(w.nbytes for w in weights)
         values = sum(w.rows * w.cols for w in weights)
         for isa in quant_cpu.supported_isas():
@@ -91,7 +100,7 @@ def main() -> None:
                 continue  # for correctness, not speed
             quant_cpu.set_isa(isa)
             for rows in map(int, args.rows.split(",")):
-                xs = {k: torch.randn(rows, k) for k in (HIDDEN, INTERMEDIATE)}
+                xs = {k: torch.randn(rows, k) for k in (hidden, intermediate)}
 
                 calls = [(quant_cpu.PreparedLinear(w), xs[w.cols]) for w in weights]
 

@@ -218,12 +218,41 @@ static inline void prefetch_w(int l2, const void *p) {
         _mm_prefetch((const char *)p, _MM_HINT_T0);
 }
 
+/* The wide kernels' frame (AVX-512): acc[r][0..2) per row, prefetching `ahead` bytes past each
+ * block read (WIDE_PREFETCH: the line of a small block; WIDE_PREFETCH_BLOCK: every line of a
+ * K-quant super-block). */
+#define WIDE_PREFETCH(b) prefetch_w(l2, (const char *)(b) + ahead)
+#define WIDE_PREFETCH_BLOCK(b, bytes)                                                          \
+    for (int o_ = 0; o_ < (bytes); o_ += 64) prefetch_w(l2, (const char *)(b) + ahead + o_);
+#define WIDE_BEGIN                                                                             \
+    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                        \
+    const int l2 = pagecli_quant_prefetch_l2;                                                  \
+    __m512 acc[WIDE_ROWS][2];                                                                  \
+    for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm512_setzero_ps();
+#define WIDE_END                                                                               \
+    for (int r_ = 0; r_ < WIDE_ROWS; r_++)                                                     \
+        out[r_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r_][0], acc[r_][1]));
+
 /* The sum of v's 8 lanes, always in this order (halves, then pairs, then the last two). */
 TARGET_AVX2 static inline float hsum256(__m256 v) {
     const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
+
+/* The same for AVX2: acc[r][0..2) of 8 lanes. */
+#define WIDE2_BEGIN                                                                            \
+    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                        \
+    const int l2 = pagecli_quant_prefetch_l2;                                                  \
+    __m256 acc[WIDE_ROWS][2];                                                                  \
+    for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm256_setzero_ps();
+#define WIDE2_END                                                                              \
+    for (int r_ = 0; r_ < WIDE_ROWS; r_++) out[r_] = hsum256(_mm256_add_ps(acc[r_][0], acc[r_][1]));
+/* acc[r][k & 1] += (fma(float(q), d, m)) * x[off..off+8) for the 8 bytes of v (as int32) */
+#define WIDE2_FMA8(k, v, d, m, off)                                                            \
+    acc[r][(k) & 1] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m),          \
+                                      _mm256_loadu_ps(x + (off)), acc[r][(k) & 1]);
+
 #endif
 
 #endif

@@ -81,14 +81,22 @@ static void dequant_q6_K_portable(const void *blocks, float *out, int64_t num_bl
 
 #if QUANT_X86
 
-/* The 8 (scale, min) float pairs of a Q4_K/Q5_K super-block. */
-static inline void k_scales(const uint8_t *scales, float d, float dmin, float *ds, float *ms) {
-    for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        k_scale_min(j, scales, &sc, &m);
-        ds[j] = d * (float)sc;
-        ms[j] = dmin * (float)m;
-    }
+/* The 8 (scale, min) float pairs of a Q4_K/Q5_K super-block: ds[j] = d * sc_j and ms[j] =
+ * dmin * m_j (each product exact in float32). The 6-bit fields are unpacked four at a time,
+ * by 32-bit words (what k_scale_min does one at a time): sc_0..3 and m_0..3 are the low six
+ * bits of bytes 0..3 and 4..7; sc_4..7 and m_4..7 are the low and high nibbles of bytes 8..11
+ * under the top two bits of bytes 0..3 and 4..7. */
+TARGET_AVX2 static inline void k_scales(const uint8_t *scales, float d, float dmin, float *ds,
+                                        float *ms) {
+    const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
+    uint32_t u[3];
+    memcpy(u, scales, sizeof u);
+    const uint32_t sc[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
+    const uint32_t m[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
+    const __m256 vsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)sc)));
+    const __m256 vm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m)));
+    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_set1_ps(d), vsc));
+    _mm256_storeu_ps(ms, _mm256_mul_ps(_mm256_set1_ps(dmin), vm));
 }
 
 /* out[0..8) = ds * q - ms for 8 int32 values q. */
@@ -206,15 +214,6 @@ TARGET_AVX2 static inline __m256i q6_8(const uint8_t *ql, const uint8_t *qh, int
     return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
                             _mm256_set1_epi32(32));
 }
-TARGET_AVX512 static inline __m512i q6_16(const uint8_t *ql, const uint8_t *qh, int shift,
-                                          int field) {
-    const __m512i l = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ql));
-    const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qh));
-    const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(l, shift), _mm512_set1_epi32(0xF));
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(h, 2 * field), _mm512_set1_epi32(3));
-    return _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)),
-                            _mm512_set1_epi32(32));
-}
 
 TARGET_AVX2 static void dequant_q6_K_avx2(const void *blocks, float *out, int64_t num_blocks) {
     const block_q6_K *b = blocks;
@@ -234,23 +233,55 @@ TARGET_AVX2 static void dequant_q6_K_avx2(const void *blocks, float *out, int64_
     }
 }
 
+/* Q6_K: the 6-bit values of a 128-value half are put together 64 at a time in bytes (the low
+ * nibbles of ql with qh's 2-bit fields, then the high nibbles), minus 32; each 16 of them are
+ * then widened, converted and scaled, as the dequantization does. */
+TARGET_AVX512 static inline void q6_half_bytes(const uint8_t *ql, const uint8_t *qh, __m512i *v01,
+                                               __m512i *v23) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
+    const __m512i top = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    /* bytes 0..31: qh; bytes 32..63: qh >> 2 (fields 1 and 3 where fields 0 and 2 were) */
+    const __m512i hz = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1);
+    const __m512i l = _mm512_loadu_si512((const void *)ql); /* ql[0..64) */
+    const __m512i a = _mm512_or_si512(_mm512_and_si512(l, nib),
+                                      _mm512_slli_epi16(_mm512_and_si512(hz, two), 4));
+    const __m512i c = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), nib),
+                                      _mm512_and_si512(hz, top));
+    *v01 = _mm512_sub_epi8(a, bias); /* values 0..63 of the half */
+    *v23 = _mm512_sub_epi8(c, bias); /* values 64..127 */
+}
+
+/* Values 16c..16c+16 of the half as float32 (c a constant after unrolling). */
+TARGET_AVX512 static inline __m512 q6_lane(const __m512i v[2], int c) {
+    __m128i q;
+    switch (c & 3) {
+    case 0: q = _mm512_castsi512_si128(v[c >> 2]); break;
+    case 1: q = _mm512_extracti32x4_epi32(v[c >> 2], 1); break;
+    case 2: q = _mm512_extracti32x4_epi32(v[c >> 2], 2); break;
+    default: q = _mm512_extracti32x4_epi32(v[c >> 2], 3); break;
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
+/* dsc[i] = d * scales[i], the 16 sub-block scales (each product exact in float32). */
+TARGET_AVX512 static inline void q6_scales(const block_q6_K *b, float dsc[16]) {
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales));
+    _mm512_storeu_ps(dsc, _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(sc)));
+}
+
 TARGET_AVX512 static void dequant_q6_K_avx512(const void *blocks, float *out,
                                               int64_t num_blocks) {
     const block_q6_K *b = blocks;
     for (int64_t i = 0; i < num_blocks; i++) {
-        const float d = _cvtsh_ss(b[i].d);
+        float dsc[16];
+        q6_scales(&b[i], dsc);
         for (int h = 0; h < 2; h++, out += 128) {
-            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
-            const int8_t *sc = b[i].scales + 8 * h;
-            for (int g = 0; g < 4; g++) {
-                const uint8_t *l = ql + 32 * (g & 1);
-                for (int k = 0; k < 32; k += 16) {
-                    const float dsc = d * (float)sc[2 * g + k / 16];
-                    const __m512i q = q6_16(l + k, qh + k, 4 * (g >> 1), g);
-                    _mm512_storeu_ps(out + 32 * g + k,
-                                     _mm512_mul_ps(_mm512_set1_ps(dsc), _mm512_cvtepi32_ps(q)));
-                }
-            }
+            __m512i v[2];
+            q6_half_bytes(b[i].ql + 64 * h, b[i].qh + 32 * h, &v[0], &v[1]);
+            for (int c = 0; c < 8; c++)
+                _mm512_storeu_ps(out + 16 * c,
+                                 _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), q6_lane(v, c)));
         }
     }
 }
@@ -329,29 +360,236 @@ ROWS_KERNEL(rows_q6_K_avx512) {
     const block_q6_K *b = row;
     ROWS_BEGIN
     for (int64_t s = 0; s < nb; s++) {
-        const float d = _cvtsh_ss(b[s].d);
+        float dsc[16];
+        q6_scales(&b[s], dsc);
         for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = b[s].ql + 64 * h, *qh = b[s].qh + 32 * h;
-            const int8_t *sc = b[s].scales + 8 * h;
+            __m512i v[2];
+            q6_half_bytes(b[s].ql + 64 * h, b[s].qh + 32 * h, &v[0], &v[1]);
             const int64_t base = s * QK_K + 128 * h;
-            for (int g = 0; g < 4; g++) {
-                const uint8_t *l = ql + 32 * (g & 1);
-                for (int k = 0; k < 32; k += 16) {
-                    const __m512 dsc = _mm512_set1_ps(d * (float)sc[2 * g + k / 16]);
-                    const __m512i q = q6_16(l + k, qh + k, 4 * (g >> 1), g);
-                    ROWS_FMA16(k >> 4, _mm512_mul_ps(dsc, _mm512_cvtepi32_ps(q)),
-                               base + 32 * g + k)
-                }
-            }
+            for (int c = 0; c < 8; c++) /* 16 values each, in order */
+                ROWS_FMA16(c & 1, _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), q6_lane(v, c)),
+                           base + 16 * c)
         }
     }
     ROWS_END
 }
 ROWS_DISPATCH(rows_q6_K_avx512)
 
+/* ---- WIDE_ROWS rows against one input row (AVX-512) ----------------------------------------
+ * Batch-1 decode, as quant_q4_q8.c's wide kernels: the rows' FMA chains side by side, each
+ * super-block prefetched `ahead` (all of its cache lines). A row's sums go into its two
+ * accumulators in the order of its rows kernel above, so both give the same bits. */
+
+/* Q4_K: per pair of sub-blocks, the 64 values of x are loaded once for the four rows. */
+TARGET_AVX512 static void wide_q4_K_avx512(const void *w, int64_t row_bytes, int64_t nb,
+                                           const float *x, float *out) {
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    WIDE_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q4_K *b[WIDE_ROWS];
+        float ds[WIDE_ROWS][8], ms[WIDE_ROWS][8];
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            b[r] = (const block_q4_K *)((const uint8_t *)w + r * row_bytes) + s;
+            WIDE_PREFETCH_BLOCK(b[r], (int)sizeof(block_q4_K))
+            k_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], ms[r]);
+        }
+        const float *xs = x + s * QK_K;
+        for (int j = 0; j < 8; j += 2) {
+            const __m512 x0 = _mm512_loadu_ps(xs + 32 * j), x1 = _mm512_loadu_ps(xs + 32 * j + 16);
+            const __m512 x2 = _mm512_loadu_ps(xs + 32 * j + 32);
+            const __m512 x3 = _mm512_loadu_ps(xs + 32 * j + 48);
+            for (int r = 0; r < WIDE_ROWS; r++) {
+                /* (d * sc) * q is exact, so one rounding of it minus dmin * m is gguf's */
+                const __m512 t0 = _mm512_fmsub_ps(levels, _mm512_set1_ps(ds[r][j]),
+                                                  _mm512_set1_ps(ms[r][j]));
+                const __m512 t1 = _mm512_fmsub_ps(levels, _mm512_set1_ps(ds[r][j + 1]),
+                                                  _mm512_set1_ps(ms[r][j + 1]));
+                const uint8_t *qs = b[r]->qs + 16 * j;
+                const __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+                const __m512i q1 =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16)));
+                acc[r][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q0, t0), x0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q0, 4), t1),
+                                            x2, acc[r][1]);
+                acc[r][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q1, t0), x1, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q1, 4), t1),
+                                            x3, acc[r][1]);
+            }
+        }
+    }
+    WIDE_END
+}
+
+/* Q5_K: a fifth bit from qh picks the upper half of a 32-entry table (permutex2var). */
+TARGET_AVX512 static void wide_q5_K_avx512(const void *w, int64_t row_bytes, int64_t nb,
+                                           const float *x, float *out) {
+    const __m512 lo16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 hi16 = _mm512_add_ps(lo16, _mm512_set1_ps(16));
+    const __m512i low = _mm512_set1_epi32(0xF), bit4 = _mm512_set1_epi32(16);
+    WIDE_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q5_K *b[WIDE_ROWS];
+        float ds[WIDE_ROWS][8], ms[WIDE_ROWS][8];
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            b[r] = (const block_q5_K *)((const uint8_t *)w + r * row_bytes) + s;
+            WIDE_PREFETCH_BLOCK(b[r], (int)sizeof(block_q5_K))
+            k_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], ms[r]);
+        }
+        const float *xs = x + s * QK_K;
+        for (int j = 0; j < 8; j += 2) {
+            const __m128i bit0 = _mm_set1_epi8((char)(1 << j));
+            const __m128i bit1 = _mm_set1_epi8((char)(2 << j));
+            for (int h = 0; h < 32; h += 16) {
+                const __m512 x0 = _mm512_loadu_ps(xs + 32 * j + h);
+                const __m512 x1 = _mm512_loadu_ps(xs + 32 * j + 32 + h);
+                for (int r = 0; r < WIDE_ROWS; r++) {
+                    __m512 t[2][2]; /* [sub-block][values 0..15 / 16..31] */
+                    for (int u = 0; u < 2; u++) {
+                        const __m512 d = _mm512_set1_ps(ds[r][j + u]);
+                        const __m512 m = _mm512_set1_ps(ms[r][j + u]);
+                        t[u][0] = _mm512_fmsub_ps(lo16, d, m);
+                        t[u][1] = _mm512_fmsub_ps(hi16, d, m);
+                    }
+                    const __m512i q = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i *)(b[r]->qs + 16 * j + h)));
+                    const __m128i qh = _mm_loadu_si128((const __m128i *)(b[r]->qh + h));
+                    const __m512i i0 = _mm512_and_si512(q, low), i1 = _mm512_srli_epi32(q, 4);
+                    const __m512i f0 = _mm512_mask_or_epi32(i0, _mm_test_epi8_mask(qh, bit0), i0,
+                                                            bit4);
+                    const __m512i f1 = _mm512_mask_or_epi32(i1, _mm_test_epi8_mask(qh, bit1), i1,
+                                                            bit4);
+                    acc[r][0] = _mm512_fmadd_ps(_mm512_permutex2var_ps(t[0][0], f0, t[0][1]), x0,
+                                                acc[r][0]);
+                    acc[r][1] = _mm512_fmadd_ps(_mm512_permutex2var_ps(t[1][0], f1, t[1][1]), x1,
+                                                acc[r][1]);
+                }
+            }
+        }
+    }
+    WIDE_END
+}
+
+TARGET_AVX512 static void wide_q6_K_avx512(const void *w, int64_t row_bytes, int64_t nb,
+                                           const float *x, float *out) {
+    WIDE_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        const float *xs = x + s * QK_K;
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
+            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q6_K))
+            float dsc[16];
+            q6_scales(b, dsc);
+            for (int h = 0; h < 2; h++) {
+                __m512i v[2];
+                q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
+                for (int c = 0; c < 8; c++) {
+                    const __m512 wv = _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), q6_lane(v, c));
+                    acc[r][c & 1] =
+                        _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs + 128 * h + 16 * c), acc[r][c & 1]);
+                }
+            }
+        }
+    }
+    WIDE_END
+}
+
+/* AVX2: each 8 weights converted and scaled, fma(q, d * sc, -(dmin * m)) (one rounding of an
+ * exact product minus an exact product, as gguf rounds it) or (d * sc) * (q - 32). */
+TARGET_AVX2 static void wide_q4_K_avx2(const void *w, int64_t row_bytes, int64_t nb,
+                                       const float *x, float *out) {
+    const __m128i low = _mm_set1_epi8(0xF);
+    WIDE2_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        const int64_t base = s * QK_K;
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + r * row_bytes) + s;
+            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q4_K))
+            float ds[8], ms[8];
+            k_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, ms);
+            for (int j = 0; j < 8; j += 2) {
+                const __m256 d0 = _mm256_set1_ps(ds[j]), m0 = _mm256_set1_ps(-ms[j]);
+                const __m256 d1 = _mm256_set1_ps(ds[j + 1]), m1 = _mm256_set1_ps(-ms[j + 1]);
+                for (int h = 0; h < 32; h += 16) {
+                    const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h));
+                    const __m128i lo = _mm_and_si128(q, low);
+                    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+                    const int64_t o = base + 32 * j + h;
+                    WIDE2_FMA8(0, _mm256_cvtepu8_epi32(lo), d0, m0, o)
+                    WIDE2_FMA8(1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), d0, m0, o + 8)
+                    WIDE2_FMA8(0, _mm256_cvtepu8_epi32(hi), d1, m1, o + 32)
+                    WIDE2_FMA8(1, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), d1, m1, o + 40)
+                }
+            }
+        }
+    }
+    WIDE2_END
+}
+
+TARGET_AVX2 static void wide_q5_K_avx2(const void *w, int64_t row_bytes, int64_t nb,
+                                       const float *x, float *out) {
+    const __m128i low = _mm_set1_epi8(0xF);
+    const __m256i one = _mm256_set1_epi32(1);
+    WIDE2_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        const int64_t base = s * QK_K;
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_q5_K *b = (const block_q5_K *)((const uint8_t *)w + r * row_bytes) + s;
+            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q5_K))
+            float ds[8], ms[8];
+            k_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, ms);
+            for (int j = 0; j < 8; j += 2) {
+                const __m256 d0 = _mm256_set1_ps(ds[j]), m0 = _mm256_set1_ps(-ms[j]);
+                const __m256 d1 = _mm256_set1_ps(ds[j + 1]), m1 = _mm256_set1_ps(-ms[j + 1]);
+                for (int h = 0; h < 32; h += 8) {
+                    const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + 16 * j + h));
+                    const __m256i qh =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qh + h)));
+                    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi32(qh, j), one);
+                    const __m256i h1 = _mm256_and_si256(_mm256_srli_epi32(qh, j + 1), one);
+                    const __m256i lo = _mm256_cvtepu8_epi32(_mm_and_si128(q, low));
+                    const __m256i hi =
+                        _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low));
+                    WIDE2_FMA8(h >> 3, _mm256_or_si256(lo, _mm256_slli_epi32(h0, 4)), d0, m0,
+                               base + 32 * j + h)
+                    WIDE2_FMA8((h >> 3) + 1, _mm256_or_si256(hi, _mm256_slli_epi32(h1, 4)), d1,
+                               m1, base + 32 * j + 32 + h)
+                }
+            }
+        }
+    }
+    WIDE2_END
+}
+
+TARGET_AVX2 static void wide_q6_K_avx2(const void *w, int64_t row_bytes, int64_t nb,
+                                       const float *x, float *out) {
+    const __m256 zero = _mm256_setzero_ps();
+    WIDE2_BEGIN
+    for (int64_t s = 0; s < nb; s++) {
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
+            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q6_K))
+            const float d = _cvtsh_ss(b->d);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+                const int8_t *sc = b->scales + 8 * h;
+                const int64_t base = s * QK_K + 128 * h;
+                for (int g = 0; g < 4; g++) { /* as dequant_q6_K_avx2 */
+                    const uint8_t *l = ql + 32 * (g & 1);
+                    for (int k = 0; k < 32; k += 8) {
+                        const __m256 dsc = _mm256_set1_ps(d * (float)sc[2 * g + k / 16]);
+                        WIDE2_FMA8(k >> 3, q6_8(l + k, qh + k, 4 * (g >> 1), g), dsc, zero,
+                                   base + 32 * g + k)
+                    }
+                }
+            }
+        }
+    }
+    WIDE2_END
+}
+
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
-        {NULL, NULL, rows_##name##_avx512}
+        {NULL, NULL, rows_##name##_avx512}, {NULL, wide_##name##_avx2, wide_##name##_avx512}
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #endif

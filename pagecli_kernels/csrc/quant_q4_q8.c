@@ -209,17 +209,7 @@ ROWS_DISPATCH(rows_q4_1_avx512)
  * Batch-1 decode: four rows at a time, so that eight FMA chains run side by side, and each
  * 32 values of x are loaded once for the four. */
 
-/* Software prefetch: wide_prefetch_distance (quant_blocks.h). */
-#define WIDE_PREFETCH(b) prefetch_w(l2, (const char *)(b) + ahead)
-
-#define WIDE_BEGIN                                                                             \
-    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                        \
-    const int l2 = pagecli_quant_prefetch_l2;                                                  \
-    __m512 acc[WIDE_ROWS][2];                                                                  \
-    for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm512_setzero_ps();
-#define WIDE_END                                                                               \
-    for (int r_ = 0; r_ < WIDE_ROWS; r_++)                                                     \
-        out[r_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r_][0], acc[r_][1]));
+/* WIDE_BEGIN, WIDE_END and WIDE_PREFETCH: quant_blocks.h. */
 
 TARGET_AVX512 static void wide_q4_1_avx512(const void *w, int64_t row_bytes, int64_t nb,
                                            const float *x, float *out) {
@@ -280,20 +270,8 @@ TARGET_AVX512 static void wide_q8_0_avx512(const void *w, int64_t row_bytes, int
     WIDE_END
 }
 
-/* AVX2: no 16-entry permute, so each 8 weights are converted and scaled: fma(q, d, m), exact
- * as above (d * q is exact). */
-#define WIDE2_BEGIN                                                                            \
-    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);                        \
-    const int l2 = pagecli_quant_prefetch_l2;                                                  \
-    __m256 acc[WIDE_ROWS][2];                                                                  \
-    for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm256_setzero_ps();
-#define WIDE2_END                                                                              \
-    for (int r_ = 0; r_ < WIDE_ROWS; r_++) out[r_] = hsum256(_mm256_add_ps(acc[r_][0], acc[r_][1]));
-/* acc[r][k & 1] += (fma(float(q), d, m)) * x[off..off+8) for the 8 bytes of v (as int32) */
-#define WIDE2_FMA8(k, v, d, m, off)                                                            \
-    acc[r][(k) & 1] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m),          \
-                                      _mm256_loadu_ps(x + (off)), acc[r][(k) & 1]);
-
+/* AVX2 (WIDE2_BEGIN, WIDE2_END, WIDE2_FMA8: quant_blocks.h): no 16-entry permute, so each 8
+ * weights are converted and scaled: fma(q, d, m), exact as above (d * q is exact). */
 TARGET_AVX2 static void wide_q4_1_avx2(const void *w, int64_t row_bytes, int64_t nb,
                                        const float *x, float *out) {
     const __m128i low = _mm_set1_epi8(0xF);

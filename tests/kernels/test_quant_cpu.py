@@ -104,6 +104,28 @@ def test_quant_linear_matches_float64(isa, fmt, rows):
     assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(fmt):
+    """One input row: the wide kernels (several weight rows at a time, AVX-512) sum each row in
+    the order of its row kernel, so a row's output does not depend on its neighbours."""
+    if "avx512" not in quant_cpu.supported_isas():
+        pytest.skip("this CPU does not run the avx512 path")
+    quant_cpu.set_isa("avx512")
+    try:
+        cols = _cols(fmt)
+        weight = random_weight(fmt, 9, cols, seed=5)  # two groups of four, then one row
+        x = torch.randn(1, cols, generator=torch.Generator().manual_seed(5))
+        together = quant_cpu.quant_linear(x, weight)  # [1, 9]
+        alone = [
+            quant_cpu.quant_linear(x, QuantWeight(weight.format, weight.data[r : r + 1], cols))
+            for r in range(9)
+        ]
+    finally:
+        quant_cpu.set_isa(None)
+    assert_within(together, x, weight, fmt)
+    assert torch.equal(together.view(torch.int32), torch.cat(alone, dim=1).view(torch.int32))
+
+
 @pytest.mark.parametrize("rows", [3, 64])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_quant_linear_strided_input_rows(isa, fmt, rows):
