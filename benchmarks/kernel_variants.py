@@ -3,8 +3,9 @@
 Each variant is the library built from this checkout's csrc/ with extra compiler flags
 (`-DWIDE_ROWS=1`), or from another commit's csrc/ (`@HEAD~1`); all are loaded into one
 process and stream the default model's 30 layers of projections and its output projection
-(random weights of each format, or random float32/bfloat16 rows) at batch 1, the variants
-alternating pass by pass, so that all of them see the same neighbours. Prints the median
+(`--shape 1b` or `8b`: Llama-3.2-1B's or Llama-3-8B's; random weights of each format, or
+random float32/bfloat16 rows) at batch 1, the variants alternating pass by pass, so that all
+of them see the same neighbours. Prints the median
 GB/s of weights read per variant, and whether every variant's results equal the first's.
 
     .venv/bin/python benchmarks/kernel_variants.py --variants @HEAD~1,. \\
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from quant_kernels import HIDDEN, INTERMEDIATE, LAYERS, SHAPES, VOCAB, random_weight
+from quant_kernels import MODEL_SHAPES, random_weight
 
 from pagecli_kernels import native
 from pagecli_kernels.quant_formats import QuantWeight, float_rows
@@ -61,8 +62,10 @@ def build(variant: str, scratch: Path) -> ctypes.CDLL:
     return lib
 
 
-def weights_of(fmt: str, rng: np.random.Generator) -> list[QuantWeight]:
-    shapes = [shape for _ in range(LAYERS) for shape in SHAPES] + [(VOCAB, HIDDEN)]
+def weights_of(fmt: str, shape: str, rng: np.random.Generator) -> list[QuantWeight]:
+    hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[shape]
+    layer = [(q_kv, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate)]
+    shapes = [shape for _ in range(layers) for shape in layer] + [(vocab, hidden)]
     if fmt in ("float32", "bfloat16"):
         dtype = getattr(torch, fmt)
         return [float_rows(torch.randn(n, k).to(dtype)) for n, k in shapes]
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--formats", default="float32,bfloat16,q8_0,q4_1")
     parser.add_argument("--passes", type=int, default=11)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shape", default="default", choices=sorted(MODEL_SHAPES))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = args.variants.split(",")
@@ -82,9 +86,9 @@ def main() -> None:
         libs = {name: build(name, Path(scratch)) for name in names}
     rng = np.random.default_rng(0)
     for fmt in args.formats.split(","):
-        weights = weights_of(fmt, rng)
+        weights = weights_of(fmt, args.shape, rng)
         total = sum(w.nbytes for w in weights)
-        xs = {k: torch.randn(1, k) for k in (HIDDEN, INTERMEDIATE)}  # [1, K]
+        xs = {k: torch.randn(1, k) for k in {w.cols for w in weights}}  # [1, K]
         outs = {name: [torch.empty(1, w.rows) for w in weights] for name in names}
         times: dict[str, list[float]] = {name: [] for name in names}
         for repeat in range(args.passes + 1):

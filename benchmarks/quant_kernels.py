@@ -84,7 +84,8 @@ def main() -> None:
     levels = args.prefetch.split(",") if args.prefetch else [None]
     tiles = args.tiles.split(",") if args.tiles else [None]
     variants = [(level, choice) for level in levels for choice in tiles]
-    print(f"{args.shape} shapes, {args.threads} threads, read bandwidth {read_bandwidth() / 1e9:.1f} GB/s")
+    bandwidth = read_bandwidth() / 1e9
+    print(f"{args.shape} shapes, {args.threads} threads, read bandwidth {bandwidth:.1f} GB/s")
     print(
         f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'tiles':>6}{'ms/pass':>9}{'MB':>7}"
         f"{'GB/s':>7}{'GFLOP/s':>9}"

@@ -1,0 +1,440 @@
+"""pagecli against llama.cpp on GGUF files of real model shapes, one table over shapes and mixes.
+
+Writes llama-architecture GGUF files at the shapes of Llama-3.2-1B and Llama-3-8B (with the
+default model's tokenizer and its 49,152-token vocabulary) in five quantization mixes (q4_0,
+q8_0, q4_k_m, q5_k_m, q6_k), with random but valid blocks: random quant values, positive f16
+scales sized so that the weights come out about 0.02 apart (a trained model's spread), so the
+activations stay finite through every layer. Speed does not depend on the values, so these
+files measure what a real file of the same shape and mix would, without downloading one.
+The files are written tensor by tensor (the writer never holds a whole file) and cached under
+--dir; a file already there with the planned tensors and size is reused.
+
+Then, --rounds times, for each file: this machine's read bandwidth (benchmarks/decode_floor.py's
+probe), `llama-bench -p 512 -n 128 -r R` and `pagecli bench --scenario latency --pp 512
+--tg 128 --repetitions R`, the two engines back to back, in turn first, so that a shared
+machine's drift moves both sides of a ratio. The table gives the median round's figures, each
+ratio as the median of the rounds' own ratios (the rounds in brackets), and beside the decode
+figures the bandwidth floor: weight bytes one decode token reads (every layer tensor, the output
+projection and one embedding row) / the read bandwidth measured in that round. The llama.cpp
+binaries are the static builds in ../shared/peers/llama.cpp/bin. Quiet machines only.
+
+    .venv/bin/python benchmarks/shaped_gguf.py [--shapes 1b,8b] [--mixes q4_0,q8_0,...]
+        [--threads 2] [--rounds 3] [--repetitions 1] [--dir /tmp/pagecli-shaped]
+        [--layers N] [--write-only] [--json OUT.json]
+    # a quick end-to-end check: tiny files (or real widths with --layers 1), short tests
+    .venv/bin/python benchmarks/shaped_gguf.py --shapes smoke --rounds 1 --pp 16 --tg 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from decode_floor import read_bandwidth
+from quant_vs_llamacpp import PAGECLI, PEERS, cpu_name, run
+
+Q = gguf.GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    rope_theta: float
+    tied: bool  # no output.weight: the token embedding is the output projection
+
+
+VOCAB = 49152  # the default model's tokenizer
+# context_length is 8192 for both: llama-bench sizes its context to the test (p + n) and pagecli
+# to its KV budget, so a longer one only changes pagecli's max_model_len, not a figure here.
+# Llama 3.2's llama3 rope scaling (rope_freqs.weight) is left out: a few multiplies per token.
+SHAPES = {
+    "1b": Shape(2048, 16, 32, 8, 8192, 500000.0, tied=True),  # Llama-3.2-1B
+    "8b": Shape(4096, 32, 32, 8, 14336, 500000.0, tied=False),  # Llama-3-8B
+    "smoke": Shape(256, 2, 4, 2, 512, 500000.0, tied=True),  # for testing this script
+}
+MIXES = {  # name: (the base block type, gguf file type)
+    "q4_0": (Q.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_k_m": (Q.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
+    "q5_k_m": (Q.Q5_K, gguf.LlamaFileType.MOSTLY_Q5_K_M),
+    "q6_k": (Q.Q6_K, gguf.LlamaFileType.MOSTLY_Q6_K),
+}
+WEIGHT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where a block format keeps its f16 scales, and the spread of its integer part."""
+
+    d_offset: int
+    dmin_offset: int | None  # K-quant minimum scale, or None
+    int_std: float  # std of the integer factor multiplying d (quant value times sub-scale)
+    q_mean: float  # mean quant value: dmin = d * q_mean centres the blocks on zero
+
+
+# ggml's block layouts (ggml-common.h): Q4_0 {d, qs[16]}; Q8_0 {d, qs[32]}; Q4_K {d, dmin,
+# scales[12], qs[128]}; Q5_K {d, dmin, scales[12], qh[32], qs[128]}; Q6_K {ql[128], qh[64],
+# scales[16], d}. int_std for uniform random bytes: Q4_0 q-8 in -8..7; Q8_0 int8; Q4_K/Q5_K
+# sc*q - (q_mean)*m with 6-bit sc, m and q in 0..15 / 0..31; Q6_K int8 sc times q-32 in -32..31.
+BLOCKS = {
+    Q.Q4_0: Block(0, None, 4.64, 0.0),
+    Q.Q8_0: Block(0, None, 73.9, 0.0),
+    Q.Q4_K: Block(0, 2, 245.0, 7.5),
+    Q.Q5_K: Block(0, 2, 527.0, 15.5),
+    Q.Q6_K: Block(208, None, 1366.0, 0.0),
+}
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of the layers that get more bits in the _M mixes."""
+    return (
+        i_layer < n_layers // 8
+        or i_layer >= 7 * n_layers // 8
+        or (i_layer - n_layers // 8) % 3 == 2
+    )
+
+
+def tensor_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
+    """The block type of a 2-D tensor in `mix`.
+
+    q4_0, q8_0 and q6_k are pure: every 2-D tensor in that type (llama-quantize's Q4_0 would
+    put output.weight, or a tied token_embd, in Q6_K; the pure file measures one kernel). The
+    _M mixes follow llama.cpp's llama_tensor_get_type_impl (src/llama-quant.cpp, read at
+    ggml-org/llama.cpp 007dbbf; the peer build is 0c1e570) for a llama model without experts:
+    - output.weight, and token_embd.weight when there is no output.weight (tied), take Q6_K
+      (`new_type != GGML_TYPE_Q8_0` -> Q6_K); an untied token_embd keeps the base type;
+    - attn_v takes Q6_K when use_more_bits(i_attention_wv, n_attention_wv), ffn_down when
+      use_more_bits(i_layer, n_layer): the first and last eighths of the layers and every
+      third layer in between;
+    - everything else the base type (llama_ftype_get_default_type: Q4_K_M -> Q4_K,
+      Q5_K_M -> Q5_K).
+    """
+    base = MIXES[mix][0]
+    if mix not in ("q4_k_m", "q5_k_m"):
+        return base
+    if name == "output.weight" or (name == "token_embd.weight" and shape.tied):
+        return Q.Q6_K
+    if layer is not None and name.split(".")[-2] in ("attn_v", "ffn_down"):
+        return Q.Q6_K if use_more_bits(layer, shape.layers) else base
+    return base
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    rows: int  # 1 for a norm (F32)
+    cols: int
+    type: Q
+
+    @property
+    def nbytes(self) -> int:
+        block_values, block_bytes = gguf.constants.GGML_QUANT_SIZES[self.type]
+        return self.rows * self.cols // block_values * block_bytes
+
+    @property
+    def gguf_shape(self) -> tuple[int, ...]:
+        """numpy order (rows first), as GGUFReader reports it reversed."""
+        return (self.cols,) if self.type == Q.F32 else (self.rows, self.cols)
+
+
+def tensor_plan(shape: Shape, mix: str) -> list[Tensor]:
+    """Every tensor of the file, in the order written."""
+    h, head_dim = shape.hidden, shape.hidden // shape.heads
+    kv = shape.kv_heads * head_dim
+    plan = [
+        Tensor("token_embd.weight", VOCAB, h, tensor_type("token_embd.weight", None, shape, mix))
+    ]
+    for i in range(shape.layers):
+        for part, rows, cols in [
+            ("attn_norm", 0, h), ("attn_q", h, h), ("attn_k", kv, h), ("attn_v", kv, h),
+            ("attn_output", h, h), ("ffn_norm", 0, h), ("ffn_gate", shape.ffn, h),
+            ("ffn_up", shape.ffn, h), ("ffn_down", h, shape.ffn),
+        ]:  # fmt: skip
+            name = f"blk.{i}.{part}.weight"
+            if rows == 0:
+                plan.append(Tensor(name, 1, cols, Q.F32))
+            else:
+                plan.append(Tensor(name, rows, cols, tensor_type(name, i, shape, mix)))
+    plan.append(Tensor("output_norm.weight", 1, h, Q.F32))
+    if not shape.tied:
+        plan.append(
+            Tensor("output.weight", VOCAB, h, tensor_type("output.weight", None, shape, mix))
+        )
+    return plan
+
+
+def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
+    """`t`'s data as [rows, row bytes] uint8: random quant values and sub-scales, positive
+    f16 scales giving weights of about WEIGHT_STD."""
+    if t.type == Q.F32:
+        return np.ones(t.cols, dtype=np.float32)  # norm weights
+    block_values, block_bytes = gguf.constants.GGML_QUANT_SIZES[t.type]
+    n_blocks = t.rows * t.cols // block_values
+    blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    spec = BLOCKS[t.type]
+    if t.type == Q.Q8_0:  # ggml's quantizer writes -127..127, never -128
+        qs = blocks[:, 2:].view(np.int8)
+        np.maximum(qs, -127, out=qs)
+    d = (WEIGHT_STD / spec.int_std) * rng.uniform(0.5, 1.5, size=n_blocks)
+    blocks[:, spec.d_offset : spec.d_offset + 2] = (
+        d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    )
+    if spec.dmin_offset is not None:
+        dmin = (d * spec.q_mean).astype(np.float16)
+        blocks[:, spec.dmin_offset : spec.dmin_offset + 2] = dmin.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(t.rows, -1)
+
+
+def tokenizer_fields() -> list:
+    """The default model's tokenizer.* fields (vocabulary, merges, ids, chat template)."""
+    from pagecli.loader.resolve import default_gguf_path
+
+    reader = gguf.GGUFReader(str(default_gguf_path()))
+    fields = [f for name, f in reader.fields.items() if name.startswith("tokenizer.")]
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    if vocab != VOCAB:
+        raise SystemExit(f"the default model's vocabulary has {vocab} tokens, expected {VOCAB}")
+    return fields
+
+
+def matches_plan(path: Path, plan: list[Tensor]) -> bool:
+    """Whether `path` holds exactly the planned tensors, whole (its size reaches the last)."""
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception:  # truncated or not GGUF
+        return False
+    found = [
+        (t.name, int(t.tensor_type), tuple(int(d) for d in reversed(t.shape)))
+        for t in reader.tensors
+    ]
+    wanted = [(t.name, int(t.type), t.gguf_shape) for t in plan]
+    end = max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
+    return found == wanted and path.stat().st_size >= end
+
+
+def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
+    """Write the file tensor by tensor (to a temporary name, renamed when complete)."""
+    plan = tensor_plan(shape, mix)
+    partial = path.with_suffix(".partial")
+    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer.add_name(f"pagecli {path.stem} (random weights)")
+    writer.add_context_length(8192)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(VOCAB)
+    writer.add_file_type(int(MIXES[mix][1]))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for f in tokenizer_fields():
+        sub_type = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub_type)
+    for t in plan:
+        if t.type == Q.F32:
+            writer.add_tensor_info(t.name, (t.cols,), np.dtype(np.float32), t.nbytes)
+        else:  # a byte shape: the writer turns it into values
+            row_bytes = t.nbytes // t.rows
+            writer.add_tensor_info(
+                t.name, (t.rows, row_bytes), np.dtype(np.uint8), t.nbytes, t.type
+            )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    start = time.perf_counter()
+    for t in plan:
+        writer.write_tensor_data(random_blocks(t, rng))
+    writer.close()
+    os.replace(partial, path)
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # ru_maxrss is in KiB
+    print(f"pagecli: shaped_gguf: wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in "
+          f"{time.perf_counter() - start:.0f} s; peak RSS so far {peak_gb:.2f} GB",
+          file=sys.stderr)  # fmt: skip
+
+
+def ensure_file(folder: Path, shape_name: str, mix: str, layers: int | None) -> Path:
+    """The file of `shape_name` (with `layers` layers when given) in `mix`, written if needed."""
+    shape = SHAPES[shape_name]
+    if layers is not None:
+        shape, shape_name = dataclasses.replace(shape, layers=layers), f"{shape_name}-{layers}L"
+    path = folder / f"{shape_name}-{mix}.gguf"
+    if path.exists() and matches_plan(path, tensor_plan(shape, mix)):
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    write_gguf(path, shape, mix)
+    return path
+
+
+def bytes_per_token(path: Path) -> int:
+    """Weight bytes one decode token reads: every layer tensor, the output projection (the
+    whole token embedding when tied) and one row of the embedding."""
+    reader = gguf.GGUFReader(str(path))
+    by_name = {t.name: t for t in reader.tensors}
+    total = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk."))
+    embed = by_name["token_embd.weight"]
+    head = by_name.get("output.weight", embed)
+    return total + int(head.n_bytes) + int(embed.n_bytes) // VOCAB
+
+
+def llama_bench(path: Path, threads: int, pp: int, tg: int, repetitions: int) -> dict:
+    out = run(
+        [str(PEERS / "bin" / "llama-bench"), "-m", str(path), "-t", str(threads),
+         "-p", str(pp), "-n", str(tg), "-r", str(repetitions), "-o", "json"]
+    )  # fmt: skip
+    found = {}
+    for row in json.loads(out):
+        found["pp" if row["n_prompt"] else "tg"] = float(row["avg_ts"])
+    return found
+
+
+def pagecli_bench(path: Path, threads: int, pp: int, tg: int, repetitions: int) -> dict:
+    out = run(
+        [str(PAGECLI), "bench", "--model", str(path), "--num-threads", str(threads),
+         "--scenario", "latency", "--pp", str(pp), "--tg", str(tg),
+         "--repetitions", str(repetitions), "--json"]
+    )  # fmt: skip
+    report = json.loads(out)
+    rates = {row["test"]: row["tokens_per_s_mean"] for row in report["results"]}
+    return {
+        "pp": rates[f"pp{pp}"],
+        "tg": rates[f"tg{tg}"],
+        "weight_formats": report.get("weight_formats"),
+    }
+
+
+def measure(engine: str, bench_fn, *args) -> dict | None:
+    """`bench_fn(*args)`: one engine's figures, or None (the error on stderr) when it fails."""
+    try:
+        return bench_fn(*args)
+    except (subprocess.CalledProcessError, KeyError, ValueError) as exc:
+        print(f"pagecli: shaped_gguf: {engine} failed: {exc}", file=sys.stderr)
+        return None
+
+
+def one_round(args, files: list[Path], weight_bytes: dict, number: int) -> dict:
+    """Each file once: the bandwidth probe, then the two engines (pagecli first in even rounds)."""
+    found = {}
+    for path in files:
+        bandwidth = read_bandwidth(args.threads)
+        bench = (args.threads, args.pp, args.tg, args.repetitions)
+        engines = [("pagecli", pagecli_bench), ("llama.cpp", llama_bench)]
+        row = {"read_bandwidth_gb_s": bandwidth / 1e9,
+               "floor_ms": 1000 * weight_bytes[path.name] / bandwidth}  # fmt: skip
+        for engine, fn in engines if number % 2 == 0 else engines[::-1]:
+            row[engine] = measure(engine, fn, path, *bench)
+        ours, theirs = row["pagecli"], row["llama.cpp"]
+        for engine, got in (("pagecli", ours), ("llama.cpp", theirs)):
+            if got is not None:
+                row[f"{engine}_ms_over_floor"] = 1000 / got["tg"] / row["floor_ms"]
+        if ours is not None and theirs is not None:
+            row["pp_ratio"] = ours["pp"] / theirs["pp"]
+            row["tg_ratio"] = ours["tg"] / theirs["tg"]
+        print(f"pagecli: shaped_gguf: round {number}: {path.name}: {json.dumps(row)}",
+              file=sys.stderr)  # fmt: skip
+        found[path.name] = row
+    return found
+
+
+def cpu_line(threads: int) -> str:
+    return f"{cpu_name()}; {threads} threads"
+
+
+def report(args, files: list[Path], rounds: list[dict]) -> None:
+    def median(name: str, get) -> str:
+        values = [v for r in rounds if (v := get(r[name])) is not None]
+        return f"{statistics.median(values):.1f}" if values else "-"
+
+    def ratio(name: str, key: str) -> str:
+        values = [r[name][key] for r in rounds if key in r[name]]
+        if not values:
+            return "-"
+        each = ", ".join(f"{v:.2f}" for v in values)
+        return f"{statistics.median(values):.2f}x ({each})"
+
+    def rate(engine: str, key: str):
+        return lambda row: row[engine][key] if row[engine] is not None else None
+
+    pp, tg = f"pp{args.pp}", f"tg{args.tg}"
+    print(
+        f"CPU: {cpu_line(args.threads)}; medians of {args.rounds} rounds (a ratio: the median "
+        "of the rounds' own ratios); floor = weight bytes per token / read bandwidth"
+    )
+    print(f"| file | size GB | {pp} pagecli t/s | {pp} llama.cpp t/s | {pp} ratio | "
+          f"{tg} pagecli t/s | {tg} llama.cpp t/s | {tg} ratio | floor ms | pagecli ms/floor | "
+          f"llama.cpp ms/floor |")  # fmt: skip
+    print("| --- " * 11 + "|")
+    for path in files:
+        name = path.name
+        floor = statistics.median(r[name]["floor_ms"] for r in rounds)
+        print(
+            f"| {name} | {path.stat().st_size / 1e9:.2f} | {median(name, rate('pagecli', 'pp'))} | "
+            f"{median(name, rate('llama.cpp', 'pp'))} | {ratio(name, 'pp_ratio')} | "
+            f"{median(name, rate('pagecli', 'tg'))} | {median(name, rate('llama.cpp', 'tg'))} | "
+            f"{ratio(name, 'tg_ratio')} | {floor:.2f} | {ratio(name, 'pagecli_ms_over_floor')} | "
+            f"{ratio(name, 'llama.cpp_ms_over_floor')} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="1b,8b", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--mixes", default=",".join(MIXES), help="comma-separated")
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/pagecli-shaped"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repetitions", type=int, default=1, help="of each test per round")
+    parser.add_argument("--pp", type=int, default=512, help="prompt tokens of the pp test")
+    parser.add_argument("--tg", type=int, default=128, help="generated tokens of the tg test")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="fewer layers than the shape's (quick checks)"
+    )
+    parser.add_argument("--write-only", action="store_true", help="write the files, run nothing")
+    parser.add_argument("--json", type=Path, default=None, help="save the raw results here")
+    args = parser.parse_args()
+    shapes, mixes = args.shapes.split(","), args.mixes.split(",")
+    unknown = [s for s in shapes if s not in SHAPES] + [m for m in mixes if m not in MIXES]
+    if unknown or args.pp < 1 or args.tg < 1 or (args.layers is not None and args.layers < 1):
+        parser.error(
+            f"unknown shapes or mixes: {unknown}" if unknown else "--pp, --tg, --layers: >= 1"
+        )
+    files = [ensure_file(args.dir, s, m, args.layers) for s in shapes for m in mixes]
+    if args.write_only:
+        return
+    weight_bytes = {path.name: bytes_per_token(path) for path in files}
+    rounds = [one_round(args, files, weight_bytes, number) for number in range(args.rounds)]
+    if args.json is not None:
+        result = {
+            "cpu": cpu_line(args.threads),
+            "threads": args.threads,
+            "pp": args.pp,
+            "tg": args.tg,
+            "repetitions": args.repetitions,
+            "files": {p.name: {"path": str(p), "bytes": p.stat().st_size,
+                               "weight_bytes_per_token": weight_bytes[p.name]} for p in files},
+            "rounds": rounds,
+        }  # fmt: skip
+        args.json.write_text(json.dumps(result, indent=2))
+    report(args, files, rounds)
+
+
+if __name__ == "__main__":
+    main()
