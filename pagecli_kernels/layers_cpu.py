@@ -6,10 +6,11 @@ tensor allocations. `DecoderLayers` binds every layer's weights and caches once 
 pointers) and runs the whole stack in C with the same kernels, arguments, order and thread
 count, so its results are bit-for-bit the loop's (tests/kernels/test_layers_cpu.py).
 
-It takes float32 activations and caches with projections of one block-format (or float32
-rows) buffer each, or bfloat16 activations and caches with bfloat16 projections (rounding where
-the loop's bfloat16 tensors round), with or without a float32 bias, and no q/k norm (the model
-decides: `pagecli.models.llama.LlamaForCausalLM.native_layers`).
+It takes float32 activations and caches with projections of block-format (or float32 rows)
+buffers, one to three parts each (stacked by rows, as `QuantLinear`'s parts), or bfloat16
+activations and caches with bfloat16 projections (rounding where the loop's bfloat16 tensors
+round), with or without a float32 bias, and no q/k norm (the model decides:
+`pagecli.models.llama.LlamaForCausalLM.native_layers`).
 `set_enabled(False)` turns it off for this process (tests and benchmarks compare both).
 """
 
@@ -25,7 +26,8 @@ from pagecli_kernels._checks import check_lengths_host
 from pagecli_kernels.quant_formats import QuantWeight
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/llama_layers_cpu.c: dtype
-LAYER_FIELDS = 16  # csrc/llama_layers_cpu.c: F_* per layer
+MAX_PARTS = 3  # csrc/llama_layers_cpu.c: parts of one projection
+LAYER_FIELDS = 4 + 4 * (2 + 3 * MAX_PARTS)  # F_* per layer: norms, projections, caches
 GROUP_FIELDS = 8  # G_* per attention group
 _ERRORS = {
     -1: "block_tables holds a block id outside the cache",
@@ -73,6 +75,13 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
+Projection = QuantWeight | tuple[QuantWeight, ...]
+
+
+def _parts(projection: Projection) -> tuple[QuantWeight, ...]:
+    return projection if isinstance(projection, tuple) else (projection,)
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     """One decoder layer's tensors as the C loop reads them (norms in the activations' dtype,
@@ -80,10 +89,12 @@ class LayerWeights:
 
     input_norm: torch.Tensor  # [H] float32 or bfloat16, as the caches
     post_norm: torch.Tensor  # [H]
-    qkv: QuantWeight  # [Q + 2 KV, H]
-    o: QuantWeight  # [H, Q]
-    gate_up: QuantWeight  # [2 I, H]
-    down: QuantWeight  # [H, I]
+    # each projection one buffer, or up to MAX_PARTS of them stacked by rows (their formats
+    # may differ: Q4_K_M files keep some v projections in Q6_K)
+    qkv: Projection  # [Q + 2 KV, H]
+    o: Projection  # [H, Q]
+    gate_up: Projection  # [2 I, H]
+    down: Projection  # [H, I]
     k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] float32 or bfloat16
     v_cache: torch.Tensor
     # float32 biases of qkv, o, gate_up, down (None: no bias)
@@ -151,19 +162,28 @@ class DecoderLayers:
             for norm in (layer.input_norm, layer.post_norm):
                 if norm.shape != (hidden,) or norm.dtype != dtype or norm.stride(0) != 1:
                     raise ValueError(f"a norm weight must be {dtype} [{hidden}]")
-            projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
-            if any(w.shape != shape for w, shape in zip(projections, shapes, strict=True)):
-                raise ValueError(f"projection shapes must be {shapes}")
+            projections = [_parts(p) for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            for parts, (rows_out, cols) in zip(projections, shapes, strict=True):
+                if (
+                    not 1 <= len(parts) <= MAX_PARTS
+                    or any(part.cols != cols for part in parts)
+                    or sum(part.rows for part in parts) != rows_out
+                ):
+                    raise ValueError(
+                        f"projection shapes must be {shapes}, in 1 to {MAX_PARTS} parts"
+                    )
             row = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
-            for weight, bias in zip(projections, layer.biases, strict=True):
+            for parts, bias, (rows_out, _) in zip(projections, layer.biases, shapes, strict=True):
                 if bias is not None and (
                     bias.dtype != torch.float32
                     or not bias.is_contiguous()
-                    or bias.shape != (weight.rows,)
+                    or bias.shape != (rows_out,)
                 ):
-                    raise ValueError(f"a bias must be float32 [{weight.rows}], contiguous")
-                row += [weight.format.ggml_type, weight.data.data_ptr()]
-                row.append(0 if bias is None else bias.data_ptr())
+                    raise ValueError(f"a bias must be float32 [{rows_out}], contiguous")
+                row += [0 if bias is None else bias.data_ptr(), len(parts)]
+                for part in parts:
+                    row += [part.format.ggml_type, part.data.data_ptr(), part.rows]
+                row += [0, 0, 0] * (MAX_PARTS - len(parts))
             rows.append(row + [layer.k_cache.data_ptr(), layer.v_cache.data_ptr()])
         if final_norm is not None and (
             final_norm.shape != (hidden,) or final_norm.dtype != dtype or final_norm.stride(0) != 1

@@ -4,8 +4,9 @@ The gguf package's writer lays them out as llama.cpp's converter does (Q/K rows 
 its rope layout, norms in F32). Weights are drawn in float32 and quantized: Q8_0, Q4_0, Q4_1
 with gguf.quants.quantize, Q4_K with pagecli's port of ggml's quantizer, Q5_K and Q6_K with
 the plain min/max quantizers below (any valid blocks do: both transformers and pagecli read
-the same file). "mixed" imitates a Q4_K_M file: Q4_K with Q6_K v/down projections and an
-untied Q6_K output, so the fused q/k/v layer mixes formats; its up projection stays F32, so
+the same file). "q4_k_m" is laid out as llama.cpp's Q4_K_M with a tied embedding: Q4_K with
+Q6_K v and down projections and a Q6_K embedding, so the fused q/k/v layer mixes two block
+formats. "mixed" is the same with an untied Q6_K output and its up projection left F32, so
 gate/up mixes blocks and floats. No tokenizer: tests pass token ids.
 """
 
@@ -100,6 +101,9 @@ def _formats(kind: str) -> dict[str, str]:
     if kind == "mixed":
         return {"embd": "q4_k", "q": "q4_k", "k": "q4_k", "v": "q6_k", "o": "q4_k",
                 "gate": "q4_k", "up": "f32", "down": "q6_k", "output": "q6_k"}  # fmt: skip
+    if kind == "q4_k_m":
+        return {"embd": "q6_k", "q": "q4_k", "k": "q4_k", "v": "q6_k", "o": "q4_k",
+                "gate": "q4_k", "up": "q4_k", "down": "q6_k"}  # fmt: skip
     return {role: kind for role in ("embd", "q", "k", "v", "o", "gate", "up", "down")}
 
 
@@ -157,8 +161,8 @@ def write_tiny_gguf(path: Path, kind: str, seed: int) -> Path:
 
 
 def build_tiny_ggufs(root: Path) -> dict[str, Path]:
-    """One file per supported format, and the mixed one."""
+    """One file per supported format, and the two mixed ones."""
     return {
         kind: write_tiny_gguf(root / f"tiny-{kind}.gguf", kind, seed=2000 + i)
-        for i, kind in enumerate([*FORMATS, "mixed"])
+        for i, kind in enumerate([*FORMATS, "mixed", "q4_k_m"])
     }

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagecli_kernels import host_memory, quant_cpu
+from pagecli_kernels import host_memory, layers_cpu, quant_cpu
 from pagecli_kernels.quant_formats import QuantWeight, concat_rows
 
 Part = QuantWeight | torch.Tensor  # a float part ([rows, cols]) where the file had F32/F16
@@ -70,6 +70,18 @@ class QuantLinear(nn.Module):
         """The weight when the layer is one block-format CPU buffer (what the one-call decoder
         layers take, with `bias`), else None."""
         return self._fast.weight if self._fast is not None else None
+
+    @property
+    def native_parts(self) -> tuple[QuantWeight, ...] | None:
+        """The parts when each is a block-format CPU buffer and there are at most
+        `layers_cpu.MAX_PARTS` (what the one-call decoder layers take, with `bias`), else
+        None."""
+        parts = self.parts
+        if not 1 <= len(parts) <= layers_cpu.MAX_PARTS or not all(
+            isinstance(p, QuantWeight) and p.data.device.type == "cpu" for p in parts
+        ):
+            return None
+        return tuple(parts)
 
     @property
     def formats(self) -> list[str]:

@@ -155,10 +155,11 @@ class LlamaForCausalLM(nn.Module):
 
     def native_layers(self, hidden: torch.Tensor, rope: Rope) -> layers_cpu.DecoderLayers | None:
         """The decoder layers bound for one native call when this step can take it: float32
-        or bfloat16 activations and caches on the CPU, every projection one block-format or
-        float32-rows buffer (bfloat16: the native kernels of `BF16Linear`, so only for steps
-        that `BF16Linear.native_takes`, which the loop's layers also give to them; biases
-        allowed), no q/k norm, the CPU attention kernels. None: the Python loop runs."""
+        or bfloat16 activations and caches on the CPU, every projection block-format or
+        float32-rows buffers (one, or a QuantLinear's parts; bfloat16: the native kernels of
+        `BF16Linear`, so only for steps that `BF16Linear.native_takes`, which the loop's layers
+        also give to them; biases allowed), no q/k norm, the CPU attention kernels. None: the
+        Python loop runs."""
         if (
             hidden.dtype not in (torch.float32, torch.bfloat16)
             or (hidden.dtype == torch.bfloat16 and not BF16Linear.native_takes(hidden.shape[0]))
@@ -181,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            weights = [getattr(mod, "single_weight", None) for mod in projections]
+            weights = [_native_weight(mod) for mod in projections]
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             caches = [attn.attn.k_cache, attn.attn.v_cache]
             if (
@@ -398,6 +399,13 @@ class LlamaForCausalLM(nn.Module):
     def _shard_range(self, param_name: str, shard: int) -> tuple[int, int]:
         sizes = self._shard_sizes(param_name)
         return sum(sizes[:shard]), sizes[shard]
+
+
+def _native_weight(module: nn.Module) -> layers_cpu.Projection | None:
+    """A projection's weight as the one-call layers take it (one buffer, or a QuantLinear's
+    parts); None: they cannot."""
+    parts = getattr(module, "native_parts", None)
+    return parts if parts is not None else getattr(module, "single_weight", None)
 
 
 def _float_rows_linears(module: nn.Module) -> None:

@@ -52,11 +52,16 @@
 #define LAYERS_E_SLOT -3   /* a slot past the cache */
 #define LAYERS_E_FORMAT -4 /* a weight format the kernels do not know */
 
-/* per projection: type, weight, bias (0: none), in that order */
+/* Per projection: its bias (0: none), its number of parts (1 to MAX_PARTS), then each part's
+ * type, weight and rows: a projection's rows may come in parts of different formats (a Q4_K_M
+ * file keeps some v projections in Q6_K beside Q4_K q and k), each part writing its columns of
+ * the output, as layers/quant_linear.QuantLinear's parts do. */
+#define MAX_PARTS 3
+enum { P_BIAS, P_NUM_PARTS, P_PARTS, PROJECTION_FIELDS = P_PARTS + 3 * MAX_PARTS };
 enum {
-    F_INPUT_NORM, F_POST_NORM, F_QKV_TYPE, F_QKV, F_QKV_BIAS, F_O_TYPE, F_O, F_O_BIAS,
-    F_GATE_UP_TYPE, F_GATE_UP, F_GATE_UP_BIAS, F_DOWN_TYPE, F_DOWN, F_DOWN_BIAS, F_K_CACHE,
-    F_V_CACHE, LAYER_FIELDS
+    F_INPUT_NORM, F_POST_NORM, F_QKV, F_O = F_QKV + PROJECTION_FIELDS,
+    F_GATE_UP = F_O + PROJECTION_FIELDS, F_DOWN = F_GATE_UP + PROJECTION_FIELDS,
+    F_K_CACHE = F_DOWN + PROJECTION_FIELDS, F_V_CACHE, LAYER_FIELDS
 };
 enum {
     G_TOKEN_START, G_NUM_TOKENS, G_NUM_SEQS, G_BLOCK_TABLES, G_TABLE_STRIDE, G_SEQ_LENS,
@@ -95,28 +100,37 @@ CLONES static void add_into(void *a, const void *b, int64_t count, int dtype, in
 }
 
 /* y = x @ W.T (+ bias, added afterwards as torch's `out += bias` does), x [m, k] and y [m, n]
- * of dtype. bfloat16 sums into the float32 scratch rows y32 and rounds, as the loop's layers
- * do: a bfloat16 weight through gemm_bf16.c (layers/linear.BF16Linear), a block format
- * through the float32 drivers with x widened into x32 (layers/quant_linear.QuantLinear). */
-static int linear(const int64_t *layer, int type_field, const void *x, int64_t m, int64_t k,
-                  void *y, int64_t n, int dtype, float *x32, float *y32, int num_threads,
+ * of dtype, W the projection's parts one after the other. bfloat16 sums into the float32
+ * scratch rows y32 and rounds, as the loop's layers do: a bfloat16 weight through gemm_bf16.c
+ * (layers/linear.BF16Linear), a block format through the float32 drivers with x widened into
+ * x32 (layers/quant_linear.QuantLinear). */
+static int linear(const int64_t *layer, int field, const void *x, int64_t m, int64_t k, void *y,
+                  int64_t n, int dtype, float *x32, float *y32, int num_threads,
                   double *timings) {
     const double start = timings ? omp_get_wtime() : 0.0;
-    const int type = (int)layer[type_field];
-    const void *w = PTR(layer[type_field + 1]);
+    const int64_t *proj = layer + field;
     float *yf = dtype ? y32 : y;
-    int status;
-    if (dtype && type == QT_BF16) {
-        status = pagecli_bf16_linear(w, n, k, x, k, m, yf, n, num_threads);
-    } else {
-        const float *xf = x;
-        if (dtype) {
-            widen_bf16(x, x32, m * k, num_threads);
-            xf = x32;
-        }
-        status = pagecli_quant_linear(type, w, n, k, xf, k, m, yf, n, num_threads);
+    const float *xf = x;
+    int status = 0;
+    if (dtype) { /* widened once for the block-format parts */
+        int widen = 0;
+        for (int p = 0; p < proj[P_NUM_PARTS]; p++) widen |= proj[P_PARTS + 3 * p] != QT_BF16;
+        if (widen) widen_bf16(x, x32, m * k, num_threads);
+        xf = x32;
     }
-    const float *bias = PTR(layer[type_field + 2]);
+    int64_t first = 0; /* the part's first output column */
+    for (int p = 0; p < proj[P_NUM_PARTS] && status == 0; p++) {
+        const int type = (int)proj[P_PARTS + 3 * p];
+        const void *w = PTR(proj[P_PARTS + 3 * p + 1]);
+        const int64_t rows = proj[P_PARTS + 3 * p + 2];
+        if (dtype && type == QT_BF16)
+            status = pagecli_bf16_linear(w, rows, k, x, k, m, yf + first, n, num_threads);
+        else
+            status = pagecli_quant_linear(type, w, rows, k, xf, k, m, yf + first, n, num_threads);
+        first += rows;
+    }
+    if (status == 0 && first != n) status = -1; /* the parts' rows must add up to n */
+    const float *bias = PTR(proj[P_BIAS]);
     if (status == 0 && bias) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m >= 64)
         for (int64_t t = 0; t < m; ++t)
@@ -175,7 +189,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
 
         pagecli_rms_norm(hidden, NULL, PTR(layer[F_INPUT_NORM]), normed, T, H, H, 0, H, eps,
                          dtype, num_threads);
-        if ((status = linear(layer, F_QKV_TYPE, normed, T, H, qkv, QKV, dtype, x32, y32,
+        if ((status = linear(layer, F_QKV, normed, T, H, qkv, QKV, dtype, x32, y32,
                              num_threads, timings)))
             break;
         pagecli_rotary(qkv, qkv + Q * es, cos, sin, T, num_heads, num_kv_heads, head_dim, QKV,
@@ -210,16 +224,16 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
         if (timings) timings[1] += omp_get_wtime() - attention_start;
         if (status) break;
         if (dtype) narrow_bf16(attn, (uint16_t *)attn_out, T * Q, num_threads);
-        if ((status = linear(layer, F_O_TYPE, attn_out, T, Q, proj, H, dtype, x32, y32,
+        if ((status = linear(layer, F_O, attn_out, T, Q, proj, H, dtype, x32, y32,
                              num_threads, timings)))
             break;
         pagecli_rms_norm(hidden, proj, PTR(layer[F_POST_NORM]), normed, T, H, H, H, H, eps,
                          dtype, num_threads); /* hidden += proj first */
-        if ((status = linear(layer, F_GATE_UP_TYPE, normed, T, H, gate_up, 2 * inter, dtype,
+        if ((status = linear(layer, F_GATE_UP, normed, T, H, gate_up, 2 * inter, dtype,
                              x32, y32, num_threads, timings)))
             break;
         pagecli_silu_mul(gate_up, act, T, inter, 2 * inter, inter, dtype, num_threads);
-        if ((status = linear(layer, F_DOWN_TYPE, act, T, inter, proj, H, dtype, x32, y32,
+        if ((status = linear(layer, F_DOWN, act, T, inter, proj, H, dtype, x32, y32,
                              num_threads, timings)))
             break;
         add_into(hidden, proj, T * H, dtype, num_threads);

@@ -39,7 +39,7 @@ def hf_from_gguf(path):
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", [*FORMATS, "mixed"])
+@pytest.mark.parametrize("kind", [*FORMATS, "mixed", "q4_k_m"])
 def test_gguf_parity(tiny_ggufs, kind):
     path = tiny_ggufs[kind]
     hf = hf_from_gguf(path)
@@ -47,11 +47,14 @@ def test_gguf_parity(tiny_ggufs, kind):
     prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in LENGTHS]
     llm = LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=64)
     formats = llm.engine.runner.model.weight_formats
-    expected = "q4_k" if kind == "mixed" else kind
+    expected = "q4_k" if kind in ("mixed", "q4_k_m") else kind
     assert formats["o_proj"] == [expected], formats
     if kind == "mixed":
         assert formats["qkv_proj"] == ["q4_k", "q6_k"] and formats["lm_head"] == ["q6_k"]
         assert formats["gate_up_proj"] == ["float32", "q4_k"]
+    elif kind == "q4_k_m":
+        assert formats["qkv_proj"] == ["q4_k", "q6_k"] and formats["down_proj"] == ["q6_k"]
+        assert formats["embed_tokens"] == ["q6_k"] and formats["lm_head"] == ["tied"]
     else:
         assert formats["embed_tokens"] == [kind] and formats["lm_head"] == ["tied"]
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)

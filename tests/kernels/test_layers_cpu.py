@@ -4,9 +4,9 @@ The C loop strings together the loop's own kernels with the same arguments, orde
 count, so a run through it must give the loop's results bit for bit: the same greedy ids and
 the same log-probabilities, exactly. The workload mixes chunked prefills with decodes (a
 64-token step budget), hits the prefix cache, and is preempted (a small KV cache); the tiny
-GGUF files cover every block format, and tiny float32 checkpoints the float rows. Files or
-settings the C loop does not take (a layer of two formats, another attention implementation)
-fall back to the loop.
+GGUF files cover every block format and a Q4_K_M layout (q/k/v of two formats), and tiny
+float32 checkpoints the float rows. Files or settings the C loop does not take (a projection
+with a float part, another attention implementation) fall back to the loop.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from pagecli import LLM, SamplingParams
 from pagecli_kernels import layers_cpu, native, quant_cpu
+from pagecli_kernels.quant_formats import QuantWeight
 from tests.gguf_models import FORMATS, VOCAB, build_tiny_ggufs
 
 pytestmark = pytest.mark.skipif(
@@ -70,7 +71,7 @@ def _counting(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("kind", [*FORMATS, "q4_k_m"])
 def test_layers_equal_the_loop_bit_for_bit(tiny_ggufs, kind, monkeypatch):
     calls = _counting(monkeypatch)
     llm, native_run = _run(tiny_ggufs[kind], True)
@@ -132,7 +133,7 @@ def test_bfloat16_activations_over_gguf_blocks_bit_for_bit(tiny_ggufs, monkeypat
     assert calls[0] == used
 
 
-def test_a_layer_of_two_formats_runs_the_loop(tiny_ggufs, monkeypatch):
+def test_a_projection_with_a_float_part_runs_the_loop(tiny_ggufs, monkeypatch):
     calls = _counting(monkeypatch)
     llm = LLM(str(tiny_ggufs["mixed"]), dtype="float32", block_size=4)
     outputs = llm.generate(_prompts()[:2], SamplingParams(temperature=0.0, max_tokens=4))
@@ -206,6 +207,20 @@ def test_the_binding_checks_every_size_the_c_loop_reads(tiny_ggufs):
     swapped = [dataclasses.replace(good[0], qkv=good[0].o), *good[1:]]  # o is [H, Q]
     with pytest.raises(ValueError, match="projection shapes"):
         layers_cpu.DecoderLayers(swapped, **sizes)
+    (qkv,) = good[0].qkv  # a QuantLinear's parts: one here
+    rows = qkv.rows // 4
+
+    def parts(*bounds):
+        return tuple(QuantWeight(qkv.format, qkv.data[a:b], qkv.cols) for a, b in bounds)
+
+    halves = parts((0, 2 * rows), (2 * rows, qkv.rows))
+    assert layers_cpu.DecoderLayers([dataclasses.replace(good[0], qkv=halves)], **sizes)
+    for bad in (
+        parts((0, rows), (rows, qkv.rows - 1)),
+        parts(*[(i * rows, (i + 1) * rows) for i in range(4)]),
+    ):
+        with pytest.raises(ValueError, match="parts"):  # a row short; more than MAX_PARTS
+            layers_cpu.DecoderLayers([dataclasses.replace(good[0], qkv=bad)], **sizes)
     short_bias = [dataclasses.replace(good[0], biases=(torch.zeros(3), None, None, None))]
     with pytest.raises(ValueError, match="bias"):
         layers_cpu.DecoderLayers(short_bias, **sizes)
