@@ -200,7 +200,9 @@ extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
  * runs). So the library starts with the L2 on AMD CPUs before Zen 5 and the L1 elsewhere
  * (quant_linear_cpu.c), and pagecli_quant_set_prefetch() can choose either (benchmarks
  * compare them). */
+#ifndef PREFETCH_BYTES /* -DPREFETCH_BYTES=n: benchmarks/kernel_variants.py builds variants */
 #define PREFETCH_BYTES 6144
+#endif
 extern int pagecli_quant_prefetch_l2; /* nonzero: the wide kernels prefetch into the L2 */
 static inline int64_t wide_prefetch_distance(int64_t row_bytes, int rows) {
     const int64_t group = rows * row_bytes;
