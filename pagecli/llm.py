@@ -5,14 +5,15 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagecli.config import EngineConfig
-from pagecli.engine.llm_engine import LLMEngine, RequestError
-from pagecli.engine.prompts import Prompt, PromptEncoder
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import SamplingParams
 from pagecli.tokenizer import PromptTooLongError
+
+if TYPE_CHECKING:  # the engine (and torch) load with the first LLM, not with this module
+    from pagecli.engine.prompts import Prompt
 
 
 class LLM:
@@ -26,6 +27,9 @@ class LLM:
         unknown = set(engine_config) - EngineConfig.field_names()
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        from pagecli.engine.llm_engine import LLMEngine
+        from pagecli.engine.prompts import PromptEncoder
+
         self.config = EngineConfig(model=model, **engine_config)
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
@@ -60,6 +64,8 @@ class LLM:
         A prompt that can never run (too long) gets an output with finish_reason "error" and
         the reason in `error`; the others are unaffected.
         """
+        from pagecli.engine.llm_engine import RequestError
+
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list)
             and prompts
@@ -149,6 +155,8 @@ class ChatSession:
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """The token ids of the next turn's prompt (the conversation plus `user_text`)."""
+        from pagecli.engine.llm_engine import RequestError
+
         tok = self.llm.tokenizer
         messages = self.messages + [{"role": "user", "content": user_text}]
         full_text = tok.apply_chat_template(messages, add_generation_prompt=True)

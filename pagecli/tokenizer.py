@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pagecli.loader.resolve import ModelLoadError
+from pagecli.loader.resolve import ModelLoadError, converted_tokenizer_backend
 
 # For models that ship no chat template (base models such as Llama-2-7b-hf): each message on
 # its own lines, the role as a header, then the assistant header to continue from.
@@ -35,13 +35,14 @@ class PromptTooLongError(ValueError):
 
 
 class Tokenizer:
-    """A transformers tokenizer with the chat template resolved once."""
+    """A transformers tokenizer with the chat template resolved once. `hf` is transformers'
+    tokenizer, or for a converted GGUF that its conversion found reproduced by the
+    `tokenizers` library alone, a LightTokenizer (loader/light_tokenizer.py: same ids, no
+    transformers import)."""
 
     def __init__(self, folder: Path, name: str, chat_template: str | None = None) -> None:
-        from transformers import AutoTokenizer
-
         try:
-            self.hf = AutoTokenizer.from_pretrained(str(folder))
+            self.hf = _load(Path(folder))
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelLoadError(f"{name}: cannot load the tokenizer ({first})") from None
@@ -108,6 +109,18 @@ class Tokenizer:
     @property
     def eos_token_id(self) -> int | None:
         return self.hf.eos_token_id
+
+
+def _load(folder: Path):
+    """The folder's tokenizer: a LightTokenizer where the GGUF conversion marked it so."""
+    if converted_tokenizer_backend(folder) == "tokenizers":
+        from pagecli.loader.light_tokenizer import LightTokenizer
+
+        if LightTokenizer.suits(folder):  # still (the folder may have been edited since)
+            return LightTokenizer(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 class IncrementalDetokenizer:

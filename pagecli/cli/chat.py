@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Optional, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, Optional, TextIO
 
 import typer
 from rich.console import Console, RenderableType
@@ -20,7 +20,6 @@ from rich.console import Console, RenderableType
 from pagecli.backends.sync import SyncBackend
 from pagecli.cli.chat_commands import run_command
 from pagecli.cli.chat_state import SESSION_NAME, ChatError, ChatState, sessions_dir
-from pagecli.cli.chat_turn import TurnStats, run_turn
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
 from pagecli.cli.options import (
     CliError,
@@ -30,6 +29,9 @@ from pagecli.cli.options import (
     set_verbose,
 )
 from pagecli.config import EngineConfig
+
+if TYPE_CHECKING:  # chat_turn imports the engine (torch): loaded with the first turn
+    from pagecli.cli.chat_turn import TurnStats
 
 CHAT_PANEL = "Chat"
 BROKEN_PIPE_EXIT_CODE = 141  # what a tool killed by SIGPIPE reports
@@ -77,6 +79,8 @@ class Chat:
 
     def reply(self, text: str) -> None:
         """One turn: the reply streams to stdout, then one dim stats line on stderr."""
+        from pagecli.cli.chat_turn import run_turn
+
         conversation = self.state.current
 
         def write(delta: str) -> None:

@@ -12,3 +12,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     run(argv)
+
+
+if __name__ == "__main__":  # python -X importtime -m pagecli.cli.entry --help
+    main()

@@ -178,7 +178,8 @@ class ModelRunner:
                 model.use_quantized(plan.quantized_names)  # no float copy of these weights
         finally:
             torch.set_default_dtype(previous)
-        model = model.to_empty(device=self.device)
+        # what Module.to_empty does, but contiguous: empty_like on meta tensors imports sympy
+        model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=self.device))
         model.rotary.to_device(self.device, self.dtype)
         if dummy:
             if load_format not in ("dummy", "auto"):

