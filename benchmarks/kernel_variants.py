@@ -62,8 +62,8 @@ def build(variant: str, scratch: Path) -> ctypes.CDLL:
     return lib
 
 
-def weights_of(fmt: str, shape: str, rng: np.random.Generator) -> list[QuantWeight]:
-    hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[shape]
+def weights_of(fmt: str, model: str, rng: np.random.Generator) -> list[QuantWeight]:
+    hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[model]
     layer = [(q_kv, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate)]
     shapes = [shape for _ in range(layers) for shape in layer] + [(vocab, hidden)]
     if fmt in ("float32", "bfloat16"):

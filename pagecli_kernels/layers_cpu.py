@@ -8,8 +8,8 @@ count, so its results are bit-for-bit the loop's (tests/kernels/test_layers_cpu.
 
 It takes float32 activations and caches with projections of block-format (or float32 rows)
 buffers, one to three parts each (stacked by rows, as `QuantLinear`'s parts), or bfloat16
-activations and caches with bfloat16 projections (rounding where the loop's bfloat16 tensors
-round), with or without a float32 bias, and no q/k norm (the model decides:
+activations and caches with bfloat16 or block-format projections (rounding where the loop's
+bfloat16 tensors round), with or without a float32 bias, and no q/k norm (the model decides:
 `pagecli.models.llama.LlamaForCausalLM.native_layers`).
 `set_enabled(False)` turns it off for this process (tests and benchmarks compare both).
 """
@@ -33,6 +33,7 @@ _ERRORS = {
     -1: "block_tables holds a block id outside the cache",
     -3: "slot_mapping has a slot past the cache",
     -4: "a weight format the kernels do not know",
+    -5: "a projection's parts are not 1 to MAX_PARTS or their rows do not add up",
 }
 
 _state = {"enabled": True, "bound": False}
@@ -191,6 +192,8 @@ class DecoderLayers:
             raise ValueError(f"the final norm weight must be {dtype} [{hidden}]")
         self._final = (final_norm, float(final_eps))
         self._table = torch.tensor(rows, dtype=torch.int64)  # [L, LAYER_FIELDS]
+        if self._table.shape[1] != LAYER_FIELDS:  # the layout csrc/llama_layers_cpu.c reads
+            raise RuntimeError(f"layer table of {self._table.shape[1]} fields, not {LAYER_FIELDS}")
         self._keep = layers  # the table points into these tensors
 
     def __call__(

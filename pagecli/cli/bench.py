@@ -246,7 +246,7 @@ def bench(
         "dtype": str(engine.dtype).removeprefix("torch."),
         "dtype_reason": engine.dtype_choice.reason,
         "device": str(engine.device),
-        "threads": None,
+        "threads": engine.runner.thread_choice.num_threads,
         "threads_reason": engine.runner.thread_choice.reason,
         "version": __version__,
         "scenario": scenario.value,
@@ -287,9 +287,6 @@ def bench(
         else:
             note(f"pagecli: {len(requests)} requests")
             rows.append(EngineRunner(llm, refresh).run("pagecli", requests))
-    from pagecli.baselines import num_threads
-
-    info["threads"] = num_threads()
     if scenario == Scenario.prefix:
         del llm, engine, live  # one engine's KV cache at a time
         gc.collect()

@@ -185,7 +185,7 @@ def choose_threads(
     """`requested` threads when given (`num_threads`, `--threads`), else the default over
     `cpus` (the process's affinity mask when None)."""
     if requested is not None:
-        return ThreadChoice(requested, "as asked (--num-threads)")
+        return ThreadChoice(requested, "as asked (--threads)")
     if cpus is None:
         cpus = allowed_cpus()
     return default_threads(cpus, sysfs_cpu, proc_cgroup, cgroup_root)

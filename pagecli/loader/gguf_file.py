@@ -14,6 +14,7 @@ loaded (views still alive keep it until they go).
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -57,6 +58,8 @@ _VALUE_DTYPES = {
     GGMLQuantizationType.I64: np.int64,
 }
 _U64 = struct.Struct("<Q")
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NESTING = 8  # arrays of arrays: no model key has any
 
 
 class GGUFFormatError(ValueError):
@@ -72,7 +75,7 @@ class _StringArray:
     count: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: `shape` is an array, and entries are unique
 class GGUFTensor:
     """One tensor's entry in the table; `data` is a view of the map, as GGUFReader gives it
     (values for F32/F16/..., else uint8 rows of blocks: [rows..., bytes per row])."""
@@ -107,7 +110,15 @@ class GGUFFile:
         self._lock = threading.Lock()
         try:
             self._parse(self.map)
-        except (struct.error, IndexError, UnicodeDecodeError, KeyError, ValueError) as exc:
+        except (
+            struct.error,
+            IndexError,
+            UnicodeDecodeError,
+            KeyError,
+            ValueError,
+            OverflowError,  # a count or length past what an offset can be
+            RecursionError,
+        ) as exc:
             if isinstance(exc, GGUFFormatError):
                 raise
             raise GGUFFormatError(f"truncated or corrupt header ({type(exc).__name__})") from None
@@ -161,6 +172,7 @@ class GGUFFile:
     # ---- metadata --------------------------------------------------------------------------
 
     def keys(self) -> list[str]:
+        """The metadata keys, in the file's order."""
         return list(self._values)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -214,6 +226,8 @@ class GGUFFile:
         for _ in range(num_tensors):
             name, pos = _read_str(buf, pos)
             (num_dims,) = struct.unpack_from("<I", buf, pos)
+            if num_dims > _MAX_DIMS:
+                raise GGUFFormatError(f"tensor {name!r} has {num_dims} dimensions")
             dims = np.frombuffer(buf, dtype="<u8", count=num_dims, offset=pos + 4).copy()
             pos += 4 + 8 * num_dims
             raw_type, offset = struct.unpack_from("<IQ", buf, pos)
@@ -234,7 +248,7 @@ class GGUFFile:
             tensor_type = GGMLQuantizationType(raw_type)
         except ValueError:
             raise GGUFFormatError(f"tensor {name!r} has unknown ggml type {raw_type}") from None
-        n_elements = int(np.prod(dims, dtype=np.uint64)) if len(dims) else 1
+        n_elements = math.prod(int(d) for d in dims)  # Python ints: no silent wrap-around
         block_size, type_size = GGML_QUANT_SIZES[tensor_type]
         if len(dims) and int(dims[0]) % block_size:
             raise GGUFFormatError(f"tensor {name!r}: rows of {dims[0]} values, not whole blocks")
@@ -244,7 +258,9 @@ class GGUFFile:
             raise GGUFFormatError(f"tensor {name!r} runs past the end of the file")
         return GGUFTensor(name, tensor_type, dims, n_elements, n_bytes, start, self)
 
-    def _read_value(self, buf: memoryview, pos: int, value_type: int) -> tuple[Any, int]:
+    def _read_value(
+        self, buf: memoryview, pos: int, value_type: int, depth: int = 0
+    ) -> tuple[Any, int]:
         if value_type in _SCALARS:
             fmt, dtype = _SCALARS[value_type]
             (value,) = struct.unpack_from(fmt, buf, pos)
@@ -257,19 +273,25 @@ class GGUFFile:
         pos += 12
         if item_type in _SCALARS:
             dtype = _SCALARS[item_type][1]
+            if count * dtype.itemsize > len(buf) - pos:
+                raise GGUFFormatError("an array runs past the end of the file")
             values = np.frombuffer(buf, dtype=dtype, count=count, offset=pos).copy()
             return values, pos + count * dtype.itemsize
         if item_type == GGUFValueType.STRING:
             start, unpack = pos, _U64.unpack_from
             for _ in range(count):  # lengths only: the strings stay in the map
                 pos += 8 + unpack(buf, pos)[0]
-            if pos > len(buf):
-                raise GGUFFormatError("a string array runs past the end of the file")
+                if pos > len(buf):
+                    raise GGUFFormatError("a string array runs past the end of the file")
             return _StringArray(start, pos, count), pos
         if item_type == GGUFValueType.ARRAY:  # nested arrays (no model key uses them): eager
+            if depth >= _MAX_NESTING:
+                raise GGUFFormatError(f"arrays nested more than {_MAX_NESTING} deep")
             items = []
             for _ in range(count):
-                value, pos = self._read_value(buf, pos, GGUFValueType.ARRAY)
+                if pos > len(buf):
+                    raise GGUFFormatError("an array runs past the end of the file")
+                value, pos = self._read_value(buf, pos, GGUFValueType.ARRAY, depth + 1)
                 items.append(
                     self._decode_strings(value) if isinstance(value, _StringArray) else value
                 )

@@ -37,7 +37,9 @@ def open_gguf(path: Path) -> GGUFFile:
 
 def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[str, Weight]]:
     """(transformers name, weight) for each model tensor of the file: a `QuantWeight` for a
-    2-D tensor in a supported block format when `keep_quantized`, else float32."""
+    2-D tensor in a supported block format when `keep_quantized`, else float32. A weight may
+    be a view of the file's map, valid only until the next item (its pages are then
+    released, which would also drop any write to them): copy it, never write it."""
     import gguf
 
     from pagecli.loader.gguf_convert import (

@@ -51,6 +51,7 @@
 #define LAYERS_E_MEMORY -2 /* no memory for the work buffers */
 #define LAYERS_E_SLOT -3   /* a slot past the cache */
 #define LAYERS_E_FORMAT -4 /* a weight format the kernels do not know */
+#define LAYERS_E_PARTS -5  /* a projection's parts: not 1 to MAX_PARTS, or rows not adding up */
 
 /* Per projection: its bias (0: none), its number of parts (1 to MAX_PARTS), then each part's
  * type, weight and rows: a projection's rows may come in parts of different formats (a Q4_K_M
@@ -109,6 +110,10 @@ static int linear(const int64_t *layer, int field, const void *x, int64_t m, int
                   double *timings) {
     const double start = timings ? omp_get_wtime() : 0.0;
     const int64_t *proj = layer + field;
+    if (proj[P_NUM_PARTS] < 1 || proj[P_NUM_PARTS] > MAX_PARTS) return LAYERS_E_PARTS;
+    int64_t total = 0;
+    for (int p = 0; p < proj[P_NUM_PARTS]; p++) total += proj[P_PARTS + 3 * p + 2];
+    if (total != n) return LAYERS_E_PARTS; /* checked before any part writes its columns */
     float *yf = dtype ? y32 : y;
     const float *xf = x;
     int status = 0;
@@ -129,7 +134,6 @@ static int linear(const int64_t *layer, int field, const void *x, int64_t m, int
             status = pagecli_quant_linear(type, w, rows, k, xf, k, m, yf + first, n, num_threads);
         first += rows;
     }
-    if (status == 0 && first != n) status = -1; /* the parts' rows must add up to n */
     const float *bias = PTR(proj[P_BIAS]);
     if (status == 0 && bias) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (m >= 64)

@@ -1,5 +1,7 @@
 /*
- * The 256-value K-quant super-blocks Q4_K, Q5_K and Q6_K: dequantization into float32.
+ * The 256-value K-quant super-blocks Q4_K, Q5_K and Q6_K: dequantization into float32, and
+ * the register-fused decode kernels (rows: one weight row against up to 8 input rows; wide:
+ * four weight rows against one input row, with prefetch).
  *
  * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2 and
  * AVX-512 versions with the same bits. Sub-block scales are products of f16 and 6- or 8-bit

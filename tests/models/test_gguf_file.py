@@ -96,6 +96,10 @@ def _header(version: int = 3, num_tensors: int = 0, num_kv: int = 0) -> bytes:
     return struct.pack("<IIQQ", gguf.GGUF_MAGIC, version, num_tensors, num_kv)
 
 
+def _key(name: str) -> bytes:
+    return struct.pack("<Q", len(name)) + name.encode()
+
+
 @pytest.mark.parametrize(
     "data,message",
     [
@@ -106,6 +110,25 @@ def _header(version: int = 3, num_tensors: int = 0, num_kv: int = 0) -> bytes:
         (_header(version=9), "version 9"),
         (_header(num_kv=1) + struct.pack("<Q", 1000) + b"key", "runs past"),
         (_header(num_kv=5), "truncated"),
+        # an array whose count is past any offset, or past the file
+        (_header(num_kv=1) + _key("a") + struct.pack("<IIQ", 9, 4, 2**63), "runs past"),
+        (_header(num_kv=1) + _key("a") + struct.pack("<IIQ", 9, 8, 2**62), "truncated"),
+        (_header(num_kv=1) + _key("a") + struct.pack("<IIQ", 9, 9, 2**62), "truncated"),
+        # arrays of arrays of ... nested deeper than any file needs
+        (
+            _header(num_kv=1) + _key("a") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 20,
+            "nested",
+        ),  # fmt: skip
+        # a tensor whose dimensions multiply past 2^64, or has too many of them
+        (
+            _header(num_tensors=1)
+            + _key("t")
+            + struct.pack("<I4Q", 4, *[2**32] * 4)
+            + struct.pack("<IQ", 0, 0),
+            "runs past",
+        ),  # fmt: skip
+        (_header(num_tensors=1) + _key("t") + struct.pack("<I", 9) + b"\0" * 80, "dimensions"),
+        (_header(num_tensors=1) + _key("t") + struct.pack("<IQIQ", 1, 32, 99, 0), "ggml type"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path, data, message):

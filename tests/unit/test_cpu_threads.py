@@ -173,7 +173,7 @@ def test_cgroup_v1_no_quota_in_a_hybrid_layout(tmp_path):
         {},  # no cgroup files at all
         {"job/cpu.max": "garbage"},
         {"job/cpu.max": "100000 0"},
-        {"job/cpu.cfs_quota_us": "100000"},  # v1 quota without its period
+        {"cpu/job/cpu.cfs_quota_us": "100000"},  # v1 quota without its period
     ],
 )
 def test_missing_or_malformed_cgroup_files_mean_no_quota(tmp_path, files):
@@ -192,7 +192,7 @@ def test_explicit_num_threads_overrides(tmp_path):
     proc, mount = cgroups(tmp_path, ["0::/"], {"cpu.max": "100000 100000"})
     config = EngineConfig(num_threads=6)
     choice = choose(tmp_path, requested=config.num_threads, sysfs=sysfs, proc=proc, mount=mount)
-    assert choice == ThreadChoice(6, "as asked (--num-threads)")
+    assert choice == ThreadChoice(6, "as asked (--threads)")
     assert EngineConfig().num_threads is None  # None: the default above
     with pytest.raises(ValueError, match="num_threads"):
         EngineConfig(num_threads=0)
