@@ -5,6 +5,7 @@ transformers' `gguf_file=` loaders, and the same token ids as transformers' toke
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 
 import gguf
@@ -82,9 +83,24 @@ def test_one_parse_per_process_and_release(tmp_path):
     path = write_tiny_gguf(tmp_path / "t.gguf", "q8_0", seed=1)
     reader = open_gguf_file(path)
     assert open_gguf_file(path) is reader
-    first = reader.tensors[0]
+    first = max(reader.tensors, key=lambda t: t.n_bytes)  # many pages
     before = first.data.copy()
+    calls = []
+
+    class Recording:  # the map's madvise, watched (the mmap type's methods are read-only)
+        def __init__(self, real):
+            self.real = real
+
+        def madvise(self, *args):
+            calls.append(args)
+            return self.real.madvise(*args)
+
+    reader._mmap = Recording(reader._mmap)
     reader.release(first)  # pages dropped: read again from the file, unchanged
+    page = mmap.PAGESIZE
+    start = -(-first.data_offset // page) * page  # the whole pages inside the tensor
+    end = (first.data_offset + first.n_bytes) // page * page
+    assert calls == [(mmap.MADV_DONTNEED, start, end - start)] and end > start
     assert np.array_equal(first.data, before)
     reader.close()
     assert open_gguf_file(path) is not reader
