@@ -30,11 +30,6 @@ class BaselineRun:
     generated_tokens: int  # including the tokens of requests that had to wait for their batch
 
 
-def num_threads() -> int:
-    """torch's CPU thread count (the engine set it when it loaded)."""
-    return torch.get_num_threads()
-
-
 def gpu_name() -> str | None:
     """The CUDA device's name, when there is one."""
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

@@ -6,7 +6,7 @@ with `struct` over the map: scalars become Python values, numeric arrays one num
 and string arrays (tokens, merges) are only skipped over until asked for, then decoded in one
 pass. The value and tensor types, and the block sizes, are the `gguf` package's constants.
 
-`open_gguf` keeps one `GGUFFile` per file in the process, so the tokenizer conversion, the
+`open_gguf_file` keeps one `GGUFFile` per file in the process, so the tokenizer conversion, the
 weight plan and the weight loader share one parse and one map. Tensor data are views of the
 copy-on-write map (writable, the file untouched); `close` drops the map once the weights are
 loaded (views still alive keep it until they go).

@@ -48,8 +48,7 @@ class LightTokenizer:
         # transformers switches both off for every plain encode
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
-        config_file = folder / "tokenizer_config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        config = _tokenizer_config(folder)
         self.special_tokens_map = {
             name: _content(config[name]) for name in SPECIAL_TOKEN_NAMES if config.get(name)
         }
@@ -68,8 +67,7 @@ class LightTokenizer:
         folder = Path(folder)
         if not (folder / "tokenizer.json").is_file():
             return False
-        config_file = folder / "tokenizer_config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        config = _tokenizer_config(folder)
         return not any(config.get(key) for key in _TRANSFORMERS_ONLY_KEYS)
 
     def __len__(self) -> int:
@@ -99,6 +97,12 @@ class LightTokenizer:
             add_generation_prompt=add_generation_prompt,
             **self.special_tokens_map,
         )
+
+
+def _tokenizer_config(folder: Path) -> dict:
+    """The folder's tokenizer_config.json ({} when it has none)."""
+    config_file = folder / "tokenizer_config.json"
+    return json.loads(config_file.read_text()) if config_file.is_file() else {}
 
 
 def _content(token: Any) -> str:
