@@ -65,6 +65,7 @@ VOCAB = 49152  # the default model's tokenizer
 SHAPES = {
     "1b": Shape(2048, 16, 32, 8, 8192, 500000.0, tied=True),  # Llama-3.2-1B
     "8b": Shape(4096, 32, 32, 8, 14336, 500000.0, tied=False),  # Llama-3-8B
+    "7b": Shape(4096, 32, 32, 32, 11008, 10000.0, tied=False),  # Llama-2-7B (MHA)
     "smoke": Shape(256, 2, 4, 2, 512, 500000.0, tied=True),  # for testing this script
 }
 MIXES = {  # name: (the base block type, gguf file type)

@@ -32,7 +32,7 @@ def _lib() -> ctypes.CDLL:
         lib.pagecli_rms_norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32]
         lib.pagecli_rms_norm.argtypes += [i32, i32]
         lib.pagecli_rms_norm.restype = None
-        lib.pagecli_rotary.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i32]
+        lib.pagecli_rotary.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i32, i32]
         lib.pagecli_rotary.restype = None
         lib.pagecli_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32, i32]
         lib.pagecli_silu_mul.restype = None
@@ -137,8 +137,11 @@ def rms_norm(
     return out
 
 
-def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotate q `[T, Hq, D]` and k `[T, Hk, D]` in place by cos/sin `[T, D]` (contiguous)."""
+def rotary_(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: bool = False
+) -> None:
+    """Rotate q `[T, Hq, D]` and k `[T, Hk, D]` in place by cos/sin `[T, D]` (contiguous).
+    `pairs`: the heads come in llama.cpp's interleaved order and leave in transformers'."""
     num_tokens, num_q_heads, head_dim = q.shape
     _lib().pagecli_rotary(
         q.data_ptr(),
@@ -152,6 +155,7 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         q.stride(0),
         k.stride(0),
         _DTYPES[q.dtype],
+        int(pairs),
     )
 
 

@@ -70,7 +70,7 @@ def _library() -> ctypes.CDLL | None:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
         lib.pagecli_llama_layers.argtypes = [ptr, i32, ptr, i64, i64, i32, i32, i32, i64, f32]
         lib.pagecli_llama_layers.argtypes += [ptr, ptr, ptr, i64, i32, i64, i64, i64, ptr, i32]
-        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, i32, ptr]
+        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, i32, i32, ptr]
         lib.pagecli_llama_layers.restype = i32
         _state["bound"] = True
     return lib
@@ -129,10 +129,12 @@ class DecoderLayers:
         scale: float,
         final_norm: torch.Tensor | None = None,
         final_eps: float = 0.0,
+        qk_pairs: bool = False,
     ) -> None:
         """`final_norm` ([H] in the caches' dtype, with its `final_eps`): the model's last
         RMSNorm, which each call then also computes into the tensor it returns. The caches'
-        dtype, float32 or bfloat16, is the activations' (`dtype`)."""
+        dtype, float32 or bfloat16, is the activations' (`dtype`). `qk_pairs`: the q/k
+        projections' rows are in llama.cpp's order (`LlamaAttention.qk_pairs`)."""
         lib = _library()
         if lib is None:
             raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
@@ -191,6 +193,7 @@ class DecoderLayers:
         ):
             raise ValueError(f"the final norm weight must be {dtype} [{hidden}]")
         self._final = (final_norm, float(final_eps))
+        self.qk_pairs = bool(qk_pairs)
         self._table = torch.tensor(rows, dtype=torch.int64)  # [L, LAYER_FIELDS]
         if self._table.shape[1] != LAYER_FIELDS:  # the layout csrc/llama_layers_cpu.c reads
             raise RuntimeError(f"layer table of {self._table.shape[1]} fields, not {LAYER_FIELDS}")
@@ -287,6 +290,7 @@ class DecoderLayers:
             final_eps,
             None if normed is None else normed.data_ptr(),
             _DTYPES[self.dtype],
+            int(self.qk_pairs),
             None if _timings["buffer"] is None else _timings["buffer"].data_ptr(),
         )
         if status == -2:

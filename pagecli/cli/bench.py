@@ -248,6 +248,8 @@ def bench(
         "device": str(engine.device),
         "threads": engine.runner.thread_choice.num_threads,
         "threads_reason": engine.runner.thread_choice.reason,
+        "memory": engine.runner.memory.as_dict(),
+        "memory_line": engine.runner.memory.line(),
         "version": __version__,
         "scenario": scenario.value,
         "weight_formats": formats,

@@ -114,6 +114,8 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
         console.print(f"weights: {format_weights(report['weight_formats'])}")
     if report.get("threads_reason"):
         console.print(f"threads: {report['threads']}, {report['threads_reason']}")
+    if report.get("memory_line"):
+        console.print(f"memory: {report['memory_line']}")
     for row in rows:
         for turn in row.get("turns", []):
             cached = (

@@ -158,6 +158,7 @@ def _stats(chat: Chat, arg: str) -> None:
         chat.show(stats_table(stats))
         choice = chat.state.llm.engine.runner.thread_choice
         chat.info(f"threads: {choice.num_threads}, {choice.reason}")
+        chat.info(f"memory: {chat.state.llm.engine.runner.memory.line()}")
 
 
 def _blocks(chat: Chat, arg: str) -> None:

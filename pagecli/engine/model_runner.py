@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -16,9 +17,12 @@ from pagecli.loader.resolve import ModelLoadError, ModelSource
 from pagecli.loader.weight_plan import plan_weights
 from pagecli.loader.weights import (
     KVCacheMemoryError,
+    MemoryPlan,
     check_fits,
     check_kv_fits,
+    check_memory_fits,
     init_dummy_weights,
+    workspace_bytes,
 )
 from pagecli.models.registry import model_class
 from pagecli.outputs import TokenLogprob
@@ -108,12 +112,21 @@ class ModelRunner:
                 torch.get_num_threads(), f"torch's default (the model runs on {device.type})"
             )
         self.num_threads = torch.get_num_threads()
+        self.num_layers = hf_config.num_hidden_layers
+        heads = hf_config.num_attention_heads
+        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        # the CPU's KV cache is sized by the flags alone: counted before the weights load
+        self.num_blocks = self._num_blocks() if device.type == "cpu" else 0
+        self.memory: MemoryPlan | None = None  # set by _load_model
         self.model = self._load_model(hf_config, source, max_model_len)
         self._set_attention_impl(config.attention_impl)
-        self.num_layers = hf_config.num_hidden_layers
         attn = self.model.attention_layers[0]
-        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
-        self.num_blocks = self._num_blocks()
+        if (attn.num_kv_heads, attn.head_dim) != (self.num_kv_heads, self.head_dim):
+            raise ModelLoadError(f"{source.name}: the attention layers' shape is not the config's")
+        if device.type != "cpu":  # after the weights: the cache takes what they leave free
+            self.num_blocks = self._num_blocks()
+            self.memory = dataclasses.replace(self.memory, kv=self.num_blocks * self.block_bytes)
         # [K/V, layers, blocks, block_size, kv_heads, head_dim]
         self.kv_cache = torch.empty(
             2,
@@ -170,12 +183,33 @@ class ModelRunner:
         )
         self.weight_plan = plan
         check_fits(hf_config, self.dtype, self.device, source.name, plan.resident_bytes)
+        size = torch.tensor([], dtype=self.dtype).element_size()
+        weights = plan.resident_bytes
+        if weights is None:
+            from pagecli.loader.weights import count_parameters
+
+            weights = count_parameters(hf_config) * size
+        config = self.config
+        self.memory = MemoryPlan(
+            mapped=plan.mapped_bytes,
+            anonymous=weights - plan.mapped_bytes,
+            kv=self.num_blocks * self.block_bytes,
+            swap=int(config.swap_space * 2**30 // self.block_bytes) * self.block_bytes,
+            workspace=workspace_bytes(
+                hf_config, config.max_num_batched_tokens, config.max_num_seqs, self.dtype
+            ),
+        )
+        if self.device.type == "cpu":
+            flag, value = self._kv_flag()
+            check_memory_fits(self.memory, self.device, flag, value)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device("meta"):
                 model = cls(hf_config, max_position=max_model_len)
                 model.use_quantized(plan.quantized_names)  # no float copy of these weights
+                if plan.qk_pairs:
+                    model.use_qk_pairs()  # the file's Q/K rows read in place
         finally:
             torch.set_default_dtype(previous)
         # what Module.to_empty does, but contiguous: empty_like on meta tensors imports sympy
@@ -225,6 +259,15 @@ class ModelRunner:
     def block_bytes(self) -> int:
         elem = torch.tensor([], dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def _kv_flag(self) -> tuple[str, str]:
+        """The option that sizes the KV cache, and its value as given."""
+        config = self.config
+        if config.num_kv_blocks is not None:
+            return "--num-kv-blocks", str(config.num_kv_blocks)
+        if self.device.type == "cuda":
+            return "--gpu-memory-utilization", str(config.gpu_memory_utilization)
+        return "--kv-cache-memory", f"{config.kv_cache_memory:g}"
 
     def _num_blocks(self) -> int:
         """KV blocks from the memory budget, checked against the memory really available

@@ -3,8 +3,10 @@
 `QuantLinear` computes `y = x @ dequant(W).T + bias` with the C kernels of
 pagecli_kernels/quant_cpu.py: float32 activations and sums, the weights read packed (a Q4_1
 projection streams 5 bits per weight instead of 32). A fused projection (q/k/v, gate/up)
-holds one part per format, since a file may mix them (Q4_K_M files keep some v and down
-projections in Q6_K); adjacent parts of one format are merged into one buffer.
+holds its checkpoint tensors as separate parts, since a file may mix formats (Q4_K_M files
+keep some v and down projections in Q6_K) and since each part is used where it lies: a view
+of a GGUF file's memory map (loader/gguf_weights.py) is kept, never copied, so the weights
+stay in the page cache of the file.
 
 `QuantEmbedding` dequantizes only the looked-up rows, and a tied output projection multiplies
 with the same blocks (`as_linear`), so no float copy of the table exists.
@@ -16,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagecli_kernels import host_memory, layers_cpu, quant_cpu
-from pagecli_kernels.quant_formats import QuantWeight, concat_rows
+from pagecli_kernels import layers_cpu, quant_cpu
+from pagecli_kernels.quant_formats import QuantWeight
 
 Part = QuantWeight | torch.Tensor  # a float part ([rows, cols]) where the file had F32/F16
 
@@ -50,16 +52,8 @@ class QuantLinear(nn.Module):
         return [p is not None for p in self._pending]
 
     def _finish(self) -> None:
-        groups: list[list[Part]] = []  # runs of adjacent parts of one format
-        for part in self._pending:
-            prev = groups[-1][-1] if groups else None
-            same = isinstance(part, QuantWeight) and isinstance(prev, QuantWeight)
-            if same and prev.format == part.format:
-                groups[-1].append(part)
-            else:
-                groups.append([part])
-        # One owned buffer per run: the loaded parts may be views of a file's memory map.
-        self.parts = [_owned(g[0]) if len(g) == 1 else concat_rows(g) for g in groups]
+        # Kept as they are: block-format parts may be views of a file's map (never written).
+        self.parts = list(self._pending)
         single = self.parts[0] if len(self.parts) == 1 else None
         if isinstance(single, QuantWeight) and single.data.device.type == "cpu":
             self._fast = quant_cpu.PreparedLinear(single)
@@ -122,13 +116,6 @@ class QuantLinear(nn.Module):
         )
 
 
-def _owned(part: Part) -> Part:
-    """A copy of the part in memory of its own: on the CPU, on huge pages (host_memory)."""
-    data = part.data if isinstance(part, QuantWeight) else part
-    data = host_memory.copy(data) if data.device.type == "cpu" else data.clone()
-    return QuantWeight(part.format, data, part.cols) if isinstance(part, QuantWeight) else data
-
-
 def _part_linear(x2d: torch.Tensor, part: Part, out: torch.Tensor | None) -> torch.Tensor:
     if isinstance(part, QuantWeight):
         return quant_cpu.quant_linear(x2d, part, out)
@@ -154,7 +141,7 @@ class QuantEmbedding(nn.Module):
                 f"embedding has shape {weight.shape}, "
                 f"expected {(self.num_embeddings, self.embedding_dim)}"
             )
-        self.weight = _owned(weight)  # not a view of a file's memory map
+        self.weight = weight  # as loaded: may be a view of a file's map (never written)
         self._head = quant_cpu.PreparedLinear(self.weight)
 
     @property

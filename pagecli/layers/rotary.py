@@ -54,14 +54,25 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, Hq, D], k: [T, Hk, D], cos/sin: [T, 1, D]. On the CPU q and k are rotated in
-    place by one native call (they are views of the step's fresh qkv projection)."""
+    place by one native call (they are views of the step's fresh qkv projection).
+    `pairs`: each head of q and k comes in llama.cpp's order, its two rotary halves
+    interleaved ([x0, x_{D/2}, x1, x_{D/2+1}, ...]), and is returned in transformers' order
+    (halves), rotated: exactly the values of unpermuted weights."""
     if fused_cpu.rotary_supported(q, k) and cos.dtype == q.dtype and cos.is_contiguous():
-        fused_cpu.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))
+        fused_cpu.rotary_(q, k, cos.squeeze(1), sin.squeeze(1), pairs=pairs)
         return q, k
+    if pairs:
+        q, k = pairs_to_halves(q), pairs_to_halves(k)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def pairs_to_halves(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] in llama.cpp's interleaved order -> transformers' order (a copy)."""
+    half = x.shape[-1] // 2
+    return x.unflatten(-1, (half, 2)).transpose(-1, -2).flatten(-2)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

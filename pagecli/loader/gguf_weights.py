@@ -1,12 +1,15 @@
 """A GGUF file's tensors under transformers' names, quantized ones kept in their blocks.
 
 Tensors in a format of pagecli_kernels/quant_formats.py become `QuantWeight`s over the file's
-raw block bytes: views of the file's (copy-on-write) memory map (loader/gguf_file.py), which
-the quantized layers copy once into memory of their own, fused where they fuse; each tensor's
-pages leave the process's memory once it is loaded, and the map closes after loading. The
-values are never dequantized and re-quantized. llama.cpp's permutation of Q/K rows is undone
-by permuting whole rows of blocks. Everything else (norms, F32/F16/BF16 tensors, formats
-without a kernel) is dequantized to float32 as before.
+raw block bytes: views of the file's (copy-on-write, never written) memory map
+(loader/gguf_file.py), which the quantized layers keep as they are. The weights stay in the
+page cache of the mapped file, shared with every other process that maps it and never copied
+into memory of the process's own; the map lives as long as the last view of it. The values
+are never dequantized and re-quantized. llama.cpp's permutation of Q/K rows (each head's
+rotary halves interleaved) is kept too: the model undoes it on the projection's output, a
+few thousand values per token (`qk_pairs`), so no rows are copied. Everything else (norms,
+F32/F16/BF16 tensors, formats without a kernel) is dequantized to float32 as before; with
+`keep_quantized` off (CUDA, `--quantization none`) the Q/K rows are unpermuted then.
 """
 
 from __future__ import annotations
@@ -35,11 +38,21 @@ def open_gguf(path: Path) -> GGUFFile:
         raise GGUFError(f"{path}: not a readable GGUF file ({reason})") from None
 
 
+def keeps_qk_pairs(reader: GGUFFile, keep_quantized: bool) -> bool:
+    """Whether `iter_gguf_weights` hands over Q/K weights (and biases) in llama.cpp's row
+    order, each head's rotary halves interleaved: the model must then deinterleave the
+    projection's q and k outputs (`LlamaAttention.qk_pairs`)."""
+    from pagecli.loader.gguf_convert import PERMUTED_ARCHS
+
+    return keep_quantized and reader.get("general.architecture") in PERMUTED_ARCHS
+
+
 def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[str, Weight]]:
     """(transformers name, weight) for each model tensor of the file: a `QuantWeight` for a
-    2-D tensor in a supported block format when `keep_quantized`, else float32. A weight may
-    be a view of the file's map, valid only until the next item (its pages are then
-    released, which would also drop any write to them): copy it, never write it."""
+    2-D tensor in a supported block format when `keep_quantized`, else float32. A
+    `QuantWeight` is a view of the file's map that stays valid as long as it is held: keep
+    it, never write it. With `keep_quantized`, Q/K tensors of a permuted architecture keep
+    the file's row order (`keeps_qk_pairs`); otherwise they are unpermuted."""
     import gguf
 
     from pagecli.loader.gguf_convert import (
@@ -60,7 +73,9 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
         if name is None:
             continue
         heads = None
-        if arch in PERMUTED_ARCHS and ".q_proj." in name:
+        if keep_quantized:
+            pass  # the file's Q/K row order, deinterleaved by the model (keeps_qk_pairs)
+        elif arch in PERMUTED_ARCHS and ".q_proj." in name:
             heads = num_heads
         elif arch in PERMUTED_ARCHS and ".k_proj." in name:
             heads = num_kv_heads
@@ -69,9 +84,6 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
         if keep_quantized and fmt is not None and len(shape) == 2:
             rows, cols = shape
             raw = torch.from_numpy(t.data.reshape(rows, -1))  # a view of the map
-            if heads is not None:
-                order = unpermute_qk(torch.arange(rows).unsqueeze(1), heads).squeeze(1)
-                raw = raw[order]  # whole rows of blocks, copied once
             weight: Weight = QuantWeight(fmt, raw, cols)
         else:
             data = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [rows, cols]
@@ -80,7 +92,8 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
                 weight = unpermute_qk(weight, heads)
             weight = weight.contiguous()
         yield name, weight
-        reader.release(t)  # the loader has its copy (or re-reads the pages if it still waits)
+        if not isinstance(weight, QuantWeight):
+            reader.release(t)  # dequantized: the file's pages of it are not needed again
 
 
 def gguf_tensor_bytes(path: Path) -> int:

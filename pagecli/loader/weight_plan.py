@@ -8,7 +8,7 @@ the memory check) and the stream of (name, weight) to load.
 | source       | auto                       | none              | q8_0 / q4_k               |
 | ------------ | -------------------------- | ----------------- | ------------------------- |
 | GGUF         | the file's block formats   | float (dequant.)  | refused: no re-quantizing |
-| safetensors  | float, as stored           | float             | quantized at load time    |
+| safetensors  | float, as stored           | float             | quantized once, cached    |
 
 Quantized weights need the CPU and the native kernels; on CUDA `auto` means `none` (today's
 behaviour, dequantize to the compute dtype), and on a CPU without the kernels `auto` falls
@@ -38,6 +38,10 @@ class WeightPlan:
     quantized_names: set[str] = field(default_factory=set)
     resident_bytes: int | None = None  # None: parameters x dtype size
     weights: Callable[[], Iterator[tuple[str, Weight]]] | None = None  # None: dummy weights
+    # of resident_bytes, those read in place from a memory-mapped file's page cache (the
+    # rest is memory of the process's own)
+    mapped_bytes: int = 0
+    qk_pairs: bool = False  # Q/K weights in llama.cpp's row order (gguf_weights.keeps_qk_pairs)
 
 
 def _kernels_reason() -> str | None:
@@ -102,7 +106,7 @@ def plan_weights(
 
 def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     from pagecli.loader.gguf_convert import GGUFError, hf_tensor_name
-    from pagecli.loader.gguf_weights import iter_gguf_weights, open_gguf
+    from pagecli.loader.gguf_weights import iter_gguf_weights, keeps_qk_pairs, open_gguf
 
     try:
         reader = open_gguf(path)
@@ -110,26 +114,30 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
         raise ModelLoadError(str(exc)) from None
     size = torch.tensor([], dtype=dtype).element_size()
     names: set[str] = set()
-    resident = 0
+    resident = mapped = 0
     for t in reader.tensors:
         name = hf_tensor_name(t.name)
         if name is None:
             continue
         if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == 2:
             names.add(name)
-            resident += int(t.n_bytes)
+            mapped += int(t.n_bytes)
         else:
             resident += int(t.n_elements) * size
 
     def weights() -> Iterator[tuple[str, Weight]]:
         try:
+            if keep:
+                reader.advise_huge_pages()
             yield from iter_gguf_weights(reader, keep_quantized=keep)
         except GGUFError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
         finally:
             reader.close()  # loaded (or failed): the map goes with the last view of it
 
-    return WeightPlan("gguf" if keep else "none", names, resident, weights)
+    qk_pairs = keeps_qk_pairs(reader, keep)
+    mode = "gguf" if keep else "none"
+    return WeightPlan(mode, names, resident + mapped, weights, mapped, qk_pairs)
 
 
 def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> WeightPlan:
@@ -137,11 +145,12 @@ def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> Wei
 
     if mode == "none":
         return WeightPlan("none", weights=lambda: iter_safetensors(source.path, source.name))
-    from pagecli.loader.quantize import quantize_weight, wants_quantization, weight_format
+    from pagecli.loader.quant_cache import ensure_cache, iter_cached
+    from pagecli.loader.quantize import wants_quantization, weight_format
 
     size = torch.tensor([], dtype=dtype).element_size()
     names: set[str] = set()
-    resident = 0
+    resident = mapped = 0
     for name, shape in safetensors_shapes(source.path, source.name):
         numel = 1
         for d in shape:
@@ -149,15 +158,12 @@ def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> Wei
         if wants_quantization(name, len(shape)):
             fmt = FORMATS[weight_format(name, shape[1], mode)]
             names.add(name)
-            resident += numel // fmt.block_values * fmt.block_bytes
+            mapped += numel // fmt.block_values * fmt.block_bytes
         else:
-            resident += numel * size
+            resident += numel * size  # copied from the cache file into the parameters
 
     def weights() -> Iterator[tuple[str, Weight]]:
-        for name, tensor in iter_safetensors(source.path, source.name):
-            if name in names:
-                yield name, quantize_weight(name, tensor, mode)
-            else:
-                yield name, tensor
+        # quantized once into the cache (loader/quant_cache.py), then read from its map
+        yield from iter_cached(ensure_cache(source, mode))
 
-    return WeightPlan(mode, names, resident, weights)
+    return WeightPlan(mode, names, resident + mapped, weights, mapped)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -88,6 +89,84 @@ def check_fits(
         raise ModelLoadError(
             f"{name}: weights need {needed / 2**30:.1f} GiB {what}"
             f" but {device.type} has {free / 2**30:.1f} GiB available{hint}"
+        )
+
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the engine will hold resident, counted before anything is loaded: the weights
+    read in place from a memory-mapped file (shared page cache, counted in RSS as file
+    pages), the weights in the process's own memory, the KV cache, the swap space, and a
+    step's work buffers at the batch limits (`workspace_bytes`). The interpreter and its
+    libraries (about 0.2 GB for torch) come on top."""
+
+    mapped: int
+    anonymous: int
+    kv: int
+    swap: int
+    workspace: int
+
+    @property
+    def total(self) -> int:
+        return self.mapped + self.anonymous + self.kv + self.swap + self.workspace
+
+    def line(self) -> str:
+        """e.g. "3.89 GiB mapped weights + 0.02 GiB own + 2.00 GiB KV + 0.10 GiB workspace =
+        6.01 GiB" (the swap space only when there is one)."""
+        parts = [
+            f"{self.mapped / GIB:.2f} GiB mapped weights",
+            f"{self.anonymous / GIB:.2f} GiB own",
+        ]
+        parts.append(f"{self.kv / GIB:.2f} GiB KV")
+        if self.swap:
+            parts.append(f"{self.swap / GIB:.2f} GiB swap")
+        parts.append(f"{self.workspace / GIB:.2f} GiB workspace")
+        return " + ".join(parts) + f" = {self.total / GIB:.2f} GiB"
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "mapped": self.mapped,
+            "anonymous": self.anonymous,
+            "kv": self.kv,
+            "swap": self.swap,
+            "workspace": self.workspace,
+            "total": self.total,
+        }
+
+
+def workspace_bytes(config, max_num_batched_tokens: int, max_num_seqs: int, dtype) -> int:
+    """Bytes of a step's work buffers at the batch limits, the largest they get: the decoder
+    layers' activations for `max_num_batched_tokens` tokens (csrc/llama_layers_cpu.c's buffer:
+    normed, qkv, projection, gate/up, activation and the float32 query and attention rows,
+    plus the residual stream and the rotary rows) and the logits of `max_num_seqs` sequences
+    in float32, three times over (logits, probabilities, the sampler's sort)."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    size = torch.tensor([], dtype=dtype).element_size()
+    per_token = (3 * hidden + q + 2 * kv + 3 * inter) * size + 2 * q * 4 + 2 * head_dim * size
+    if size < 4:  # bfloat16: the projections' float32 input and output rows as well
+        per_token += 4 * (max(hidden, q, inter) + max(q + 2 * kv, hidden, 2 * inter))
+    logits = 3 * max_num_seqs * config.vocab_size * 4
+    return max_num_batched_tokens * per_token + logits
+
+
+def check_memory_fits(plan: MemoryPlan, device: torch.device, flag: str, value: str) -> None:
+    """Refuse, before loading, a CPU engine whose weights, KV cache, swap space and work
+    buffers together exceed the memory available (each alone was checked already): one line
+    with the sum, naming the option that sized the KV cache."""
+    if device.type != "cpu":
+        return
+    free = available_memory(device)
+    if plan.total > free:
+        raise KVCacheMemoryError(
+            f"the engine needs {plan.line()}, more than the {free / GIB:.1f} GiB of memory "
+            f"available; lower {flag}"
         )
 
 

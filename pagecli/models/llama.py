@@ -51,6 +51,9 @@ class LlamaAttention(nn.Module):
         self.attn = PagedAttention(
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
         )
+        # q/k weight rows in llama.cpp's order (each head's rotary halves interleaved, as a
+        # GGUF file keeps them in place): the projection's q and k are deinterleaved first
+        self.qk_pairs = False
 
     def forward(self, rope: Rope, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
@@ -61,7 +64,7 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+        q, k = apply_rotary(q, k, *rope, pairs=self.qk_pairs)
         out = self.attn(q, k, v.contiguous(), meta)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -219,6 +222,7 @@ class LlamaForCausalLM(nn.Module):
                 scale=attn.attn.scale,
                 final_norm=final,
                 final_eps=self.norm.eps,
+                qk_pairs=attn.qk_pairs,
             )
         except ValueError:  # caches of different layouts, odd biases: the loop handles them
             return None
@@ -278,6 +282,16 @@ class LlamaForCausalLM(nn.Module):
         ):
             table.data = host_memory.copy(table.data)  # streamed every step: huge pages
             self.bf16_head = float_rows(table.data)
+
+    def use_qk_pairs(self) -> None:
+        """The checkpoint's Q/K weights (and biases) come in llama.cpp's row order, each
+        head's rotary halves interleaved (a GGUF read in place): every attention layer
+        deinterleaves its q and k outputs, so the rest of the model is unchanged."""
+        for layer in self.layers:
+            if layer.self_attn.q_norm is not None:  # it would see the interleaved order
+                raise ValueError("q/k norms need the checkpoint's q/k rows unpermuted")
+            layer.self_attn.qk_pairs = True
+        self._native = ([], None)  # rebind the one-call layers with the flag
 
     def use_quantized(self, names: set[str]) -> None:
         """Give the checkpoint tensors `names` (transformers' names) that arrive as

@@ -44,7 +44,7 @@ void pagecli_rms_norm(void *x, const void *delta, const void *weight, void *out,
                       int64_t stride_out, float eps, int dtype, int num_threads);
 void pagecli_rotary(void *q, void *k, const void *cos, const void *sin, int64_t num_tokens,
                     int64_t num_q_heads, int64_t num_k_heads, int64_t head_dim,
-                    int64_t stride_q, int64_t stride_k, int dtype);
+                    int64_t stride_q, int64_t stride_k, int dtype, int pairs);
 void pagecli_silu_mul(const void *gate_up, void *out, int64_t num_rows, int64_t inter,
                       int64_t stride_in, int64_t stride_out, int dtype, int num_threads);
 

@@ -157,10 +157,16 @@ CLONES EXACT void pagecli_rms_norm(void *x, const void *delta, const void *weigh
 }
 
 ROW void rotary_head(void *base, const void *cos, const void *sin, int64_t head_dim,
-                     const int dtype) {
+                     const int dtype, const int pairs) {
     const int64_t half = head_dim / 2;
     float buf[512];
-    for (int64_t d = 0; d < head_dim; ++d) buf[d] = load(base, d, dtype);
+    if (pairs) /* llama.cpp's order [x0, x_half, x1, x_half+1, ...] read into halves */
+        for (int64_t i = 0; i < half; ++i) {
+            buf[i] = load(base, 2 * i, dtype);
+            buf[half + i] = load(base, 2 * i + 1, dtype);
+        }
+    else
+        for (int64_t d = 0; d < head_dim; ++d) buf[d] = load(base, d, dtype);
     for (int64_t d = 0; d < head_dim; ++d) {
         /* q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1) */
         const float rot = d < half ? -buf[d + half] : buf[d - half];
@@ -170,11 +176,13 @@ ROW void rotary_head(void *base, const void *cos, const void *sin, int64_t head_
     }
 }
 
-/* head_dim <= 512 (checked by the caller) */
+/* head_dim <= 512 (checked by the caller); pairs: each head arrives in llama.cpp's order (its
+ * rotary halves interleaved, as a GGUF's Q/K rows read in place give it) and leaves in
+ * transformers' order, rotated */
 CLONES EXACT void pagecli_rotary(void *q, void *k, const void *cos, const void *sin,
                                  int64_t num_tokens, int64_t num_q_heads, int64_t num_k_heads,
                                  int64_t head_dim, int64_t stride_q, int64_t stride_k,
-                                 int dtype) {
+                                 int dtype, int pairs) {
     const int64_t es = dtype ? 2 : 4;
     for (int64_t t = 0; t < num_tokens; ++t) {
         const char *c = (const char *)cos + t * head_dim * es;
@@ -184,9 +192,9 @@ CLONES EXACT void pagecli_rotary(void *q, void *k, const void *cos, const void *
                              ? (char *)q + (t * stride_q + h * head_dim) * es
                              : (char *)k + (t * stride_k + (h - num_q_heads) * head_dim) * es;
             if (dtype)
-                rotary_head(base, c, s, head_dim, 1);
+                rotary_head(base, c, s, head_dim, 1, pairs);
             else
-                rotary_head(base, c, s, head_dim, 0);
+                rotary_head(base, c, s, head_dim, 0, pairs);
         }
     }
 }

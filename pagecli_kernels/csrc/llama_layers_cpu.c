@@ -15,7 +15,8 @@
  *
  *   normed = rms_norm(hidden; input_layernorm)
  *   qkv    = normed @ dequant(W_qkv).T (+ bias)           [T, Q + 2 KV]
- *   rotary(q, k) in place; store k, v into the layer's cache slots
+ *   rotary(q, k) in place (qk_pairs: q/k rows in llama.cpp's order, each head's rotary halves
+ *   interleaved as a GGUF read in place keeps them, deinterleaved on the way); store k, v
  *   attn   = paged attention of q over the cache, per group (decode part, prefill part)
  *   hidden += attn @ dequant(W_o).T; normed = rms_norm(hidden; post_attention_layernorm)
  *   hidden += down(silu(gate) * up)  with gate_up = normed @ dequant(W_gate_up).T
@@ -157,7 +158,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
                          int64_t stride_block, int64_t stride_slot, int64_t stride_head,
                          const int64_t *groups, int num_groups, float scale, int attention_isa,
                          int num_threads, const void *final_norm, float final_eps,
-                         void *final_out, int dtype, double *timings) {
+                         void *final_out, int dtype, int qk_pairs, double *timings) {
     if (dtype != 0 && dtype != 1) return LAYERS_E_FORMAT;
     const int64_t Q = (int64_t)num_heads * head_dim, KV = (int64_t)num_kv_heads * head_dim;
     const int64_t QKV = Q + 2 * KV;
@@ -197,7 +198,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
                              num_threads, timings)))
             break;
         pagecli_rotary(qkv, qkv + Q * es, cos, sin, T, num_heads, num_kv_heads, head_dim, QKV,
-                       QKV, dtype);
+                       QKV, dtype, qk_pairs);
         const double attention_start = timings ? omp_get_wtime() : 0.0;
         if (pagecli_store_kv(qkv + Q * es, qkv + (Q + KV) * es, QKV, QKV, k_cache, v_cache,
                              stride_block, stride_slot, slot_mapping, T, KV, (int64_t)es,

@@ -42,6 +42,8 @@ TOP_KEYS = {
     "device",
     "threads",
     "threads_reason",
+    "memory",
+    "memory_line",
     "version",
     "scenario",
     "results",
@@ -97,6 +99,13 @@ def test_throughput_json_schema(capsys, tmp_path):
     assert TOP_KEYS <= set(report)
     assert report["scenario"] == "throughput" and report["dtype"] == "float32"
     assert report["device"] == "cpu" and report["threads"] >= 1
+    from pagecli.loader.gguf_weights import gguf_tensor_bytes
+    from pagecli.loader.resolve import default_gguf_path
+
+    memory = report["memory"]  # counted before loading: the default model's blocks are mapped
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+    assert 0.95 < memory["mapped"] / gguf_tensor_bytes(default_gguf_path()) <= 1
+    assert memory["kv"] > 0 and memory["workspace"] > 0
     # CI machines have a C compiler; the kernel names the instruction-set path it runs
     assert report["cpu_attention"].startswith("native C kernel (")
     assert report["dtype_reason"] == "float32, as asked (--dtype)"

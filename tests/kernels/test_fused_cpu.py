@@ -71,6 +71,45 @@ def test_rotary_in_place_on_qkv_views(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_of_llama_cpp_pairs_gives_the_unpermuted_rows_rotated(dtype, monkeypatch):
+    """A GGUF's Q/K rows read in place give each head's rotary halves interleaved; the
+    kernel (and the torch fallback) must give exactly what unpermuted weights give."""
+    from pagecli.layers.rotary import apply_rotary
+    from pagecli.loader.gguf_convert import unpermute_qk
+
+    gen = torch.Generator().manual_seed(1)
+    num_tokens, num_q_heads, num_k_heads, head_dim = 4, 4, 2, 32
+    q_end, k_end = num_q_heads * head_dim, (num_q_heads + num_k_heads) * head_dim
+    halves = torch.randn(num_tokens, k_end + num_k_heads * head_dim, generator=gen).to(dtype)
+
+    def to_pairs(x, heads):  # llama.cpp's permutation of rows, applied to their outputs
+        return x.view(num_tokens, heads, 2, head_dim // 2).transpose(2, 3).flatten(1)
+
+    pairs = halves.clone()
+    pairs[:, :q_end] = to_pairs(halves[:, :q_end], num_q_heads)
+    pairs[:, q_end:k_end] = to_pairs(halves[:, q_end:k_end], num_k_heads)
+    assert not torch.equal(pairs, halves)  # the loader's unpermute is its inverse:
+    assert torch.equal(unpermute_qk(pairs[:, :q_end].T, num_q_heads).T, halves[:, :q_end])
+    angles = torch.rand(num_tokens, head_dim, generator=gen) * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # [T, D]
+
+    def views(t):
+        q = t[:, :q_end].view(num_tokens, num_q_heads, head_dim)
+        return q, t[:, q_end:k_end].view(num_tokens, num_k_heads, head_dim)
+
+    expected = views(halves.clone())
+    fused_cpu.rotary_(*expected, cos, sin)
+    got = views(pairs.clone())
+    fused_cpu.rotary_(*got, cos, sin, pairs=True)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(fused_cpu, "rotary_supported", lambda q, k: False)  # torch's ops
+    fallback = apply_rotary(*views(pairs.clone()), cos.unsqueeze(1), sin.unsqueeze(1), True)
+    for a, b in zip(fallback, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 17])
 def test_silu_mul(dtype, rows):
     gen = torch.Generator().manual_seed(rows)

@@ -16,7 +16,7 @@ import torch
 
 from pagecli import LLM, SamplingParams
 from pagecli_kernels import layers_cpu, native, quant_cpu
-from pagecli_kernels.quant_formats import QuantWeight
+from pagecli_kernels.quant_formats import QuantWeight, concat_rows
 from tests.gguf_models import FORMATS, VOCAB, build_tiny_ggufs
 
 pytestmark = pytest.mark.skipif(
@@ -207,7 +207,8 @@ def test_the_binding_checks_every_size_the_c_loop_reads(tiny_ggufs):
     swapped = [dataclasses.replace(good[0], qkv=good[0].o), *good[1:]]  # o is [H, Q]
     with pytest.raises(ValueError, match="projection shapes"):
         layers_cpu.DecoderLayers(swapped, **sizes)
-    (qkv,) = good[0].qkv  # a QuantLinear's parts: one here
+    assert len(good[0].qkv) == 3  # a QuantLinear's parts: q, k, v as the file holds them
+    qkv = concat_rows(list(good[0].qkv))  # one buffer, cut into parts below
     rows = qkv.rows // 4
 
     def parts(*bounds):

@@ -4,6 +4,10 @@
   the GGUF file's tensor bytes, summed over the buffers and measured as the growth of the
   process's anonymous RSS across loading (file-backed RSS there is library code that the
   load imports, shared and not weights; the KV cache is subtracted).
+- A GGUF's blocks are read in place from the file's memory map: after loading a 1B-wide
+  Q4_K_M file (four layers, 0.2 GB, benchmarks/shaped_gguf.py's writer) and generating, the
+  process's anonymous memory has grown by at most 5% of the file plus the KV cache and the
+  step workspace the engine counts, while its file-backed pages have grown by the weights.
 - A 7B Q4_K_M GGUF is accepted on a 24 GiB machine and refused there in float32. The file is
   a real GGUF header (the gguf package's writer, llama.cpp's Q4_K_M type mix) over a sparse
   data region: GGUFReader maps it, nothing of its 4 GB is ever written or read.
@@ -81,6 +85,71 @@ def test_default_model_rss_stays_within_the_file_size():
     grown = found["delta"] - found["kv"]
     assert grown <= LIMIT * file_bytes, f"RSS grew {grown / 1e6:.1f} MB for {file_bytes / 1e6:.1f}"
     print(f"RssAnon grew {grown / 1e6:.1f} MB for {file_bytes / 1e6:.1f} MB of GGUF tensors")
+
+
+MAPPED_SCRIPT = """
+import json, sys, torch
+from pagecli import LLM, SamplingParams
+from pagecli_kernels import native, quant_cpu
+import gguf, numpy.random
+
+def rss():
+    found = {}
+    for line in open("/proc/self/status"):
+        if line.startswith(("RssAnon:", "RssFile:")):
+            found[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return found
+
+native.library(), quant_cpu.library()
+before = rss()
+llm = LLM(sys.argv[1], kv_cache_memory=1 / 16, max_num_batched_tokens=256, max_num_seqs=8)
+loaded = rss()
+params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+llm.generate([{"prompt_token_ids": list(range(100, 164))}], params)
+after = rss()
+runner = llm.engine.runner
+print(json.dumps({
+    "loaded_anon": loaded["RssAnon"] - before["RssAnon"],
+    "anon": after["RssAnon"] - before["RssAnon"],
+    "file": after["RssFile"] - before["RssFile"],
+    "kv": runner.kv_cache.numel() * runner.kv_cache.element_size(),
+    "memory": runner.memory.as_dict(),
+}))
+"""
+FIXED_BYTES = 32 << 20  # Python objects of the model and the engine, allocator slack
+
+
+@pytest.fixture(scope="module")
+def shaped_1b_4_layers(tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    try:
+        import shaped_gguf
+    finally:
+        sys.path.pop(0)
+    return shaped_gguf.ensure_file(tmp_path_factory.mktemp("shaped"), "1b", "q4_k_m", 4)
+
+
+def test_gguf_blocks_are_read_in_place_not_copied(shaped_1b_4_layers):
+    path = shaped_1b_4_layers
+    size = path.stat().st_size
+    assert 150e6 < size < 400e6
+    out = subprocess.run(
+        [sys.executable, "-c", MAPPED_SCRIPT, str(path)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    memory = found["memory"]
+    assert memory["mapped"] > 0.97 * size and memory["kv"] == found["kv"]
+    allowed = 0.05 * size + found["kv"] + memory["workspace"] + FIXED_BYTES
+    print(
+        f"file {size / 1e6:.0f} MB: anonymous +{found['loaded_anon'] / 1e6:.1f} MB loaded, "
+        f"+{found['anon'] / 1e6:.1f} MB after a step (allowed {allowed / 1e6:.0f} MB: KV "
+        f"{found['kv'] / 1e6:.0f}, workspace {memory['workspace'] / 1e6:.0f}); file pages "
+        f"+{found['file'] / 1e6:.0f} MB"
+    )
+    assert found["loaded_anon"] <= 0.05 * size + found["kv"] + FIXED_BYTES
+    assert found["anon"] <= allowed
+    assert found["file"] > 0.9 * size  # the weights the step read: the file's own pages
 
 
 # llama.cpp's Q4_K_M for Llama-2-7B: Q4_K, with Q6_K for half the v and down projections
