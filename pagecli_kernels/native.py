@@ -50,6 +50,7 @@ EXTRA_SOURCES = [
         "gemm_bf16.c",
         "gemm_quant_amx.c",
         "llama_layers_cpu.c",
+        "quantize_cpu.c",
     )
 ]
 # No -march=native: each ISA path carries its own target attributes, so the portable one

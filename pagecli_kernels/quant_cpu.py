@@ -241,6 +241,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_linear.argtypes = [i32, ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_quant_dequantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
     lib.pagecli_quant_set_isa.argtypes = [i32]
+    lib.pagecli_quantize_rows.argtypes = [i32, ptr, i64, i64, ptr, i32]
+    lib.pagecli_quantize_rows.restype = i32
     lib.pagecli_quant_set_prefetch.argtypes = [i32]
     lib.pagecli_quant_set_prefetch.restype = i32
     lib.pagecli_quant_prefetch.restype = i32
@@ -340,6 +342,30 @@ def dequantize(weight: QuantWeight, row_ids: torch.Tensor | None = None) -> torc
     )
     _check(status, "dequantize")
     return out.view(*lead, weight.cols)
+
+
+def quantize_q4_k_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 CPU rows [rows, cols] (cols a multiple of 256) -> Q4_K blocks, uint8
+    [rows, cols / 256 * 144]: csrc/quantize_cpu.c, byte for byte loader/quantize.py's port of
+    ggml's quantizer, rows shared among the threads. `out`: where to write them."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] % 256:
+        raise ValueError(f"Q4_K takes float32 CPU rows of whole 256-blocks, got {tuple(x.shape)}")
+    x = x.contiguous()
+    rows, cols = x.shape
+    shape = (rows, cols // 256 * 144)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.uint8)
+    elif out.shape != shape or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous uint8 {shape}")
+    status = lib.pagecli_quantize_rows(
+        12, x.data_ptr(), rows, cols, out.data_ptr(), torch.get_num_threads()
+    )
+    if status:
+        raise ValueError(f"quantize_rows: status {status}")
+    return out
 
 
 class PreparedLinear:

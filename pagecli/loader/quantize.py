@@ -1,10 +1,15 @@
 """Quantize float checkpoints at load time (`--quantization q8_0 | q4_k`) into GGUF blocks.
 
-- Q8_0: gguf.quants.quantize (bit-exact with ggml's quantize_row_q8_0_ref).
-- Q4_K: the gguf package only dequantizes K-quants, so `quantize_q4_k` is a numpy port of
+- Q8_0 (and Q4_1): gguf.quants.quantize (bit-exact with ggml's quantize_row_q8_0_ref).
+- Q4_K: the gguf package only dequantizes K-quants. `quantize_q4_k` is a numpy port of
   ggml's quantize_row_q4_K_ref (make_qkx2_quants: weighted least squares over 21 candidate
-  scales per 32-value sub-block, then 6-bit sub-block scales and mins). Its float32 sums run
+  scales per 32-value sub-block, then 6-bit sub-block scales and mins); its float32 sums run
   in numpy's order, so a rare tie may round differently from ggml; the format is the same.
+  The loader runs the native kernel (pagecli_kernels/csrc/quantize_cpu.c, vectorized, all
+  threads), byte for byte the port (tests/kernels/test_quantize_cpu.py); the port is its
+  reference and the fallback without the native library.
+- A tensor is converted to float32 256 rows at a time, so a float16 7B embedding never has a
+  whole float32 copy; the blocks go into one buffer allocated once.
 
 Which tensors: the linear projections and the token embedding (2-D weights). Under q4_k a
 weight whose rows are not whole 256-value super-blocks (SmolLM2's 576 features) takes Q4_1
@@ -21,6 +26,7 @@ import torch
 from pagecli_kernels.quant_formats import FORMATS, QuantWeight
 
 QUANTIZED_SUFFIXES = ("_proj.weight", "embed_tokens.weight", "lm_head.weight")
+CHUNK_ROWS = 256  # rows converted to float32 and quantized at a time
 
 
 def wants_quantization(name: str, ndim: int) -> bool:
@@ -42,16 +48,27 @@ def quantize_weight(name: str, tensor: torch.Tensor, mode: str) -> QuantWeight:
     """`tensor` [rows, cols] in the format `mode` ("q8_0" or "q4_k") picks for `name`."""
     rows, cols = tensor.shape
     fmt = weight_format(name, cols, mode)
-    if cols % FORMATS[fmt].block_values:
+    f = FORMATS[fmt]
+    if cols % f.block_values:
         raise ValueError(f"{name}: {cols} columns are not whole {fmt} blocks")
-    data = tensor.detach().float().contiguous().numpy()
-    if fmt == "q4_k":
-        raw = quantize_q4_k(data)
-    else:
-        import gguf
+    from pagecli_kernels import quant_cpu
 
-        raw = gguf.quants.quantize(data, gguf.GGMLQuantizationType[fmt.upper()])
-    return QuantWeight(FORMATS[fmt], torch.from_numpy(raw.reshape(rows, -1)), cols)
+    native = fmt == "q4_k" and quant_cpu.library() is not None
+    out = torch.empty(rows, cols // f.block_values * f.block_bytes, dtype=torch.uint8)
+    tensor = tensor.detach()
+    for start in range(0, rows, CHUNK_ROWS):
+        part = tensor[start : start + CHUNK_ROWS].float().contiguous()  # [<=256, cols]
+        if native:
+            quant_cpu.quantize_q4_k_rows(part, out[start : start + CHUNK_ROWS])
+            continue
+        if fmt == "q4_k":
+            raw = quantize_q4_k(part.numpy())
+        else:
+            import gguf
+
+            raw = gguf.quants.quantize(part.numpy(), gguf.GGMLQuantizationType[fmt.upper()])
+        out[start : start + CHUNK_ROWS] = torch.from_numpy(raw.reshape(part.shape[0], -1))
+    return QuantWeight(f, out, cols)
 
 
 def _nearest_int(x: np.ndarray) -> np.ndarray:

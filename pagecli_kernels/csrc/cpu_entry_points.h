@@ -14,6 +14,10 @@ int pagecli_quant_isa(void);
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
                          int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);
 
+/* quantize_cpu.c: float32 rows -> Q4_K blocks (0, or -1 a type it does not make, -2 a shape) */
+int pagecli_quantize_rows(int ggml_type, const float *x, int64_t rows, int64_t cols,
+                          uint8_t *out, int num_threads);
+
 /* gemm_bf16.c */
 int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int64_t ldx,
                         int64_t m, float *y, int64_t ldy, int num_threads);
