@@ -21,6 +21,7 @@ from pagecli.loader.weights import (
     check_fits,
     check_kv_fits,
     check_memory_fits,
+    count_parameters,
     init_dummy_weights,
     workspace_bytes,
 )
@@ -186,8 +187,6 @@ class ModelRunner:
         size = torch.tensor([], dtype=self.dtype).element_size()
         weights = plan.resident_bytes
         if weights is None:
-            from pagecli.loader.weights import count_parameters
-
             weights = count_parameters(hf_config) * size
         config = self.config
         self.memory = MemoryPlan(
@@ -200,8 +199,7 @@ class ModelRunner:
             ),
         )
         if self.device.type == "cpu":
-            flag, value = self._kv_flag()
-            check_memory_fits(self.memory, self.device, flag, value)
+            check_memory_fits(self.memory, self.device, *self._kv_flag())
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -275,9 +273,9 @@ class ModelRunner:
         allocated: KVCacheMemoryError, one line naming the flag to change."""
         config = self.config
         swap_bytes = int(config.swap_space * 2**30)
+        flag, value = self._kv_flag()
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
-            flag, value = "--num-kv-blocks", str(num_blocks)
         elif self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             headroom = (1 - config.gpu_memory_utilization) * total + 2**30  # activations
@@ -290,10 +288,8 @@ class ModelRunner:
                     f"{(free - headroom) / 2**30:.1f} GiB of the {free / 2**30:.1f} GiB free; "
                     "raise --gpu-memory-utilization"
                 )
-            flag, value = "--gpu-memory-utilization", str(config.gpu_memory_utilization)
         else:
             num_blocks = int(config.kv_cache_memory * 2**30 // self.block_bytes)
-            flag, value = "--kv-cache-memory", f"{config.kv_cache_memory:g}"
             if num_blocks < 1:
                 raise KVCacheMemoryError(
                     f"--kv-cache-memory {value} GiB is less than one KV block "

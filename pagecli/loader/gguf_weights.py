@@ -6,8 +6,8 @@ raw block bytes: views of the file's (copy-on-write, never written) memory map
 page cache of the mapped file, shared with every other process that maps it and never copied
 into memory of the process's own; the map lives as long as the last view of it. The values
 are never dequantized and re-quantized. llama.cpp's permutation of Q/K rows (each head's
-rotary halves interleaved) is kept too: the model undoes it on the projection's output, a
-few thousand values per token (`qk_pairs`), so no rows are copied. Everything else (norms,
+rotary halves interleaved) is kept too: the rotary kernel reads each head's pairs back into
+transformers' order (`qk_pairs`), so no rows are copied. Everything else (norms,
 F32/F16/BF16 tensors, formats without a kernel) is dequantized to float32 as before; with
 `keep_quantized` off (CUDA, `--quantization none`) the Q/K rows are unpermuted then.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pagecli.loader.gguf_file import GGUFFile, GGUFFormatError, open_gguf_file
+from pagecli.loader.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, open_gguf_file
 from pagecli_kernels.quant_formats import BY_GGML_TYPE, QuantWeight
 
 Weight = QuantWeight | torch.Tensor
@@ -53,14 +53,11 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
     `QuantWeight` is a view of the file's map that stays valid as long as it is held: keep
     it, never write it. With `keep_quantized`, Q/K tensors of a permuted architecture keep
     the file's row order (`keeps_qk_pairs`); otherwise they are unpermuted."""
-    import gguf
-
     from pagecli.loader.gguf_convert import (
         ARCHITECTURES,
         PERMUTED_ARCHS,
         GGUFError,
         hf_tensor_name,
-        unpermute_qk,
     )
 
     arch = reader.get("general.architecture")
@@ -68,32 +65,40 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
         raise GGUFError(f"unsupported GGUF architecture {arch!r}")
     num_heads = int(reader.get(f"{arch}.attention.head_count"))
     num_kv_heads = int(reader.get(f"{arch}.attention.head_count_kv", num_heads))
+    unpermute = not keep_quantized and arch in PERMUTED_ARCHS  # else keeps_qk_pairs
     for t in reader.tensors:
         name = hf_tensor_name(t.name)
         if name is None:
             continue
         heads = None
-        if keep_quantized:
-            pass  # the file's Q/K row order, deinterleaved by the model (keeps_qk_pairs)
-        elif arch in PERMUTED_ARCHS and ".q_proj." in name:
+        if unpermute and ".q_proj." in name:
             heads = num_heads
-        elif arch in PERMUTED_ARCHS and ".k_proj." in name:
+        elif unpermute and ".k_proj." in name:
             heads = num_kv_heads
-        shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
-        fmt = BY_GGML_TYPE.get(int(t.tensor_type))
-        if keep_quantized and fmt is not None and len(shape) == 2:
-            rows, cols = shape
-            raw = torch.from_numpy(t.data.reshape(rows, -1))  # a view of the map
-            weight: Weight = QuantWeight(fmt, raw, cols)
-        else:
-            data = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [rows, cols]
-            weight = torch.from_numpy(np.asarray(data, dtype=np.float32)).reshape(shape)
-            if heads is not None:
-                weight = unpermute_qk(weight, heads)
-            weight = weight.contiguous()
+        weight = tensor_weight(t, keep_quantized, heads)
         yield name, weight
         if not isinstance(weight, QuantWeight):
             reader.release(t)  # dequantized: the file's pages of it are not needed again
+
+
+def tensor_weight(t: GGUFTensor, keep_quantized: bool, heads: int | None = None) -> Weight:
+    """One tensor of a GGUF file: a `QuantWeight` view of the map for a 2-D tensor in a
+    supported block format when `keep_quantized`, else float32 (its Q/K rows unpermuted for
+    `heads` heads when given)."""
+    import gguf
+
+    from pagecli.loader.gguf_convert import unpermute_qk
+
+    shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
+    fmt = BY_GGML_TYPE.get(int(t.tensor_type))
+    if keep_quantized and fmt is not None and len(shape) == 2:
+        rows, cols = shape
+        return QuantWeight(fmt, torch.from_numpy(t.data.reshape(rows, -1)), cols)  # a view
+    data = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [rows, cols]
+    weight = torch.from_numpy(np.asarray(data, dtype=np.float32)).reshape(shape)
+    if heads is not None:
+        weight = unpermute_qk(weight, heads)
+    return weight.contiguous()
 
 
 def gguf_tensor_bytes(path: Path) -> int:

@@ -189,21 +189,15 @@ def ensure_cache(source: ModelSource, mode: str) -> Path:
 
 def iter_cached(path: Path) -> Iterator[tuple[str, object]]:
     """(name, weight) from a cache file: `QuantWeight` views of its map for the blocks,
-    float32 views for the rest (the loader copies those into the parameters)."""
+    float32 tensors for the rest (the loader copies those into the parameters)."""
     from pagecli.loader.gguf_file import open_gguf_file
-    from pagecli_kernels.quant_formats import BY_GGML_TYPE, QuantWeight
+    from pagecli.loader.gguf_weights import tensor_weight
 
     reader = open_gguf_file(path)
     try:
         reader.advise_huge_pages()
         for t in reader.tensors:
-            shape = tuple(int(d) for d in reversed(t.shape))
-            fmt = BY_GGML_TYPE.get(int(t.tensor_type))
-            if fmt is not None and len(shape) == 2:
-                raw = torch.from_numpy(t.data.reshape(shape[0], -1))
-                yield t.name, QuantWeight(fmt, raw, shape[1])
-            else:
-                yield t.name, torch.from_numpy(t.data).reshape(shape)
+            yield t.name, tensor_weight(t, keep_quantized=True)
     finally:
         reader.close()
 

@@ -52,7 +52,7 @@ class LlamaAttention(nn.Module):
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
         )
         # q/k weight rows in llama.cpp's order (each head's rotary halves interleaved, as a
-        # GGUF file keeps them in place): the projection's q and k are deinterleaved first
+        # GGUF file keeps them in place): the rotary reads each head's pairs back into halves
         self.qk_pairs = False
 
     def forward(self, rope: Rope, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
