@@ -50,8 +50,9 @@ _pagecli() {
                 --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --threads|--num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
+                --grammar-timeout) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display --max-concurrency --request-rate -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display --max-concurrency --request-rate -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -h --help" -- "$cur")) ;;
         blocks)
             case "$prev" in
                 --svg) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -73,8 +74,9 @@ _pagecli() {
                 --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --threads|--num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
+                --grammar-timeout) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -h --help" -- "$cur")) ;;
         chat)
             case "$prev" in
                 -s|--system) COMPREPLY=(); return ;;
@@ -97,6 +99,7 @@ _pagecli() {
                 --presence-penalty) COMPREPLY=(); return ;;
                 --frequency-penalty) COMPREPLY=(); return ;;
                 --logprobs) COMPREPLY=(); return ;;
+                --structured|--json-schema) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
@@ -115,8 +118,9 @@ _pagecli() {
                 --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --threads|--num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
+                --grammar-timeout) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -h --help" -- "$cur")) ;;
         generate)
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -141,6 +145,7 @@ _pagecli() {
                 --presence-penalty) COMPREPLY=(); return ;;
                 --frequency-penalty) COMPREPLY=(); return ;;
                 --logprobs) COMPREPLY=(); return ;;
+                --structured|--json-schema) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
@@ -159,8 +164,9 @@ _pagecli() {
                 --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --threads|--num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
+                --grammar-timeout) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system --max-concurrency -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system --max-concurrency -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -h --help" -- "$cur")) ;;
         serve)
             case "$prev" in
                 --host) COMPREPLY=(); return ;;
@@ -189,8 +195,9 @@ _pagecli() {
                 --attention-impl) COMPREPLY=($(compgen -W "auto triton cpu reference" -- "$cur")); return ;;
                 --threads|--num-threads) COMPREPLY=(); return ;;
                 --seed) COMPREPLY=(); return ;;
+                --grammar-timeout) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli

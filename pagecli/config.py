@@ -53,6 +53,8 @@ class EngineConfig:
     # on, capped by its cgroup CPU quota (engine/cpu_threads.py)
     num_threads: int | None = None
     seed: int = 0
+    # seconds a structured-output grammar may take to compile before its request is refused
+    grammar_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, _DTYPES)
@@ -81,6 +83,8 @@ class EngineConfig:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.num_threads is not None:
             _at_least("num_threads", self.num_threads, 1)
+        if not (isinstance(self.grammar_timeout, (int, float)) and self.grammar_timeout > 0):
+            raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout!r}")
 
     @classmethod
     def field_names(cls) -> set[str]:

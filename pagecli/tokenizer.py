@@ -90,9 +90,17 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> str:
+        """The conversation as the template renders it; `tools` (OpenAI tool dicts) go to the
+        template's own `tools` variable, as transformers passes them."""
+        extra = {"tools": tools} if tools else {}
         return self.hf.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
         )
 
     def encode_chat(
@@ -100,11 +108,29 @@ class Tokenizer:
         messages: list[dict],
         add_generation_prompt: bool = True,
         max_tokens: int | None = None,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         """Token ids of the rendered conversation. The template already holds any BOS, so no
         special tokens are added again. `max_tokens` bounds the work as in `encode`."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
         return self.encode(text, max_tokens, add_special_tokens=False)
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.hf, "chat_template", None)
+
+    def backend_json(self) -> str | None:
+        """The `tokenizers` JSON of a fast tokenizer (what llguidance reads the vocabulary's
+        raw bytes from); None for a slow one."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        import copy
+
+        backend = copy.copy(backend)  # the engine's own keeps its settings
+        backend.no_padding()
+        backend.no_truncation()
+        return backend.to_str()
 
     @property
     def eos_token_id(self) -> int | None:

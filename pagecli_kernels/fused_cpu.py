@@ -1,11 +1,12 @@
 """The small per-layer ops of a CPU step as one native call each (csrc/cpu_ops.c).
 
-At decode sizes a step's RMSNorms, rotary embedding, SiLU x up, K/V stores and greedy argmax
-cost more in torch's per-op dispatch than in arithmetic; each of these replaces several torch
-ops. They live in the library of pagecli_kernels/native.py and take float32 or bfloat16 CPU
-tensors whose last dimension is contiguous. `available(x)` says whether a tensor can take
-them; callers keep their torch code for everything else. Results equal the torch ops' up to
-the order of the RMSNorm sum and the exp inside SiLU (tests/kernels/test_fused_cpu.py).
+At decode sizes a step's RMSNorms, rotary embedding, SiLU x up, K/V stores, greedy argmax and
+grammar token masks cost more in torch's per-op dispatch than in arithmetic; each of these
+replaces several torch ops. They live in the library of pagecli_kernels/native.py and take
+float32 or bfloat16 CPU tensors (argmax and the token mask: float32) whose last dimension is
+contiguous. `available(x)` says whether a tensor can take them; callers keep their torch code
+for everything else. Results equal the torch ops' up to the order of the RMSNorm sum and the
+exp inside SiLU (tests/kernels/test_fused_cpu.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def _lib() -> ctypes.CDLL:
         lib.pagecli_rotary.restype = None
         lib.pagecli_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32, i32]
         lib.pagecli_silu_mul.restype = None
+        lib.pagecli_apply_token_bitmask_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
+        lib.pagecli_apply_token_bitmask_f32.restype = None
         _bound["lib"] = lib
     return _bound["lib"]
 
@@ -185,3 +188,42 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         torch.get_num_threads(),
     )
     return out
+
+
+def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> None:
+    """Set logits[rows[r], t] = -inf, in place, for each token t that bit t % 32 of
+    mask[r, t // 32] forbids (and every t past 32 * W). logits `[S, V]` float32 with unit
+    column stride, mask `[R, W]` contiguous int32, rows `[R]` distinct int64 in [0, S)."""
+    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(-1) != 1:
+        raise ValueError(
+            "logits must be a [S, V] float32 tensor with unit column stride, got "
+            f"{logits.dtype} of shape {tuple(logits.shape)}, strides {tuple(logits.stride())}"
+        )
+    if mask.dim() != 2 or mask.dtype != torch.int32 or not mask.is_contiguous():
+        raise ValueError(
+            f"mask must be a contiguous [R, W] int32 tensor, got {mask.dtype} of shape "
+            f"{tuple(mask.shape)}, strides {tuple(mask.stride())}"
+        )
+    if rows.dim() != 1 or rows.dtype != torch.int64 or rows.shape[0] != mask.shape[0]:
+        raise ValueError(
+            f"rows must be [R] int64 with R = {mask.shape[0]} (mask's rows), got {rows.dtype} "
+            f"of shape {tuple(rows.shape)}"
+        )
+    if any(t.device.type != "cpu" for t in (logits, mask, rows)):
+        raise ValueError("apply_token_bitmask_ takes CPU tensors here")
+    if rows.shape[0] == 0:
+        return
+    rows = rows.contiguous()
+    lowest, highest = (int(v) for v in torch.aminmax(rows))
+    if lowest < 0 or highest >= logits.shape[0]:
+        # the kernel writes where rows point: out of range would be out of bounds
+        raise ValueError(f"rows must lie in [0, {logits.shape[0]}), got {lowest}..{highest}")
+    _lib().pagecli_apply_token_bitmask_f32(
+        logits.data_ptr(),
+        logits.stride(0),
+        logits.shape[1],
+        mask.data_ptr(),
+        mask.shape[1],
+        rows.data_ptr(),
+        rows.shape[0],
+    )

@@ -1,11 +1,13 @@
 """The public paged ops: one signature, dispatched to Triton, the fast CPU path or the reference.
+Beside them, the sampler's op that applies a grammar's token bitmask to the logits.
 
 `impl` picks the implementation:
   "auto"       Triton for CUDA tensors, the fast CPU path for CPU tensors
   "triton"     the Triton kernel; on CPU tensors it needs Triton's interpreter, i.e.
                TRITON_INTERPRET=1 set before triton is first imported (tests do this in
                tests/kernels/conftest.py)
-  "cpu"        the fast torch path (pagecli_kernels/cpu.py)
+  "cpu"        the fast torch path (pagecli_kernels/cpu.py); for the token bitmask the C kernel
+               of fused_cpu.py where it takes the tensors, else a vectorized torch path
   "reference"  the float64 loops (pagecli_kernels/reference.py)
 
 Triton is imported only when a Triton kernel is first asked for, so CPU-only installs never
@@ -21,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from pagecli_kernels import cpu, reference
+from pagecli_kernels import cpu, fused_cpu, reference
 
 Impl = Literal["auto", "triton", "cpu", "reference"]
 IMPLS = ("auto", "triton", "cpu", "reference")
@@ -121,3 +123,60 @@ def paged_prefill_attention(
     else:
         fn = reference.paged_prefill_attention
     return fn(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+def _check_token_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> None:
+    if logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(
+            f"logits must be a [S, V] float tensor, got {logits.dtype} of shape "
+            f"{tuple(logits.shape)}"
+        )
+    if mask.dim() != 2 or mask.dtype != torch.int32:
+        raise ValueError(
+            f"mask must be [R, W] int32, got {mask.dtype} of shape {tuple(mask.shape)}"
+        )
+    if rows.dim() != 1 or rows.dtype != torch.int64 or rows.shape[0] != mask.shape[0]:
+        raise ValueError(
+            f"rows must be [R] int64 with R = {mask.shape[0]} (mask's rows), got {rows.dtype} "
+            f"of shape {tuple(rows.shape)}"
+        )
+    for name, tensor in (("mask", mask), ("rows", rows)):
+        if tensor.device != logits.device:
+            raise ValueError(f"{name} is on {tensor.device}, logits on {logits.device}")
+
+
+def _apply_token_bitmask_torch(
+    logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor
+) -> None:
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=mask.device)  # [32]
+    # an arithmetic shift of a negative word still leaves bit b in bit 0
+    allowed = ((mask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab].bool()  # [R, <= V]
+    if allowed.shape[1] < vocab:  # tokens the mask does not cover are forbidden
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+
+def apply_token_bitmask_(
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> None:
+    """Forbid, in place, the tokens a grammar's bitmask forbids: logits[rows[r], t] = -inf
+    unless bit t % 32 of mask[r, t // 32] is set (llguidance's layout), and for t >= 32 * W.
+
+    logits `[S, V]` float (rows may be padded); mask `[R, W]` int32, W = ceil(V / 32) as a
+    rule; rows `[R]` int64, distinct, in [0, S). Unlisted rows are untouched.
+    """
+    _check_token_bitmask(logits, mask, rows)
+    impl = _resolve(impl, logits.device)
+    if impl == "triton":
+        _triton_launcher("token_bitmask", "apply_token_bitmask_")(logits, mask, rows)
+    elif impl == "reference":
+        logits.copy_(reference.apply_token_bitmask(logits, mask, rows))
+    elif logits.dtype == torch.float32 and logits.stride(-1) == 1 and fused_cpu.available(logits):
+        fused_cpu.apply_token_bitmask_(logits, mask.contiguous(), rows)
+    else:
+        _apply_token_bitmask_torch(logits, mask, rows)

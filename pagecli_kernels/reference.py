@@ -122,3 +122,21 @@ def dequantize(weight: QuantWeight) -> torch.Tensor:
 def quant_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
     """`x @ dequant(weight).T` in float64, cast back to x's dtype: [..., cols] -> [..., rows]."""
     return (x.double() @ dequantize(weight).double().T).to(x.dtype)
+
+
+def apply_token_bitmask(
+    logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """A copy of logits `[S, V]` with -inf for each token t of row rows[r] that bit t % 32 of
+    mask[r, t // 32] `[R, W]` int32 forbids, and for every t >= 32 * W."""
+    out = logits.clone()
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, device=mask.device)  # [32]
+    for r, row in enumerate(rows.tolist()):
+        words = mask[r].to(torch.int64) & 0xFFFFFFFF  # [W], each word as uint32
+        bits = (words[:, None] >> shifts) & 1  # [W, 32]: bit b of word w is token 32 * w + b
+        allowed = torch.zeros(vocab, dtype=torch.bool, device=mask.device)  # [V]
+        covered = min(vocab, bits.numel())
+        allowed[:covered] = bits.flatten()[:covered] == 1
+        out[row, ~allowed] = float("-inf")
+    return out

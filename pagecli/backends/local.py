@@ -66,8 +66,14 @@ class LocalBackend(Backend):
     async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
         token_ids, text = self.encode(request)
         try:
+            grammar = await self.async_engine.compile_grammar(request.params)
             stream = self.async_engine.add_request(
-                request.request_id, token_ids, request.params, text, final_only=not request.stream
+                request.request_id,
+                token_ids,
+                request.params,
+                text,
+                final_only=not request.stream,
+                grammar=grammar,
             )
         except EngineUnavailable as exc:
             raise EngineFailed(str(exc)) from None

@@ -26,7 +26,7 @@ KEYS_HELP = (
     "A message that starts with / is sent as a command; start it with // to send it as text."
 )
 # Sampling parameters /set may change (chat shows one sample per turn, so not `n`).
-SETTABLE = [f.name for f in dataclasses.fields(SamplingParams) if f.name != "n"]
+SETTABLE = [f.name for f in dataclasses.fields(SamplingParams) if f.name not in ("n", "structured")]
 _NULLABLE = {"max_tokens", "seed"}
 NOT_WITH_ENDPOINT = "not available with --endpoint (it needs the local engine)"
 _TRUE, _FALSE = {"true", "on", "yes", "1"}, {"false", "off", "no", "0"}

@@ -145,6 +145,13 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
         int,
         _opt(ENGINE_PANEL, "Engine seed: sampling of requests without their own seed."),
     ),
+    "grammar_timeout": (
+        float,
+        _opt(
+            ENGINE_PANEL,
+            "Seconds a structured-output grammar may take to compile; slower ones are refused.",
+        ),
+    ),
 }
 
 # SamplingParams fields that are not CLI defaults: `seed` is per request (the CLI's --seed
@@ -165,6 +172,7 @@ SAMPLING_HELP = {
     "frequency_penalty": "Penalty per occurrence of a token, in [-2, 2].",
     "skip_special_tokens": "Leave special tokens out of the text.",
     "logprobs": "Report each token's log-probability and the K most likely (0..20).",
+    "structured": "A JSON Schema file: every answer is JSON that it validates.",
 }
 # Defaults of the CLI that differ from SamplingParams' own.
 SAMPLING_CLI_DEFAULTS = {"max_tokens": 256, "temperature": 0.7}
@@ -204,6 +212,7 @@ def _sampling_parameters() -> list[inspect.Parameter]:
         "stop_token_ids": (Optional[list[int]], ()),
         "ignore_eos": (bool, ("--ignore-eos",)),
         "logprobs": (Optional[int], ()),
+        "structured": (Optional[Path], ("--json-schema", "--structured")),
     }
     params = []
     for f in dataclasses.fields(SamplingParams):
@@ -263,11 +272,28 @@ def sampling_defaults(values: dict[str, Any]) -> dict[str, Any]:
     values = {
         k: ([] if v is None and k in ("stop", "stop_token_ids") else v) for k, v in values.items()
     }
+    if isinstance(values.get("structured"), Path):
+        values["structured"] = {"json_schema": read_json_schema(values["structured"])}
     try:
         SamplingParams(**values)
     except ValueError as exc:
         raise CliError(f"invalid sampling option: {exc}", exit_code=2) from None
     return values
+
+
+def read_json_schema(path: Path) -> dict[str, Any]:
+    """A JSON Schema file's object; a CliError (exit 2) names what is wrong with it."""
+    import json
+
+    try:
+        schema = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read the JSON schema ({exc.strerror})", 2) from None
+    except ValueError as exc:
+        raise CliError(f"{path}: not valid JSON ({exc})", 2) from None
+    if not isinstance(schema, dict):
+        raise CliError(f"{path}: a JSON schema must be an object", 2)
+    return schema
 
 
 def engine_options(func: Callable) -> Callable:

@@ -24,6 +24,7 @@ from typing import Any
 from pagecli.config import EngineConfig
 from pagecli.engine.llm_engine import LLMEngine
 from pagecli.engine.stats import EngineStats
+from pagecli.engine.structured import CompiledGrammar
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import SamplingParams
 
@@ -56,6 +57,7 @@ class _Add:
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt: str | None
+    grammar: CompiledGrammar | None = None
 
 
 @dataclass(frozen=True)
@@ -150,11 +152,13 @@ class AsyncEngine:
         params: SamplingParams,
         prompt: str | None = None,
         final_only: bool = False,
+        grammar: CompiledGrammar | None = None,
     ) -> RequestStream:
         """Queue a request; its outputs arrive on the returned stream (only the finished one
         with `final_only`). Raises EngineUnavailable, QueueFull, or the engine's RequestError
         for a request that can never run. Call it from the event loop that will read the
-        stream."""
+        stream. A structured request passes its `grammar` from `compile_grammar` (else the
+        engine thread compiles it, holding up every step meanwhile)."""
         if self.state is not EngineState.READY:
             raise EngineUnavailable(self.unavailable_reason())
         self.engine.check_request(prompt_token_ids, params)
@@ -168,8 +172,18 @@ class AsyncEngine:
                 raise ValueError(f"duplicate request id {request_id!r}")
             self._streams[request_id] = _Entry(stream, loop, final_only)
             self._pending_adds += 1
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, prompt))
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, prompt, grammar))
         return stream
+
+    async def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The request's structured-output constraint compiled off the event loop and off
+        the engine thread (None when it has none); GrammarRejected says why it cannot run."""
+        if params.structured is None:
+            return None
+        if self.state is not EngineState.READY:
+            raise EngineUnavailable(self.unavailable_reason())
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.engine.compile_grammar, params.structured)
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its blocks are released before the next step. Safe from any
@@ -271,7 +285,11 @@ class AsyncEngine:
                 return
             try:
                 engine.add_request(
-                    command.request_id, command.prompt_token_ids, command.params, command.prompt
+                    command.request_id,
+                    command.prompt_token_ids,
+                    command.params,
+                    command.prompt,
+                    command.grammar,
                 )
             except ValueError as exc:
                 with self._lock:

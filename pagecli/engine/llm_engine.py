@@ -14,17 +14,23 @@ from pagecli.engine.model_runner import ModelRunner
 from pagecli.engine.scheduler import Scheduler
 from pagecli.engine.sequence import FinishReason, Sequence
 from pagecli.engine.stats import EngineStats, StepTimer
+from pagecli.engine.structured import CompiledGrammar, GrammarCompiler, StructuredOutputError
 from pagecli.loader.resolve import ModelLoadError, resolve_model
 from pagecli.loader.weight_plan import quantizes
 from pagecli.loader.weights import load_hf_config
 from pagecli.models.registry import model_class
 from pagecli.outputs import CompletionOutput, RequestOutput
-from pagecli.sampling_params import SamplingParams
+from pagecli.sampling_params import SamplingParams, StructuredOutputs
 from pagecli.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class RequestError(ValueError):
     """A request the engine cannot run (too long for the context or the KV cache)."""
+
+
+class GrammarRejected(RequestError):
+    """A structured-output constraint that cannot run: invalid, unsupported or too slow to
+    compile. The request is refused, never run unconstrained."""
 
 
 @dataclass
@@ -81,6 +87,12 @@ class LLMEngine:
         )
         self._requests: dict[str, _Request] = {}
         self.timer = StepTimer()
+        self.grammars = GrammarCompiler(
+            self.tokenizer.backend_json if self.tokenizer is not None else None,
+            self.hf_config.vocab_size,  # the logits' width: the masks have one bit per logit
+            sorted(self.scheduler.eos_token_ids),
+            config.grammar_timeout,
+        )
 
     # ---- set-up --------------------------------------------------------------------------
 
@@ -127,12 +139,17 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         prompt: str | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
-        """Queue a request. Raises RequestError when it can never fit, ValueError for a
-        duplicate id or bad token ids."""
+        """Queue a request. Raises RequestError when it can never fit or its structured
+        output cannot compile, ValueError for a duplicate id or bad token ids. `grammar` is
+        `params.structured` compiled ahead (compile_grammar, on another thread); without it
+        the constraint is compiled here."""
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         max_tokens = self.check_request(prompt_token_ids, params)
+        if params.structured is not None and grammar is None:
+            grammar = self.compile_grammar(params.structured)
         num_prompt = len(prompt_token_ids)
         generators: list[torch.Generator | None] = [None] * params.n
         if params.seed is not None and not params.greedy:
@@ -149,6 +166,7 @@ class LLMEngine:
             max_tokens=max_tokens,
             generators=generators,
             forked=params.n == 1,
+            matcher=grammar.new_matcher() if grammar is not None else None,
         )
         self._requests[request_id] = _Request(
             request_id, prompt, list(prompt_token_ids), params, [seq], time.perf_counter()
@@ -177,6 +195,19 @@ class LLMEngine:
                 f"{what} ({limit} tokens)"
             )
         return params.max_tokens
+
+    def compile_grammar(
+        self, spec: StructuredOutputs, timeout_s: float | None = None
+    ) -> CompiledGrammar:
+        """A structured-output constraint compiled against this model's vocabulary, within
+        the time limit (config.grammar_timeout); RequestError says why it cannot run. Any
+        thread may call it."""
+        if self.tokenizer is None:
+            raise GrammarRejected("structured outputs need a tokenizer, and this model has none")
+        try:
+            return self.grammars.compile(spec, timeout_s)
+        except StructuredOutputError as exc:
+            raise GrammarRejected(str(exc)) from None
 
     def abort_request(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)

@@ -10,6 +10,7 @@ import torch
 from pagecli.config import EngineConfig
 from pagecli.engine.cpu_threads import ThreadChoice, choose_threads
 from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
+from pagecli.engine.structured import BitmaskFiller
 from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import bf16_rows_supported, packing_supported
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
@@ -114,6 +115,7 @@ class ModelRunner:
             )
         self.num_threads = torch.get_num_threads()
         self.num_layers = hf_config.num_hidden_layers
+        self.vocab_size = hf_config.vocab_size  # the logits' width
         heads = hf_config.num_attention_heads
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
@@ -158,6 +160,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         self._buffers: dict | None = None  # the CPU's step metadata buffers, made on first use
+        self._bitmask: BitmaskFiller | None = None  # made at the first constrained step
         self.graphs = None
         # CUDA graphs capture the Triton kernels; the other paths read lengths on the host
         graphable = config.attention_impl in ("auto", "triton")
@@ -306,6 +309,10 @@ class ModelRunner:
         prompt."""
         self._copy_blocks(batch)
         items = batch.seqs
+        sampled = [s for s in items if s.completes_prefill]
+        constrained = [(i, s.seq.matcher) for i, s in enumerate(sampled) if s.seq.matcher]
+        # the grammar's mask is computed on its own thread while the model runs
+        mask = self.bitmask.start(constrained) if constrained else None
         input_ids, positions, meta, sample_index = self._prepare(batch)
         if (
             self.graphs is not None
@@ -321,18 +328,31 @@ class ModelRunner:
             )
         else:
             hidden = self.model(input_ids, positions, meta)  # [T, H]
-        sampled = [s for s in items if s.completes_prefill]
         if not sampled:
             return RunOutput([[] for _ in items], [None] * len(items))
         logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
         rows = [self._sampling_row(s) for s in sampled]
+        raw_logits = logits
+        if mask is not None:
+            # logprobs report the model's own distribution, as without a grammar (vLLM's
+            # default too): they read the logits from before the mask
+            if any(rows[i].params.logprobs is not None for i, _ in constrained):
+                raw_logits = logits.clone()
+            BitmaskFiller.apply(logits, mask)
         drawn = sample(logits, rows, self.generator)
-        logprobs = compute_logprobs(logits, rows, drawn)
+        logprobs = compute_logprobs(raw_logits, rows, drawn)
         ids_iter, logprobs_iter = iter(drawn), iter(logprobs)
         return RunOutput(
             [next(ids_iter) if s.completes_prefill else [] for s in items],
             [next(logprobs_iter) if s.completes_prefill else None for s in items],
         )
+
+    @property
+    def bitmask(self) -> BitmaskFiller:
+        """The token-mask filler of structured outputs, one row per constrained sequence."""
+        if self._bitmask is None:
+            self._bitmask = BitmaskFiller(self.vocab_size, self.num_threads)
+        return self._bitmask
 
     def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:
         seq = item.seq

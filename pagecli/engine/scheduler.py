@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pagecli.config import EngineConfig
 from pagecli.engine.block_manager import BlockManager
 from pagecli.engine.sequence import FinishReason, Sequence, SequenceStatus
+from pagecli.engine.structured import advance
 from pagecli.outputs import TokenLogprob
 
 # A waiting sequence whose prompt continues with at least this many blocks that another
@@ -221,6 +222,7 @@ class Scheduler:
             self.block_manager.drop_swapped(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
+        seq.matcher = None  # a grammar's state is of no use once the sequence ends
 
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """Insert a forked sample right after its parent among the running sequences."""
@@ -265,10 +267,15 @@ class Scheduler:
     def _check_stop(self, seq: Sequence) -> None:
         token_id = seq.token_ids[-1]
         params = seq.sampling_params
+        grammar = advance(seq.matcher, token_id) if seq.matcher is not None else None
         if not params.ignore_eos and token_id in self.eos_token_ids:
             seq.finish_reason = FinishReason.STOP
         elif token_id in params.stop_token_ids:
             seq.finish_reason, seq.stop_reason = FinishReason.STOP, token_id
+        elif grammar == "stop":  # the grammar is complete: nothing but EOS could follow
+            seq.finish_reason = FinishReason.STOP
+        elif grammar == "error":  # the mask forbids this; a matcher bug must not run on
+            seq.finish_reason, seq.stop_reason = FinishReason.ERROR, "grammar"
         elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             seq.finish_reason = FinishReason.LENGTH
         if seq.finish_reason is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -52,6 +53,9 @@ class Sequence:
     generators: list[torch.Generator | None] = field(default_factory=lambda: [None])
     forked: bool = False  # True once the n samples exist (set at once when n == 1)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # when params ask
+    # The llguidance matcher of a structured-output request, advanced with every sampled
+    # token (engine/structured.py); None: unconstrained.
+    matcher: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -97,4 +101,5 @@ class Sequence:
             ],
             forked=True,
             output_logprobs=list(self.output_logprobs),
+            matcher=self.matcher.deep_copy() if self.matcher is not None else None,
         )

@@ -122,7 +122,7 @@ def compute_logprobs(
     index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
     logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)  # [W, V]
     k = max(rows[i].params.logprobs for i in wanted)
-    top_vals, top_ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
+    top_vals, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
     ids = [torch.tensor(drawn[i], dtype=torch.long, device=logits.device) for i in wanted]
     chosen = [logp[j].index_select(0, ids[j]).tolist() for j in range(len(wanted))]
     top_vals, top_ids = top_vals.tolist(), top_ids.tolist()

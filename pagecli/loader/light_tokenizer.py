@@ -73,6 +73,11 @@ class LightTokenizer:
     def __len__(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def backend_tokenizer(self):
+        """The `tokenizers` object (as transformers' fast tokenizers name it)."""
+        return self._tokenizer
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -80,7 +85,11 @@ class LightTokenizer:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = False, tokenize: bool = False
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        tools: list[dict] | None = None,
     ) -> str:
         """The conversation rendered as transformers' apply_chat_template(tokenize=False)
         renders plain role/content messages."""
@@ -92,7 +101,7 @@ class LightTokenizer:
         chat = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]
         return _compiled(self.chat_template).render(
             messages=chat,
-            tools=None,
+            tools=tools,
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **self.special_tokens_map,

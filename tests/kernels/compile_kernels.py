@@ -5,6 +5,7 @@ so nothing could be compiled): `python tests/kernels/compile_kernels.py [--full]
 a variant fails to compile or ptxas reports register spills. By default it compiles a
 representative subset (every head_dim and dtype at block_size 16); `--full`, or
 PAGECLI_COMPILE_ALL=1, adds every supported block size and more GQA groups and split counts.
+`--kernel NAME` (repeatable) compiles only the variants of those kernel functions.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from pagecli_kernels._triton_utils import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_
 # `from pagecli_kernels import store_kv` is the public op; import_module gives the module.
 decode_attention = importlib.import_module("pagecli_kernels.decode_attention")
 prefill_attention = importlib.import_module("pagecli_kernels.prefill_attention")
+token_bitmask = importlib.import_module("pagecli_kernels.token_bitmask")
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-INT_POINTERS = {"block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"}
+INT_POINTERS = {"block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "bitmask_ptr"}
+INT64_POINTERS = {"slot_mapping_ptr", "rows_ptr"}
 FP32_POINTERS = {"partial_max_ptr", "partial_sum_ptr", "partial_out_ptr"}
 FLOAT_SCALARS = {"scale"}
 
@@ -62,7 +65,7 @@ def _signature(fn, variant: Variant) -> tuple[dict, dict]:
             signature[name] = "constexpr"
             continue
         if name.endswith("_ptr"):
-            if name == "slot_mapping_ptr":
+            if name in INT64_POINTERS:
                 signature[name] = "*i64"
             elif name in INT_POINTERS:
                 signature[name] = "*i32"
@@ -157,6 +160,15 @@ def variants(full: bool) -> list[Variant]:
                         {"num_warps": 4},
                     )
                 )
+        out.append(
+            Variant(
+                "token_bitmask",
+                "_apply_token_bitmask_kernel",
+                type_name,
+                dict(BLOCK_WORDS=token_bitmask.BLOCK_WORDS),
+                {"num_warps": 4},
+            )
+        )
     return out
 
 
@@ -193,12 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--full", action="store_true", help="every shipped variant")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--kernel", action="append", help="only this kernel function's variants")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET to compile kernels", file=sys.stderr)
         return 2
     full = args.full or os.environ.get("PAGECLI_COMPILE_ALL") == "1"
-    todo = variants(full)
+    todo = [v for v in variants(full) if not args.kernel or v.kernel in args.kernel]
+    if not todo:
+        print(f"no variants of {args.kernel}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     failures = 0
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

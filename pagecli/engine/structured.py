@@ -1,0 +1,254 @@
+"""Structured outputs: one grammar matcher per constrained sequence (llguidance), the token
+bitmask filled on its own thread while the forward pass runs, applied to the logits before
+sampling, and the matcher advanced with each sampled token.
+
+Compilation happens off the engine thread, in a small pool, under a time limit: a request whose
+grammar fails, or does not compile in time, is refused (RequestError) and never runs
+unconstrained. llguidance compiles lazily and bounds its work per step (LLParserLimits), so a
+compile that overruns the limit still ends on its own; its thread is left to finish and its
+result dropped.
+
+Unconstrained rows pay nothing: a step with no constrained row never touches this module.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pagecli.sampling_params import StructuredOutputs
+
+# JSON may put whitespace between any two of its tokens. A model that starts emitting it can
+# loop there until max_tokens (the most common structured-output complaint); "bounded" allows
+# a run of at most this many characters per gap: enough for a newline and deep indentation.
+MAX_JSON_WHITESPACE = 24
+_BOUNDED_WHITESPACE = {"whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_JSON_WHITESPACE}}}"}
+_COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+COMPILED_CACHE_SIZE = 64  # distinct constraints kept compiled (equal requests reuse them)
+COMPILE_THREADS = 2
+
+
+class StructuredOutputError(ValueError):
+    """A constraint that cannot run: bad syntax, an unsupported keyword, a compile time-out."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:  # pragma: no cover - a dependency; only a broken install lacks it
+        raise StructuredOutputError(
+            "structured outputs need the llguidance package (pip install llguidance)"
+        ) from None
+    return llguidance
+
+
+def grammar_text(spec: StructuredOutputs) -> str:
+    """The llguidance grammar of a constraint (not yet compiled against a vocabulary)."""
+    llg = _llguidance()
+    kind = spec.kind
+    try:
+        if kind in ("json_schema", "json_object"):
+            schema = spec.json_schema if kind == "json_schema" else {"type": "object"}
+            options = _COMPACT if spec.whitespace == "compact" else _BOUNDED_WHITESPACE
+            return llg.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+        if kind == "regex":
+            return llg.LLMatcher.grammar_from_regex(spec.regex)
+        if kind == "choice":
+            # Lark string literals take JSON's escapes.
+            return llg.LLMatcher.grammar_from_lark(
+                "start: " + " | ".join(json.dumps(c) for c in spec.choice)
+            )
+        text = spec.grammar
+        if "::=" in text:  # llama.cpp's GBNF
+            from llguidance.gbnf_to_lark import any_to_lark
+
+            text = any_to_lark(text)
+        return llg.LLMatcher.grammar_from_lark(text)
+    except StructuredOutputError:
+        raise
+    except Exception as exc:  # gguf's converter and the schema reader raise ValueError
+        raise StructuredOutputError(f"{kind}: {_one_line(exc)}") from None
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A compiled constraint: a pristine matcher that each sequence copies."""
+
+    spec: StructuredOutputs
+    template: Any  # llguidance.LLMatcher in its start state
+
+    def new_matcher(self):
+        return self.template.deep_copy()
+
+
+class GrammarCompiler:
+    """Compiles constraints against the model's vocabulary, from any thread.
+
+    `tokenizer_json` is the `tokenizers` JSON of the model's tokenizer, or a function giving
+    it when first needed (raw token bytes, so a
+    GGUF's vocabulary works as a Hugging Face one does); `vocab_size` the logits' width;
+    `eos_token_ids` the tokens that end a sequence (allowed once the grammar accepts).
+    """
+
+    def __init__(
+        self,
+        tokenizer_json: Callable[[], str | None] | str | None,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        timeout_s: float,
+    ) -> None:
+        self.tokenizer_json = tokenizer_json
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.timeout_s = timeout_s
+        self._tokenizer = None
+        self._tokenizer_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="pagecli-grammar")
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    @property
+    def tokenizer(self):
+        """llguidance's view of the vocabulary, built once on first use (~0.4 s for 49k)."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                if callable(self.tokenizer_json):
+                    self.tokenizer_json = self.tokenizer_json()
+                if self.tokenizer_json is None:
+                    raise StructuredOutputError(
+                        "structured outputs need the model's tokenizer.json (a fast tokenizer)"
+                    )
+                llg = _llguidance()
+                try:
+                    self._tokenizer = llg.LLTokenizer(
+                        self.tokenizer_json,
+                        n_vocab=self.vocab_size,
+                        eos_token=self.eos_token_ids or None,
+                    )
+                except Exception as exc:
+                    raise StructuredOutputError(
+                        f"structured outputs cannot read this tokenizer: {_one_line(exc)}"
+                    ) from None
+            return self._tokenizer
+
+    def compile(self, spec: StructuredOutputs, timeout_s: float | None = None) -> CompiledGrammar:
+        """The compiled constraint; StructuredOutputError when it is invalid, uses a keyword
+        the compiler lacks, or takes longer than the time limit."""
+        key = spec.key()
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        text = grammar_text(spec)
+        tokenizer = self.tokenizer  # its one-time build does not count against the limit
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        future = self._pool.submit(_build_matcher, tokenizer, text)
+        try:
+            matcher = future.result(timeout=limit)
+        except FutureTimeout:
+            raise StructuredOutputError(
+                f"{spec.kind}: the grammar did not compile within {limit:g} s"
+            ) from None
+        if matcher.is_error():
+            raise StructuredOutputError(f"{spec.kind}: {_one_line(matcher.get_error())}")
+        compiled = CompiledGrammar(spec, matcher)
+        with self._cache_lock:
+            self._cache[key] = compiled
+            while len(self._cache) > COMPILED_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _build_matcher(tokenizer, text: str):
+    llg = _llguidance()
+    # LLMatcher never raises for grammar errors: it enters its error state (checked above).
+    return llg.LLMatcher(tokenizer, text, log_level=0)
+
+
+def advance(matcher, token_id: int) -> str | None:
+    """Feed the sampled token; returns "stop" when the grammar is complete (nothing but EOS
+    may follow), "error" when the token broke it, else None."""
+    if not matcher.consume_token(token_id):
+        return "error"
+    if matcher.is_stopped():
+        return "stop"
+    return None
+
+
+class BitmaskFiller:
+    """Fills the token bitmask of a step's constrained rows on its own thread, so that it
+    overlaps the forward pass, and applies it to the logits after.
+
+    One row per sampled sequence that has a matcher; llguidance's executor computes the rows
+    in parallel (it releases the GIL)."""
+
+    def __init__(self, vocab_size: int, num_threads: int) -> None:
+        self.vocab_size = vocab_size
+        self.num_words = (vocab_size + 31) // 32
+        self.num_threads = max(1, num_threads)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="pagecli-mask")
+        self._executor = None
+        self._buffer = np.empty((0, self.num_words), dtype=np.int32)
+
+    def _llg_executor(self):
+        if self._executor is None:
+            self._executor = _llguidance().LLExecutor(num_threads=self.num_threads)
+        return self._executor
+
+    def start(self, matchers: list[tuple[int, Any]]) -> Future:
+        """Begin filling: `matchers` holds (row of the logits, matcher). Returns a future of
+        (rows, mask [R, W] int32)."""
+        if len(matchers) > len(self._buffer):
+            self._buffer = np.empty(
+                (max(len(matchers), 2 * len(self._buffer)), self.num_words), dtype=np.int32
+            )
+        return self._thread.submit(self._fill, matchers)
+
+    def _fill(self, matchers: list[tuple[int, Any]]):
+        mask = self._buffer[: len(matchers)]
+        if len(matchers) == 1:
+            row = mask[0]
+            matchers[0][1].unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        else:
+            self._llg_executor().unsafe_compute_mask_ptr(
+                [(m, i) for i, (_, m) in enumerate(matchers)],
+                mask.ctypes.data,
+                self.num_words * 4,
+                len(matchers),
+            )
+        return [row for row, _ in matchers], mask
+
+    @staticmethod
+    def apply(logits: torch.Tensor, filled: Future) -> None:
+        """Wait for the mask and set every token it forbids to -inf, in place."""
+        from pagecli_kernels import ops
+
+        rows, mask = filled.result()
+        index = torch.tensor(rows, dtype=torch.long)
+        words = torch.from_numpy(mask)
+        if logits.device.type != "cpu":
+            index, words = index.to(logits.device), words.to(logits.device, non_blocking=True)
+        ops.apply_token_bitmask_(logits, words, index)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _one_line(exc: object, limit: int = 300) -> str:
+    """A compiler's message on one line (regex errors span several, with a caret drawing)."""
+    parts = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^")]
+    text = " ".join(parts) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
