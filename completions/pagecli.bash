@@ -177,6 +177,7 @@ _pagecli() {
                 --max-queued-requests) COMPREPLY=(); return ;;
                 --shutdown-timeout) COMPREPLY=(); return ;;
                 --allowed-origins) COMPREPLY=(); return ;;
+                --tool-call-parser) COMPREPLY=($(compgen -W "hermes llama3_json qwen3_coder" -- "$cur")); return ;;
                 -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;
@@ -197,7 +198,7 @@ _pagecli() {
                 --seed) COMPREPLY=(); return ;;
                 --grammar-timeout) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --tool-call-parser --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli

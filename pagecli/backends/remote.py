@@ -22,7 +22,7 @@ import httpx
 from pagecli.backends.base import Backend, BackendError, Request, RequestRejected
 from pagecli.backends.retry import RetryPolicy, is_retryable_status, parse_retry_after
 from pagecli.outputs import CompletionOutput, RequestOutput, ServerReport
-from pagecli.sampling_params import SamplingParams
+from pagecli.sampling_params import SamplingParams, StructuredOutputs
 
 CONNECT_TIMEOUT_S = 10.0
 # Servers known to accept vLLM's `return_token_ids` (by the `owned_by` of /v1/models).
@@ -88,7 +88,32 @@ def sampling_body(params: SamplingParams, chat: bool) -> dict[str, Any]:
             body.update(logprobs=True, top_logprobs=params.logprobs)
         else:
             body["logprobs"] = params.logprobs
+    if params.structured is not None:
+        body.update(structured_body(params.structured))
     return body
+
+
+def structured_body(spec: StructuredOutputs) -> dict[str, Any]:
+    """The request fields of an output constraint: OpenAI's standard `response_format` for
+    JSON (what most servers accept), vLLM's `structured_outputs` for what it cannot say (a
+    regex, a choice, a grammar, or JSON without whitespace; vLLM and `pagecli serve` take it)."""
+    if spec.whitespace == "bounded":
+        if spec.json_object:
+            return {"response_format": {"type": "json_object"}}
+        if spec.json_schema is not None:
+            schema = {"name": "schema", "schema": spec.json_schema}
+            return {"response_format": {"type": "json_schema", "json_schema": schema}}
+    fields: dict[str, Any] = {
+        "json": spec.json_schema,
+        "json_object": spec.json_object or None,
+        "regex": spec.regex,
+        "choice": spec.choice,
+        "grammar": spec.grammar,
+    }
+    out = {k: v for k, v in fields.items() if v is not None}
+    if spec.whitespace == "compact":
+        out["disable_any_whitespace"] = True
+    return {"structured_outputs": out}
 
 
 def error_message(response: httpx.Response) -> str:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console, RenderableType
 
 from pagecli.backends.sync import SyncBackend
-from pagecli.cli.chat_commands import run_command
+from pagecli.cli.chat_commands import check_compiles, run_command
 from pagecli.cli.chat_state import SESSION_NAME, ChatError, ChatState, sessions_dir
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
 from pagecli.cli.options import (
@@ -269,6 +269,10 @@ def _run(
     sampling_defaults: dict[str, Any],
     interactive: bool,
 ) -> int:
+    try:
+        check_compiles(backend, sampling_defaults.get("structured"))
+    except ChatError as exc:
+        raise CliError(f"--json-schema: {exc}", exit_code=2) from None
     state = ChatState(backend, system, sampling_defaults, name=session or "default")
     saved = sessions_dir() / f"{session}.json"
     if session is not None and saved.is_file():

@@ -12,10 +12,12 @@ import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagecli.cli.chat_state import ChatError, turns_text
-from pagecli.sampling_params import SamplingParams
+from pagecli.cli.options import CliError, read_json_schema
+from pagecli.sampling_params import SamplingParams, StructuredOutputs
 
 if TYPE_CHECKING:
     from pagecli.cli.chat import Chat
@@ -25,8 +27,13 @@ KEYS_HELP = (
     "Ctrl-C stops a reply, clears the line, or exits on an empty line; Ctrl-D exits.\n"
     "A message that starts with / is sent as a command; start it with // to send it as text."
 )
-# Sampling parameters /set may change (chat shows one sample per turn, so not `n`).
-SETTABLE = [f.name for f in dataclasses.fields(SamplingParams) if f.name not in ("n", "structured")]
+# Sampling parameters /set may change (chat shows one sample per turn, so not `n`); the
+# output constraint (`structured`) is set through `format` and `schema` instead.
+SAMPLING_SETTABLE = [
+    f.name for f in dataclasses.fields(SamplingParams) if f.name not in ("n", "structured")
+]
+CONSTRAINT_SETTABLE = {"format": "json|text", "schema": "FILE|off"}
+SETTABLE = [*SAMPLING_SETTABLE, *CONSTRAINT_SETTABLE]  # every name /set takes
 _NULLABLE = {"max_tokens", "seed"}
 NOT_WITH_ENDPOINT = "not available with --endpoint (it needs the local engine)"
 _TRUE, _FALSE = {"true", "on", "yes", "1"}, {"false", "off", "no", "0"}
@@ -52,7 +59,9 @@ def run_command(chat: Chat, line: str) -> bool:
 
 def parse_param(name: str, text: str) -> Any:
     """The value of sampling parameter `name` from its /set text."""
-    if name not in SETTABLE:
+    if name == "structured":
+        raise ChatError("set the output constraint with /set format json|text or /set schema FILE")
+    if name not in SAMPLING_SETTABLE:
         close = difflib.get_close_matches(name, SETTABLE, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ChatError(f"unknown parameter {name!r}{hint}; settable: {', '.join(SETTABLE)}")
@@ -83,6 +92,42 @@ def parse_param(name: str, text: str) -> Any:
         return int(text)
     except ValueError:
         raise ChatError(f"bad value for {name}: {text!r}") from None
+
+
+def parse_constraint(name: str, text: str) -> dict[str, Any] | None:
+    """The `structured` value of `/set format json|text` or `/set schema FILE|off`."""
+    lowered = text.lower()
+    if name == "format":
+        if lowered not in ("json", "text"):
+            raise ChatError("usage: /set format json|text (any JSON object, or free text)")
+        return {"json_object": True} if lowered == "json" else None
+    if not text:
+        raise ChatError("usage: /set schema FILE|off (a JSON schema file, or none)")
+    if lowered in ("off", "none"):
+        return None
+    try:
+        return {"json_schema": read_json_schema(Path(text).expanduser())}
+    except CliError as exc:
+        raise ChatError(str(exc)) from None
+
+
+def constraint_text(structured: Any) -> str:
+    """One line for a session's output constraint (its `structured` parameter)."""
+    if structured is None:
+        return "none (free text)"
+    spec = StructuredOutputs.coerce(structured)
+    if spec.json_object:
+        text = "any JSON object"
+    elif spec.json_schema is not None:
+        schema = json.dumps(spec.json_schema, ensure_ascii=False)
+        text = f"JSON schema {schema if len(schema) <= 60 else schema[:59] + '…'}"
+    elif spec.regex is not None:
+        text = f"regex {spec.regex!r}"
+    elif spec.choice is not None:
+        text = f"one of {', '.join(map(repr, spec.choice))}"
+    else:
+        text = f"grammar of {len(spec.grammar.splitlines())} lines"
+    return text + (", compact whitespace" if spec.whitespace == "compact" else "")
 
 
 # ---- handlers ------------------------------------------------------------------------------
@@ -133,14 +178,37 @@ def _set(chat: Chat, arg: str) -> None:
     name, _, text = arg.partition(" ")
     if not name:
         raise ChatError("usage: /set PARAM VALUE (/params shows them)")
-    chat.state.current.set_param(name, parse_param(name, text.strip()))
-    chat.info(f"{name} = {chat.state.current.params[name]!r}")
+    conversation = chat.state.current
+    if name in CONSTRAINT_SETTABLE:
+        structured = parse_constraint(name, text.strip())
+        check_compiles(chat.state.llm, structured)
+        conversation.set_param("structured", structured)
+        chat.info(f"structured = {constraint_text(conversation.params['structured'])}")
+        return
+    conversation.set_param(name, parse_param(name, text.strip()))
+    chat.info(f"{name} = {conversation.params[name]!r}")
+
+
+def check_compiles(llm: Any, structured: Any) -> None:
+    """Refuse a constraint the local engine cannot compile now, not at the next turn (the
+    compiled grammar is cached for it); a server judges it when the turn is sent. `llm` is
+    the chat's SyncBackend."""
+    engine = llm.engine
+    if structured is None or engine is None:
+        return
+    from pagecli.engine.llm_engine import RequestError
+
+    try:
+        engine.compile_grammar(StructuredOutputs.coerce(structured))
+    except (RequestError, ValueError) as exc:
+        raise ChatError(f"the engine refuses this constraint: {exc}") from None
 
 
 def _params(chat: Chat, arg: str) -> None:
     params = chat.state.current.params
-    for name in SETTABLE:
+    for name in SAMPLING_SETTABLE:
         chat.info(f"  {name} = {params.get(name)!r}")
+    chat.info(f"  structured = {constraint_text(params.get('structured'))}")
 
 
 def _stats(chat: Chat, arg: str) -> None:
@@ -221,8 +289,13 @@ COMMANDS: dict[str, Command] = {
     "/new": Command("[NAME]", "a new session with the current system prompt", _new),
     "/sessions": Command("", "list the sessions", _sessions),
     "/switch": Command("NAME", "make another session current", _switch),
-    "/set": Command("PARAM VALUE", "change a sampling parameter of this session", _set),
-    "/params": Command("", "show this session's sampling parameters", _params),
+    "/set": Command(
+        "PARAM VALUE",
+        "change a sampling parameter of this session (format json|text and schema "
+        "FILE|off constrain its replies)",
+        _set,
+    ),
+    "/params": Command("", "show this session's sampling parameters and constraint", _params),
     "/stats": Command("", "the last turn and the engine's numbers", _stats),
     "/blocks": Command("", "the KV block map", _blocks),
     "/prompt": Command("[TEXT]", "the exact prompt of the next turn and its token count", _prompt),

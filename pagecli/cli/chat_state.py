@@ -88,12 +88,13 @@ class Conversation:
 
     def set_param(self, name: str, value: Any) -> None:
         """Change one sampling parameter; a bad value raises ChatError and changes nothing."""
-        params = {**self.params, name: value}
         try:
-            SamplingParams(**params)
+            checked = SamplingParams(**{**self.params, name: value})
         except ValueError as exc:
             raise ChatError(str(exc)) from None
-        self.params = params
+        # Every field in its asdict form (`structured` as a dict of all its fields), as
+        # __init__ stores them: what /save writes and SamplingParams(**params) reads back.
+        self.params = dataclasses.asdict(checked)
 
     # ---- turns -----------------------------------------------------------------------------
 

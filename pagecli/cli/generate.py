@@ -129,8 +129,10 @@ def generate(
     """Answer JSONL records from stdin (or -i) with JSONL records on stdout (or -o).
 
     Input records: {"id", "prompt" | "messages" | "prompt_token_ids", sampling fields...}
-    or OpenAI batch-API lines (the README has the schema). With --endpoint URL the
-    records run on that OpenAI-compatible server instead of the local engine.
+    or OpenAI batch-API lines (the README has the schema). A record's output constraint is
+    `structured`, or OpenAI's `response_format`, or vLLM's `structured_outputs`. With
+    --endpoint URL the records run on that OpenAI-compatible server instead of the local
+    engine.
     """
     set_verbose(verbose)
     if resume and output is None:

@@ -34,6 +34,7 @@ from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, LongLine, read_lines
 from pagecli.cli.options import CliError
 from pagecli.cli.progress import GenerateProgress
 from pagecli.outputs import RequestOutput
+from pagecli.sampling_params import StructuredOutputs
 
 SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 BROKEN_PIPE_EXIT_CODE = 141  # what a tool killed by SIGPIPE reports
@@ -129,11 +130,26 @@ class GenerateRun:
                 await self.backend.aclose()
                 raise StartFailed(exc) from exc
         try:
+            self._check_default_constraint()
             if self.terminal_note:
                 print("pagecli: reading JSONL from the terminal (Ctrl-D to end)", file=sys.stderr)
             return await self._serve(source)
         finally:
             await self.backend.aclose()
+
+    def _check_default_constraint(self) -> None:
+        """A --json-schema the local engine cannot compile ends the run before any line is
+        read (exit 2), rather than failing every record; a server judges each request."""
+        structured = self.defaults.get("structured")
+        engine = self.backend.engine
+        if structured is None or engine is None:
+            return
+        try:
+            engine.compile_grammar(StructuredOutputs.coerce(structured))
+        except ValueError as exc:  # GrammarRejected
+            raise CliError(
+                f"--json-schema: the engine refuses this constraint: {exc}", exit_code=2
+            ) from None
 
     async def _serve(self, source: BinaryIO) -> int:
         loop = asyncio.get_running_loop()

@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pagecli.outputs import RequestOutput, TokenLogprob
-from pagecli.sampling_params import SamplingParams
+from pagecli.sampling_params import SamplingParams, StructuredOutputs
 
 Api = Literal["native", "chat", "completions"]  # chat/completions: an OpenAI batch line
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids")
-SAMPLING_FIELDS = SamplingParams.field_names()
+# The OpenAI (`response_format`) and vLLM (`structured_outputs`) spellings of `structured`.
+STRUCTURED_FIELDS = ("structured", "response_format", "structured_outputs")
+# Record fields that set sampling: SamplingParams' own and the other spellings of `structured`
+# (sampling_params maps those; OpenAI batch bodies take the same fields).
+SAMPLING_FIELDS = SamplingParams.field_names() | set(STRUCTURED_FIELDS)
 KNOWN_FIELDS = {"id", *PROMPT_FIELDS, *SAMPLING_FIELDS}
 # Characters that end a line for str.splitlines() (and editors, older JavaScript) but that
 # json.dumps(ensure_ascii=False) writes raw inside strings: escaped so a record stays one line.
@@ -174,10 +178,31 @@ def sampling_params(fields: dict[str, Any], defaults: dict[str, Any]) -> Samplin
     """SamplingParams from a record's fields over the CLI defaults."""
     if "skip_special_tokens" in fields and not isinstance(fields["skip_special_tokens"], bool):
         raise RecordError("skip_special_tokens must be true or false")
+    fields = structured_field(fields)
     try:
         return SamplingParams(**{**defaults, **fields})
     except (TypeError, ValueError) as exc:
         raise RecordError(str(exc)) from None
+
+
+def structured_field(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with `response_format` or `structured_outputs` turned into `structured`; a
+    record that gives more than one of the three is a RecordError. A given field replaces the
+    CLI's default constraint, even with none (`{"type": "text"}`, null)."""
+    given = [f for f in STRUCTURED_FIELDS if f in fields]
+    if len(given) > 1:
+        raise RecordError(f"{' and '.join(given)}: give one of them (each sets the constraint)")
+    if not given or given[0] == "structured":
+        return fields
+    name = given[0]
+    rest = {k: v for k, v in fields.items() if k != name}
+    try:
+        rest["structured"] = StructuredOutputs.from_openai(**{name: fields[name]})
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
+    except RecursionError:  # strict mode walks the schema: one nested a thousand deep
+        raise RecordError(f"{name}: nested too deeply") from None
+    return rest
 
 
 # ---- output records -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ ones get `--shutdown-timeout` seconds, the rest are aborted, exit 0.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import signal
 import socket
@@ -29,6 +30,12 @@ from pagecli.config import EngineConfig
 
 SERVER_PANEL = "Server"
 DISPLAY_INTERVAL_S = 0.25
+
+
+# the formats of server/tool_calls.py (not imported here: it is the server's, loaded late)
+ToolCallFormat = enum.Enum(
+    "ToolCallFormat", {n: n for n in ("hermes", "llama3_json", "qwen3_coder")}, type=str
+)
 
 
 def _opt(help: str, *decls: str, **kw) -> typer.models.OptionInfo:
@@ -68,6 +75,13 @@ def serve(
         Optional[list[str]],
         _opt(
             "Allow cross-origin requests from this origin (repeatable; default: none).",
+            show_default=False,
+        ),
+    ] = None,
+    tool_call_parser: Annotated[
+        Optional[ToolCallFormat],
+        _opt(
+            "How the model writes tool calls (default: found from its chat template).",
             show_default=False,
         ),
     ] = None,
@@ -113,6 +127,7 @@ def serve(
         shutdown_timeout,
         allowed_origins or [],
         show_display,
+        tool_call_parser.value if tool_call_parser is not None else None,
     ).run()
     if code:
         raise typer.Exit(code)
@@ -146,6 +161,7 @@ class _Serve:
         shutdown_timeout: float,
         origins: list[str],
         show_display: bool,
+        tool_call_parser: str | None = None,
     ) -> None:
         from pagecli.engine.async_engine import AsyncEngine
 
@@ -153,6 +169,7 @@ class _Serve:
         self.api_key, self.names, self.max_request_bytes = api_key, names, max_request_bytes
         self.shutdown_timeout, self.origins = shutdown_timeout, origins
         self.show_display = show_display
+        self.tool_call_parser = tool_call_parser
         self.engine = AsyncEngine(config, max_queued_requests=max_queued)
         self.exit_code = 0
         self.num_requests = 0
@@ -171,6 +188,7 @@ class _Serve:
             max_request_bytes=self.max_request_bytes,
             allowed_origins=self.origins,
             access_log=None if self.show_display else _stderr_line,
+            tool_call_parser=self.tool_call_parser,
         )
         app = create_app(self.engine, settings)
         self.names = names

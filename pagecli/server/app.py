@@ -41,6 +41,7 @@ class ServerSettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     allowed_origins: list[str] = field(default_factory=list)
     access_log: Callable[[str], None] | None = None  # one line per request, when set
+    tool_call_parser: str | None = None  # the tool-call format; None: from the chat template
 
 
 def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
@@ -49,7 +50,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         title="pagecli", version=__version__, docs_url=None, redoc_url=None, openapi_url=None
     )
     metrics = ServerMetrics(settings.model_names[0])
-    handler = GenerationHandler(engine, metrics, settings.model_names)
+    handler = GenerationHandler(engine, metrics, settings.model_names, settings.tool_call_parser)
     errors.install(app)
     app.state.engine, app.state.metrics = engine, metrics
 

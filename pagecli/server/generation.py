@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -30,12 +31,20 @@ from pagecli.engine.async_engine import (
     RequestFailed,
     RequestStream,
 )
-from pagecli.engine.llm_engine import RequestError
+from pagecli.engine.llm_engine import GrammarRejected, RequestError
 from pagecli.outputs import RequestOutput
+from pagecli.sampling_params import StructuredOutputs
 from pagecli.server.errors import APIError
 from pagecli.server.metrics import ServerMetrics
 from pagecli.server.protocol import ChatCompletionRequest, CompletionRequest
-from pagecli.server.responses import ChoiceState, ResponseFormat
+from pagecli.server.responses import ChoiceState, ReplyParsing, ResponseFormat
+from pagecli.server.tool_calls import (
+    FORMATS,
+    THINK_CLOSE,
+    call_grammar,
+    detect_format,
+    detect_reasoning,
+)
 from pagecli.tokenizer import PromptTooLongError
 
 logger = logging.getLogger("pagecli.server")
@@ -72,10 +81,18 @@ class _Run:
 class GenerationHandler:
     """Runs the two generation endpoints against one AsyncEngine."""
 
-    def __init__(self, engine: AsyncEngine, metrics: ServerMetrics, model_names: list[str]):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        metrics: ServerMetrics,
+        model_names: list[str],
+        tool_call_parser: str | None = None,
+    ):
         self.engine = engine
         self.metrics = metrics
         self.model_names = model_names
+        # the call format of tool calls; None: read from the chat template
+        self.tool_call_parser = tool_call_parser
         # Tokenizing off the event loop, one prompt at a time (transformers' fast tokenizers
         # are not meant to be driven from several threads at once).
         self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagecli-tok")
@@ -91,23 +108,72 @@ class GenerationHandler:
         if self.tokenizer is None:
             raise APIError(400, "this model has no tokenizer: use /v1/completions with token ids")
         messages = [m.as_template_message() for m in body.messages]
+        tools = [t.as_template_tool() for t in body.tools] if body.tools else None
+        call_format, params = self._tool_calls(body, tools, params)
+        tokenizer, limit = self.tokenizer, self._prompt_limit()
+
+        def render() -> tuple[str, list[int]]:
+            text = tokenizer.apply_chat_template(messages, True, tools)
+            return text, tokenizer.encode(text, limit, add_special_tokens=False)
+
         try:
-            ids = await self._in_worker(
-                self.tokenizer.encode_chat, messages, True, self._prompt_limit()
-            )
+            text, ids = await self._in_worker(render)
         except PromptTooLongError as exc:
             raise _too_long(exc, "messages") from None
         except Exception as exc:  # a template that rejects the conversation
             raise APIError(
                 400, f"messages: the chat template failed: {exc}", param="messages"
             ) from None
+        # a prompt that already closed the think block (thinking turned off) has none to read
+        reasoning = detect_reasoning(tokenizer.chat_template) and not text.rstrip().endswith(
+            THINK_CLOSE
+        )
         fmt = ResponseFormat(
             "chat",
             f"chatcmpl-{uuid.uuid4().hex}",
             body.model or self.model_names[0],
             self.tokenizer,
+            reply=ReplyParsing(call_format, tools or [], reasoning)
+            if call_format or reasoning
+            else None,
         )
         return await self._respond(body, request, [_Prompt(ids, None)], params, fmt)
+
+    def _tool_calls(self, body: ChatCompletionRequest, tools, params):
+        """The call format to read replies in (None: calls are not parsed) and the params,
+        with the grammar that forces a call for tool_choice "required" or a named tool."""
+        choice = body.tool_choice or ("auto" if tools else "none")
+        if not tools:
+            if choice != "none":
+                raise APIError(400, "tool_choice needs tools", param="tool_choice")
+            return None, params
+        if choice == "none":
+            return None, params  # the tools are shown to the model; its reply is text
+        call_format = self.tool_call_parser or detect_format(self.tokenizer.chat_template)
+        if call_format is None:
+            raise APIError(
+                400,
+                "tools: this model's chat template has no tool-call format pagecli can read "
+                f"(start the server with --tool-call-parser {'|'.join(FORMATS)})",
+                param="tools",
+            )
+        if choice == "auto":
+            return call_format, params
+        if params.structured is not None:
+            raise APIError(
+                400,
+                "tool_choice required or a named tool forces a call: it cannot be combined "
+                "with response_format or structured_outputs",
+                param="tool_choice",
+            )
+        try:
+            parallel = (body.model_extra or {}).get("parallel_tool_calls") is not False
+            grammar = call_grammar(call_format, tools, body.tool_choice_name(), parallel)
+        except ValueError as exc:
+            raise APIError(400, f"tool_choice: {exc}", param="tool_choice") from None
+        return call_format, dataclasses.replace(
+            params, structured=StructuredOutputs(grammar=grammar)
+        )
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         params = self._check(body)
@@ -156,7 +222,7 @@ class GenerationHandler:
             return body.sampling_params()
         except ValueError as exc:
             message = str(exc)
-            param = message.split()[0] if message else None
+            param = message.split()[0].rstrip(":,.") if message else None
             raise APIError(400, message, param=param) from None
 
     def _prompt_limit(self) -> int:
@@ -167,13 +233,34 @@ class GenerationHandler:
     async def _in_worker(self, func: Callable, *args: Any):
         return await asyncio.get_running_loop().run_in_executor(self._tokenize, func, *args)
 
-    def _start(self, prompts: list[_Prompt], params, fmt: ResponseFormat) -> _Run:
+    async def _compile(self, body, params):
+        """The request's output constraint, compiled off the event loop under the server's
+        time limit; a 400 naming the field that set it when it cannot run."""
+        try:
+            return await self.engine.compile_grammar(params)
+        except GrammarRejected as exc:
+            extra = body.model_extra or {}
+            field = next(
+                (n for n in ("response_format", "structured_outputs") if extra.get(n)),
+                "tool_choice" if getattr(body, "tools", None) else "structured_outputs",
+            )
+            raise APIError(400, f"{field}: {exc}", param=field) from None
+        except EngineUnavailable as exc:
+            raise APIError(
+                503, str(exc), code="unavailable", headers={"Retry-After": RETRY_AFTER_S}
+            ) from None
+
+    def _start(self, prompts: list[_Prompt], params, fmt: ResponseFormat, grammar=None) -> _Run:
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(
                     self.engine.add_request(
-                        f"{fmt.response_id}-{i}", prompt.token_ids, params, prompt.text
+                        f"{fmt.response_id}-{i}",
+                        prompt.token_ids,
+                        params,
+                        prompt.text,
+                        grammar=grammar,
                     )
                 )
         except BaseException as exc:
@@ -220,7 +307,8 @@ class GenerationHandler:
     async def _respond(
         self, body, request: Request, prompts: list[_Prompt], params, fmt: ResponseFormat
     ) -> Response:
-        run = self._start(prompts, params, fmt)
+        grammar = await self._compile(body, params)
+        run = self._start(prompts, params, fmt, grammar)
         if body.stream:
             return _DisconnectAwareStream(
                 self._sse(run, body, request, params.n, fmt),

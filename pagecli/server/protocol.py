@@ -8,21 +8,18 @@ the output and that the engine cannot honour are refused with a 400 naming the f
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pagecli.sampling_params import MAX_LOGPROBS, SamplingParams
+from pagecli.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputs
 
 # Fields that change what is generated, which the engine does not implement. A request that
 # sets one (to anything but null, false or an empty list) gets a 400 naming it.
 UNSUPPORTED_FIELDS = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "logit_bias",
-    "response_format",
     "audio",
     "prediction",
     "web_search_options",
@@ -32,13 +29,17 @@ UNSUPPORTED_FIELDS = (
     "bad_words",
     "allowed_token_ids",
     "prompt_logprobs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
+    "guided_decoding_backend",
+    "structural_tag",
     "logits_processors",
 )
+# vLLM's older spellings of structured_outputs' fields (still sent by many clients).
+GUIDED_FIELDS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 # Fields that are accepted and have no effect on a local engine (no warning for them).
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
 # response_format {"type": "text"} and modalities ["text"] ask for what the engine does anyway.
@@ -53,6 +54,21 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = "{}"
+
+
+class MessageToolCall(BaseModel):
+    """A tool call of an earlier assistant message, sent back in the conversation."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     """One chat message; content parts are joined into one string."""
 
@@ -60,6 +76,8 @@ class ChatMessage(BaseModel):
     role: str = Field(min_length=1)
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
     def as_template_message(self) -> dict[str, Any]:
         content = self.content
@@ -68,7 +86,60 @@ class ChatMessage(BaseModel):
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name:
             message["name"] = self.name
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            # chat templates read the arguments as a mapping (transformers' convention)
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _arguments(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
         return message
+
+
+def _arguments(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # the template shows what the client sent
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """A tool the model may call (OpenAI's function tools)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def as_template_tool(self) -> dict[str, Any]:
+        fn: dict[str, Any] = {"name": self.function.name}
+        if self.function.description:
+            fn["description"] = self.function.description
+        fn["parameters"] = self.function.parameters or {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: dict[str, Any]
 
 
 class StreamOptions(BaseModel):
@@ -105,7 +176,7 @@ class _SamplingRequest(BaseModel):
     def unsupported_field(self) -> str | None:
         """The first field set that would change the output and that the engine lacks."""
         extra = self.model_extra or {}
-        for name in UNSUPPORTED_FIELDS:
+        for name in self.UNSUPPORTED:
             value = extra.get(name)
             if value is None or value is False or value == [] or value == {}:
                 continue
@@ -119,9 +190,20 @@ class _SamplingRequest(BaseModel):
             return "modalities"
         return None
 
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = UNSUPPORTED_FIELDS
+
     def unknown_fields(self) -> list[str]:
         """Fields nobody here knows: ignored, with a warning in the log."""
-        known = {*UNSUPPORTED_FIELDS, *IGNORED_FIELDS, *_HARMLESS}
+        known = {
+            *UNSUPPORTED_FIELDS,
+            *IGNORED_FIELDS,
+            *_HARMLESS,
+            *GUIDED_FIELDS,
+            "response_format",
+            "structured_outputs",
+            "tools",
+            "tool_choice",
+        }
         return sorted(k for k in (self.model_extra or {}) if k not in known)
 
     @property
@@ -155,7 +237,20 @@ class _SamplingRequest(BaseModel):
             "repetition_penalty": self.repetition_penalty,
         }
         values.update({k: v for k, v in optional.items() if v is not None})
+        values["structured"] = self.structured()
         return SamplingParams(**values)
+
+    def structured(self) -> StructuredOutputs | None:
+        """The output constraint of `response_format`, `structured_outputs` or vLLM's older
+        `guided_*` fields; ValueError names the field."""
+        extra = self.model_extra or {}
+        outputs = extra.get("structured_outputs")
+        guided = {GUIDED_FIELDS[k]: v for k, v in extra.items() if k in GUIDED_FIELDS and v}
+        if guided:
+            if outputs:
+                raise ValueError("structured_outputs and guided_*: set one of them, not both")
+            outputs = guided
+        return StructuredOutputs.from_openai(extra.get("response_format"), outputs)
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -164,6 +259,18 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+
+    def tool_choice_name(self) -> str | None:
+        """The tool a named tool_choice forces; ValueError when it names none of the tools."""
+        if not isinstance(self.tool_choice, NamedToolChoice):
+            return None
+        name = self.tool_choice.function.get("name")
+        names = [t.function.name for t in self.tools or []]
+        if name not in names:
+            raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        return name
 
     def sampling_params(self) -> SamplingParams:
         """Without max_tokens a chat reply may run to the end of the context, as in vLLM."""
@@ -179,6 +286,8 @@ CompletionPrompt = Union[str, list[str], list[int], list[list[int]]]
 
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions."""
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*UNSUPPORTED_FIELDS, "tools", "tool_choice")
 
     prompt: CompletionPrompt
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)

@@ -8,6 +8,31 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pagecli.outputs import CompletionOutput, TokenLogprob
+from pagecli.server.tool_calls import ParsedMessage, StreamParser, parse
+
+
+@dataclass
+class ReplyParsing:
+    """How a chat reply's text is read: tool calls in `fmt` (None: none are parsed) among
+    `tools`, and reasoning before `</think>` when `reasoning` is set."""
+
+    fmt: str | None
+    tools: list[dict]
+    reasoning: bool
+
+    @property
+    def names(self) -> set[str]:
+        return {t["function"]["name"] for t in self.tools}
+
+    def parse(self, text: str) -> ParsedMessage:
+        return parse(text, *self._scanner(), tools=self.tools)
+
+    def _scanner(self) -> tuple[str, set[str], bool]:
+        # Reasoning alone: no tool name is known, so no text is ever taken for a call.
+        return (self.fmt or "hermes", self.names if self.fmt else set(), self.reasoning)
+
+    def stream_parser(self) -> StreamParser:
+        return StreamParser(*self._scanner(), tools=self.tools)
 
 
 @dataclass
@@ -19,6 +44,8 @@ class ChoiceState:
     pending_ids: list[int] = field(default_factory=list)  # seen, not yet sent
     num_chars: int = 0  # characters of text (for completions' text_offset)
     done: bool = False
+    parser: StreamParser | None = None  # a chat reply read for tool calls or reasoning
+    num_calls: int = 0
 
 
 @dataclass
@@ -30,6 +57,7 @@ class ResponseFormat:
     model: str
     tokenizer: Any  # pagecli.tokenizer.Tokenizer, for the text of logprob tokens
     created: int = field(default_factory=lambda: int(time.time()))
+    reply: ReplyParsing | None = None  # chat: tool calls and reasoning read from the text
 
     @property
     def _object(self) -> str:
@@ -47,12 +75,23 @@ class ResponseFormat:
         """A whole choice; with `prompt_token_ids` (return_token_ids) the ids ride along."""
         logprobs = self._logprobs(c.logprobs or [], 0) if c.logprobs is not None else None
         choice: dict[str, Any] = {"index": index}
+        finish_reason = c.finish_reason
         if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": c.text}
+            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if self.reply is not None:
+                parsed = self.reply.parse(c.text)
+                message["content"] = parsed.content
+                if parsed.reasoning_content is not None:
+                    message["reasoning_content"] = parsed.reasoning_content
+                if parsed.tool_calls:
+                    message["tool_calls"] = [call.as_openai() for call in parsed.tool_calls]
+                    if finish_reason == "stop":
+                        finish_reason = "tool_calls"
+            choice["message"] = message
         else:
             choice["text"] = c.text
         choice["logprobs"] = logprobs
-        choice["finish_reason"] = c.finish_reason
+        choice["finish_reason"] = finish_reason
         choice["stop_reason"] = c.stop_reason
         if prompt_token_ids is not None:
             choice["token_ids"] = c.token_ids
@@ -93,20 +132,51 @@ class ResponseFormat:
             if with_ids and new_ids:  # the ids of text held back (a partial character)
                 state.pending_ids += new_ids
             return None
+        finish_reason = c.finish_reason
+        if self.kind == "chat" and self.reply is not None:
+            delta = self._parsed_delta(c, state)
+            if not delta and new_logprobs is None and finish_reason is None:
+                if with_ids and new_ids:
+                    state.pending_ids += new_ids
+                state.num_chars += len(c.delta)
+                return None  # held back: it may be the start of a call
+            if state.num_calls and finish_reason == "stop":
+                finish_reason = "tool_calls"
+        elif self.kind == "chat":
+            delta = {"content": c.delta} if c.delta else {}
         state.num_chars += len(c.delta)
         state.done = c.finish_reason is not None
         choice: dict[str, Any] = {"index": index}
         if self.kind == "chat":
-            choice["delta"] = {"content": c.delta} if c.delta else {}
+            choice["delta"] = delta
         else:
             choice["text"] = c.delta
         choice["logprobs"] = new_logprobs
-        choice["finish_reason"] = c.finish_reason
+        choice["finish_reason"] = finish_reason
         if c.finish_reason is not None:
             choice["stop_reason"] = c.stop_reason
         if with_ids:
             choice["token_ids"], state.pending_ids = state.pending_ids + new_ids, []
         return choice
+
+    def _parsed_delta(self, c: CompletionOutput, state: ChoiceState) -> dict[str, Any]:
+        """The chat delta of the new text, read for calls and reasoning: text that may start
+        a call is held back until it is decided."""
+        if state.parser is None:
+            state.parser = self.reply.stream_parser()
+        events = state.parser.feed(c.delta) if c.delta else []
+        if c.finish_reason is not None:
+            events += state.parser.finish()
+        delta: dict[str, Any] = {}
+        for event in events:
+            for key in ("reasoning_content", "content"):
+                if event.get(key):
+                    delta[key] = delta.get(key, "") + event[key]
+            calls = event.get("tool_calls")
+            if calls:
+                delta.setdefault("tool_calls", []).extend(calls)
+                state.num_calls += len(calls)
+        return delta
 
     def chunk(self, choices: list[dict], include_usage: bool) -> dict[str, Any]:
         body = {**self._head(True), "choices": choices}

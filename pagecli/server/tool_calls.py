@@ -455,9 +455,12 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def call_grammar(fmt: str, tools: list[dict], name: str | None = None) -> str:
+def call_grammar(
+    fmt: str, tools: list[dict], name: str | None = None, parallel: bool = True
+) -> str:
     """A grammar in llguidance's Lark syntax for one or more calls in `fmt` to any of `tools`
-    (exactly one, to that tool, when `name` is given), arguments held to each tool's schema.
+    (exactly one, to that tool, when `name` is given; exactly one when `parallel` is false),
+    arguments held to each tool's schema.
     qwen3_coder values keep schema order and scalar types; string values are free text."""
     if fmt not in FORMATS:
         raise ValueError(f"tool call format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -490,7 +493,7 @@ def call_grammar(fmt: str, tools: list[dict], name: str | None = None) -> str:
             sep = '"\\n"'
         else:
             rules, sep = [f"call: %json {json.dumps(schema)}"], '";" " "?'
-    start = "start: call" if name is not None else f"start: call ({sep} call)*"
+    start = "start: call" if name is not None or not parallel else f"start: call ({sep} call)*"
     return "\n".join([start, *rules]) + "\n"
 
 

@@ -107,9 +107,12 @@ def test_prompt_forms():
 
 
 def test_unsupported_and_unknown_fields():
-    assert (
-        ChatCompletionRequest(**CHAT_BODY, tools=[{"type": "function"}]).unsupported_field()
-        == "tools"
+    # tools are a chat feature; the legacy endpoint refuses them, and the old `functions`
+    assert CompletionRequest(prompt="a", tools=[{"type": "function"}]).unsupported_field() == (
+        "tools"
+    )
+    assert ChatCompletionRequest(**CHAT_BODY, functions=[{"name": "f"}]).unsupported_field() == (
+        "functions"
     )
     assert ChatCompletionRequest(**CHAT_BODY, tools=None).unsupported_field() is None
     assert (
