@@ -310,7 +310,9 @@ class ModelRunner:
         self._copy_blocks(batch)
         items = batch.seqs
         sampled = [s for s in items if s.completes_prefill]
-        constrained = [(i, s.seq.matcher) for i, s in enumerate(sampled) if s.seq.matcher]
+        constrained = [
+            (i, s.seq.matcher) for i, s in enumerate(sampled) if s.seq.matcher is not None
+        ]
         # the grammar's mask is computed on its own thread while the model runs
         mask = self.bitmask.start(constrained) if constrained else None
         input_ids, positions, meta, sample_index = self._prepare(batch)
