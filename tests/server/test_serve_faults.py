@@ -52,7 +52,7 @@ CHAT = "/v1/chat/completions"
         (
             b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
             400,
-            "tools",
+            "tools[0].function",
         ),
         (
             b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"1": 5}}',
@@ -61,9 +61,9 @@ CHAT = "/v1/chat/completions"
         ),
         (
             b'{"messages": [{"role": "user", "content": "hi"}], "response_format": '
-            b'{"type": "json_object"}}',
+            b'{"type": "yaml"}}',
             400,
-            "response_format",
+            "response_format.type",
         ),
         (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}', 404, "model"),
     ],
