@@ -9,6 +9,7 @@ float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
 
     .venv/bin/python benchmarks/quant_kernels.py [--threads 2] [--repeats 7]
         [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2] [--tiles off,on]
+        [--int-dots off,on]
         [--shape default|1b|8b]
 
 --prefetch names the cache levels the batch-1 kernels' software prefetch may fill (the
@@ -76,6 +77,9 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--prefetch", default=None, help="l1, l2 or l1,l2 (default: the CPU's)")
     parser.add_argument("--tiles", default=None, help="off, on, auto or a list (default: auto)")
+    parser.add_argument(
+        "--int-dots", default=None, help="off, on, auto or a list (default: auto): batch-1 VNNI"
+    )
     parser.add_argument("--shape", default="default", choices=sorted(MODEL_SHAPES))
     args = parser.parse_args()
     hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[args.shape]
@@ -83,11 +87,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     levels = args.prefetch.split(",") if args.prefetch else [None]
     tiles = args.tiles.split(",") if args.tiles else [None]
-    variants = [(level, choice) for level in levels for choice in tiles]
+    ints = args.int_dots.split(",") if args.int_dots else [None]
+    variants = [(lv, choice, i) for lv in levels for choice in tiles for i in ints]
     bandwidth = read_bandwidth() / 1e9
     print(f"{args.shape} shapes, {args.threads} threads, read bandwidth {bandwidth:.1f} GB/s")
     print(
-        f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'tiles':>6}{'ms/pass':>9}{'MB':>7}"
+        f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'tiles':>6}{'int':>5}{'ms/pass':>9}"
+        f"{'MB':>7}"
         f"{'GB/s':>7}{'GFLOP/s':>9}"
     )
     rng = np.random.default_rng(0)
@@ -122,22 +128,28 @@ def main() -> None:
                     tiled = "on" if getattr(quant_cpu, "tiles", lambda: False)() else "off"
                     if rows <= FUSED_ROWS or fmt not in getattr(quant_cpu, "TILES_FORMATS", ()):
                         tiled = "-"  # the fused path, or a format without tiles
+                    integer = "on" if getattr(quant_cpu, "int_dots", lambda: False)() else "off"
+                    if rows != 1 or fmt not in getattr(quant_cpu, "INT_DOTS_FORMATS", ()):
+                        integer = "-"
                     ms = statistics.median(times[variant]) * 1e3
                     print(
-                        f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{tiled:>6}{ms:>9.2f}"
+                        f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{tiled:>6}{integer:>5}{ms:>9.2f}"
                         f"{total / 1e6:>7.1f}{total / (ms / 1e3) / 1e9:>7.1f}"
                         f"{2 * rows * values / (ms / 1e3) / 1e9:>9.0f}"
                     )
         quant_cpu.set_isa(None)
-        choose(None, None)
+        choose(None, None, None)
 
 
-def choose(level: str | None, tiles: str | None) -> None:
-    """The prefetch level and tiles choice (None: the default); older checkouts lack both."""
+def choose(level: str | None, tiles: str | None, int_dots: str | None) -> None:
+    """The prefetch level, tiles and int-dots choices (None: the default); older checkouts
+    lack them."""
     if hasattr(quant_cpu, "set_prefetch"):
         quant_cpu.set_prefetch(level)
     if hasattr(quant_cpu, "set_tiles"):
         quant_cpu.set_tiles(tiles or "auto")
+    if hasattr(quant_cpu, "set_int_dots"):
+        quant_cpu.set_int_dots(int_dots or "auto")
 
 
 if __name__ == "__main__":

@@ -145,6 +145,23 @@ def set_tiles(choice: str) -> None:
     _choose("pagecli_quant_set_tiles", TILES, choice, "tiles")
 
 
+INT_DOTS = ("auto", "off", "on")  # pagecli_quant_set_int_dots's choices
+INT_DOTS_FORMATS = ("q4_k",)  # formats with an integer batch-1 path
+
+
+def int_dots() -> bool:
+    """Whether batch-1 products of the formats in INT_DOTS_FORMATS take the integer path now
+    (csrc/quant_k.c: the input split into two int16 parts per super-block, AVX-512 VNNI)."""
+    lib = library()
+    return lib is not None and bool(lib.pagecli_quant_int_dots())
+
+
+def set_int_dots(choice: str) -> None:
+    """Choose "on" (a CPU with AVX512_VNNI only), "off" (the float kernels), or "auto" (on the
+    AVX-512 path where the CPU has VNNI). Tests and benchmarks."""
+    _choose("pagecli_quant_set_int_dots", INT_DOTS, choice, "int_dots")
+
+
 BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
 
 
@@ -254,6 +271,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_tiles.argtypes = [i32]
     lib.pagecli_quant_set_tiles.restype = i32
     lib.pagecli_quant_tiles.restype = i32
+    lib.pagecli_quant_set_int_dots.argtypes = [i32]
+    lib.pagecli_quant_set_int_dots.restype = i32
+    lib.pagecli_quant_int_dots.restype = i32
     lib.pagecli_bf16_linear.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_bf16_linear.restype = i32
     lib.pagecli_bf16_set_gemm.argtypes = [i32]

@@ -128,6 +128,19 @@ typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int
 typedef void (*wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
                         float *out);
 
+/* Batch-1 products on integer dot products (AVX-512 VNNI): the input row split once per
+ * call into int16 parts (quant_k.c's split_x), then `rows` (<= WIDE_ROWS) rows of W at a
+ * time against it. split returns nonzero where the row cannot be split (a non-finite value,
+ * or magnitudes near float32's limits): the float kernels take that call. */
+struct int_split {
+    int16_t *a, *b; /* x = scale * (a + b * 2^-15), per super-block, in the kernel's order */
+    float *scale;   /* per super-block: a power of two */
+    float *sums;    /* per 32-value sub-block: the sum of x */
+};
+typedef int (*int_split_fn)(const float *x, int64_t num_blocks, const struct int_split *out);
+typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, int rows,
+                            const struct int_split *x, float *out);
+
 struct quant_format {
     int type;
     int block_values; /* values per block */
@@ -136,6 +149,8 @@ struct quant_format {
     rows_fn rows[3];       /* per quant_isa; NULL: dequantize into a buffer, then dot */
     wide_fn wide[3];       /* per quant_isa; NULL: rows() one at a time */
     int wide_rows;         /* rows a wide kernel takes at once; 0: WIDE_ROWS */
+    int_split_fn split;        /* the integer batch-1 path (AVX-512 VNNI); NULL: none */
+    int_wide_fn int_wide;
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough
@@ -184,6 +199,8 @@ extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
 #define QUANT_X86 1
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define TARGET_VNNI                                                                            \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #else
 #define QUANT_X86 0
 #endif

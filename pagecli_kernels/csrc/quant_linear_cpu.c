@@ -201,6 +201,38 @@ int pagecli_quant_tiles(void) {
     return tiles_choice == TILES_ON;
 }
 
+/* Whether batch-1 products of the formats with an integer path (Q4_K: struct int_split)
+ * take it: on the AVX-512 path of a CPU with AVX512_VNNI (INT_AUTO), or off (the float
+ * kernels). INT_ON is refused where the CPU lacks VNNI. */
+enum { INT_AUTO = 0, INT_OFF = 1, INT_ON = 2 };
+#ifdef INT_DEFAULT_OFF /* benchmarks/kernel_variants.py: the float kernels' variant */
+static int int_choice = INT_OFF;
+#else
+static int int_choice = INT_AUTO;
+#endif
+
+static int cpu_has_vnni(void) {
+#if QUANT_X86
+    __builtin_cpu_init();
+    return pagecli_quant_best_isa() == ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+/* Choose; returns 0, -1 for an unknown choice, -2 for INT_ON without VNNI. */
+int pagecli_quant_set_int_dots(int choice) {
+    if (choice < INT_AUTO || choice > INT_ON) return -1;
+    if (choice == INT_ON && !cpu_has_vnni()) return -2;
+    int_choice = choice;
+    return 0;
+}
+
+/* 1 where batch-1 products of those formats take the integer path now, else 0. */
+int pagecli_quant_int_dots(void) {
+    return int_choice != INT_OFF && pagecli_quant_isa() == ISA_AVX512 && cpu_has_vnni();
+}
+
 static const struct quant_format *format_of(int type) {
     switch (type) {
     case QT_F32: return &FORMAT_F32;
@@ -262,6 +294,39 @@ static const dot_fn DOTS[3] = {dot_portable, NULL, NULL};
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* The integer batch-1 path (struct int_split): x split once into a per-thread buffer, then
+ * WIDE_ROWS rows at a time, the last rows (fewer) through the same kernel, so that a row's
+ * result does not depend on its neighbours. Returns 0 where x cannot be split (the float
+ * kernels then take the call) or the buffer cannot grow. */
+static __thread void *split_buf;
+static __thread int64_t split_cap;
+
+static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
+                         int64_t n, int64_t blocks, const float *x, float *y, int num_threads) {
+    const int64_t values = blocks * f->block_values;
+    const int64_t bytes = values * 2 * (int64_t)sizeof(int16_t) +
+                          (blocks + values / 32) * (int64_t)sizeof(float);
+    if (bytes > split_cap) {
+        void *grown = realloc(split_buf, (size_t)bytes);
+        if (!grown) return 0;
+        split_buf = grown;
+        split_cap = bytes;
+    }
+    int16_t *a = split_buf;
+    float *tail = (float *)(a + 2 * values);
+    const struct int_split parts = {a, a + values, tail, tail + blocks};
+    if (f->split(x, blocks, &parts)) return 0;
+    const int_wide_fn kernel = f->int_wide;
+    const int64_t groups = (n + WIDE_ROWS - 1) / WIDE_ROWS;
+#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
+    for (int64_t g = 0; g < groups; g++) {
+        const int rows = (int)min64(WIDE_ROWS, n - g * WIDE_ROWS);
+        kernel(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks, rows, &parts,
+               y + g * WIDE_ROWS);
+    }
+    return 1;
+}
+
 /* Fused dequantize-and-dot, for up to FUSED_MAX_ROWS input rows. */
 static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
                   int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
@@ -273,6 +338,9 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const rows_fn rows = f->rows[isa];
     const wide_fn wide = f->wide[isa];
     const int64_t group = f->wide_rows ? f->wide_rows : WIDE_ROWS;
+    if (m == 1 && f->int_wide && isa == ISA_AVX512 && pagecli_quant_int_dots() &&
+        int_batch_one(f, w, row_bytes, n, blocks_per_row, x, y, num_threads))
+        return;
     if (wide && m == 1 && n >= group) {
         const int64_t groups = n / group;
         /* guided: the threads rarely finish a static half at once (one of them also ran the

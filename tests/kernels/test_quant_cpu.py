@@ -523,3 +523,109 @@ def test_bf16_linear_takes_bfloat16_only():
         quant_cpu.bf16_linear(
             torch.zeros(2, 32, dtype=torch.bfloat16), float_rows(torch.zeros(4, 32))
         )
+
+
+# ---- the integer batch-1 path (csrc/quant_k.c: x split into two int16 parts, AVX-512 VNNI) ----
+
+
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _int_dots_run() -> bool:
+    return "avx512" in quant_cpu.supported_isas() and "avx512_vnni" in _cpu_flags()
+
+
+@pytest.fixture
+def int_dots():
+    """The integer path on (skipped where the CPU has no AVX512_VNNI), back to auto after."""
+    if not _int_dots_run():
+        pytest.skip("this CPU has no AVX512_VNNI")
+    quant_cpu.set_isa("avx512")
+    quant_cpu.set_int_dots("on")
+    yield
+    quant_cpu.set_int_dots("auto")
+    quant_cpu.set_isa(None)
+
+
+def test_int_dots_auto_follows_the_cpu():
+    """On the AVX-512 path of a CPU with AVX512_VNNI under "auto", never on the others; "off"
+    turns it off; "on" refused where the CPU lacks VNNI."""
+    quant_cpu.set_int_dots("auto")
+    assert quant_cpu.int_dots() == (quant_cpu.isa() == "avx512" and "avx512_vnni" in _cpu_flags())
+    quant_cpu.set_isa("portable")
+    try:
+        assert not quant_cpu.int_dots()
+    finally:
+        quant_cpu.set_isa(None)
+    with pytest.raises(ValueError, match="int_dots"):
+        quant_cpu.set_int_dots("vnni")
+    if not _int_dots_run():
+        with pytest.raises(ValueError, match="not available on this CPU"):
+            quant_cpu.set_int_dots("on")
+        return
+    try:
+        quant_cpu.set_int_dots("off")
+        assert not quant_cpu.int_dots()
+    finally:
+        quant_cpu.set_int_dots("auto")
+
+
+@pytest.mark.parametrize("cols", [768, 8192])
+@pytest.mark.parametrize("outputs", [1, 3, 37, 301])
+def test_int_dots_match_float64(int_dots, cols, outputs):
+    """One input row, through the integer path: within the float32 tolerance of the float64
+    product, and not the float kernels' bits (so the path ran)."""
+    weight = random_weight("q4_k", outputs, cols, seed=outputs)
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(cols + outputs))
+    got = quant_cpu.quant_linear(x, weight)
+    assert_within(got, x, weight, "q4_k")
+    quant_cpu.set_int_dots("off")
+    floats = quant_cpu.quant_linear(x, weight)
+    assert_within(floats, x, weight, "q4_k")
+    if outputs >= 37:
+        assert not torch.equal(got, floats)
+
+
+def test_int_dots_give_a_row_the_same_bits_in_a_group_or_alone(int_dots):
+    cols = 768
+    weight = random_weight("q4_k", 9, cols, seed=5)  # two groups of four, then one row
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(5))
+    together = quant_cpu.quant_linear(x, weight)
+    alone = [
+        quant_cpu.quant_linear(x, QuantWeight(weight.format, weight.data[r : r + 1], cols))
+        for r in range(9)
+    ]
+    assert torch.equal(together.view(torch.int32), torch.cat(alone, dim=1).view(torch.int32))
+
+
+@pytest.mark.parametrize("magnitude", [1e-36, 1e-12, 1.0, 1e12, 1e30])
+def test_int_dots_keep_the_input_at_any_magnitude(int_dots, magnitude):
+    """Super-blocks whose values differ by many orders of magnitude: each keeps 29 bits
+    relative to its own largest value; near float32's limits the float kernels take the call."""
+    cols = 768
+    weight = random_weight("q4_k", 37, cols, seed=9)
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(9))
+    x[0, 256:512] *= magnitude  # the middle super-block
+    x[0, 300] = 0.0
+    got = quant_cpu.quant_linear(x, weight)
+    assert torch.isfinite(got).all()
+    assert_within(got, x, weight, "q4_k")
+
+
+def test_int_dots_leave_inf_and_nan_to_the_float_kernels(int_dots):
+    cols = 768
+    weight = random_weight("q4_k", 8, cols, seed=3)
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(3))
+    x[0, 17] = float("inf")
+    got = quant_cpu.quant_linear(x, weight)
+    quant_cpu.set_int_dots("off")
+    want = quant_cpu.quant_linear(x, weight)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any() | got.isinf().any()
+    x[0, 17] = float("nan")
+    quant_cpu.set_int_dots("on")
+    assert quant_cpu.quant_linear(x, weight).isnan().all()
