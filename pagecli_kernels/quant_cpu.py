@@ -146,7 +146,7 @@ def set_tiles(choice: str) -> None:
 
 
 INT_DOTS = ("auto", "off", "on")  # pagecli_quant_set_int_dots's choices
-INT_DOTS_FORMATS = ("q4_k",)  # formats with an integer batch-1 path
+INT_DOTS_FORMATS = ("q4_k", "q6_k")  # formats with an integer batch-1 path
 
 
 def int_dots() -> bool:

@@ -620,7 +620,8 @@ static inline int32_t split_index(int h, int k, int w) {
 
 /* The split of x (num_blocks super-blocks); nonzero where a value is not finite, or the
  * block's scale would leave float32's normal range. */
-static int split_x_q4_K(const float *x, int64_t num_blocks, const struct int_split *out) {
+static int split_x(const float *x, int64_t num_blocks, const struct int_split *out,
+                   int q4_order) {
     for (int64_t s = 0; s < num_blocks; s++) {
         const float *xs = x + s * QK_K;
         float most = 0.0f;
@@ -639,7 +640,8 @@ static int split_x_q4_K(const float *x, int64_t num_blocks, const struct int_spl
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < 4; k++)
                 for (int w = 0; w < 32; w++) {
-                    const float v = xs[split_index(h, k, w)] * inv; /* exact: a power of two */
+                    const int i = q4_order ? split_index(h, k, w) : 128 * h + 32 * k + w;
+                    const float v = xs[i] * inv; /* exact: a power of two */
                     const float hi = rintf(v);
                     a[128 * h + 32 * k + w] = (int16_t)hi;
                     b[128 * h + 32 * k + w] = (int16_t)rintf((v - hi) * 32768.0f);
@@ -651,6 +653,16 @@ static int split_x_q4_K(const float *x, int64_t num_blocks, const struct int_spl
         }
     }
     return 0;
+}
+
+static int split_x_q4_K(const float *x, int64_t num_blocks, const struct int_split *out) {
+    return split_x(x, num_blocks, out, 1);
+}
+
+/* Q6_K takes A and B in the values' own order (its 6-bit values are put together in order by
+ * q6_half_bytes). */
+static int split_x_q6_K(const float *x, int64_t num_blocks, const struct int_split *out) {
+    return split_x(x, num_blocks, out, 0);
 }
 
 /* One row's super-block: ia/ib[h] += the products of half h, four chains in all. */
@@ -725,6 +737,59 @@ TARGET_VNNI static void int_wide_q4_K(const void *w, int64_t row_bytes, int64_t 
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum256(accm[r]);
 }
 
+/* Q6_K: the 6-bit values of each half minus 32 (q6_half_bytes), widened to words and times
+ * their 8-bit scale ((q - 32) * sc: |.| <= 4096), against A and B in order; at most 16
+ * products per int32 lane per super-block (1.07e9 < 2^31). */
+TARGET_VNNI static inline __attribute__((always_inline)) void int_q6_K_block(
+    const block_q6_K *b, const int16_t *A, const int16_t *B, const __m512i pick[4], float scale,
+    __m512 *acc) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i scw[2] = {_mm512_castsi256_si512(sc16),
+                            _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11))};
+    __m512i ia[2], ib[2];
+    for (int h = 0; h < 2; h++) {
+        __m512i v[2];
+        q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
+        ia[h] = ib[h] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            const __m256i bytes = (c & 1) ? _mm512_extracti64x4_epi64(v[c >> 1], 1)
+                                          : _mm512_castsi512_si256(v[c >> 1]);
+            const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
+                                                  _mm512_permutexvar_epi16(pick[c], scw[h]));
+            const int16_t *ah = A + 128 * h + 32 * c, *bh = B + 128 * h + 32 * c;
+            ia[h] = _mm512_dpwssd_epi32(ia[h], wv, _mm512_loadu_si512((const void *)ah));
+            ib[h] = _mm512_dpwssd_epi32(ib[h], wv, _mm512_loadu_si512((const void *)bh));
+        }
+    }
+    const float ds = _cvtsh_ss(b->d) * scale; /* exact: f16 times a power of two */
+    const __m512 sa = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[0], ia[1]));
+    const __m512 sb = _mm512_cvtepi32_ps(_mm512_add_epi32(ib[0], ib[1]));
+    *acc = _mm512_fmadd_ps(sa, _mm512_set1_ps(ds), *acc);
+    *acc = _mm512_fmadd_ps(sb, _mm512_set1_ps(ds * 0x1p-15f), *acc);
+}
+
+TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t nb, int rows,
+                                      const struct int_split *xs, float *out) {
+    const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);
+    const int l2 = pagecli_quant_prefetch_l2;
+    /* scale words for values 32c..32c+32 of a half: words 0..15 scale 2c, 16..31 scale 2c+1 */
+    __m512i pick[4];
+    for (int c = 0; c < 4; c++) {
+        int16_t idx[32];
+        for (int i = 0; i < 32; i++) idx[i] = (int16_t)(2 * c + (i >= 16));
+        pick[c] = _mm512_loadu_si512((const void *)idx);
+    }
+    __m512 acc[WIDE_ROWS];
+    for (int r = 0; r < WIDE_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++)
+        for (int r = 0; r < rows; r++) {
+            const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
+            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q6_K))
+            int_q6_K_block(b, xs->a + s * QK_K, xs->b + s * QK_K, pick, xs->scale[s], &acc[r]);
+        }
+    for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, NULL, rows_##name##_avx512}, {NULL, wide_##name##_avx2, wide_##name##_avx512}
@@ -741,4 +806,5 @@ TARGET_VNNI static void int_wide_q4_K(const void *w, int64_t row_bytes, int64_t 
 const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K), 0,
                                          INT_PATH(q4_K)};
 const struct quant_format FORMAT_Q5_K = {QT_Q5_K, QK_K, sizeof(block_q5_K), PATHS(q5_K)};
-const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K)};
+const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K), 0,
+                                         INT_PATH(q6_K)};

@@ -577,23 +577,25 @@ def test_int_dots_auto_follows_the_cpu():
 
 @pytest.mark.parametrize("cols", [768, 8192])
 @pytest.mark.parametrize("outputs", [1, 3, 37, 301])
-def test_int_dots_match_float64(int_dots, cols, outputs):
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_int_dots_match_float64(int_dots, fmt, cols, outputs):
     """One input row, through the integer path: within the float32 tolerance of the float64
     product, and not the float kernels' bits (so the path ran)."""
-    weight = random_weight("q4_k", outputs, cols, seed=outputs)
+    weight = random_weight(fmt, outputs, cols, seed=outputs)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(cols + outputs))
     got = quant_cpu.quant_linear(x, weight)
-    assert_within(got, x, weight, "q4_k")
+    assert_within(got, x, weight, fmt)
     quant_cpu.set_int_dots("off")
     floats = quant_cpu.quant_linear(x, weight)
-    assert_within(floats, x, weight, "q4_k")
+    assert_within(floats, x, weight, fmt)
     if outputs >= 37:
         assert not torch.equal(got, floats)
 
 
-def test_int_dots_give_a_row_the_same_bits_in_a_group_or_alone(int_dots):
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_int_dots_give_a_row_the_same_bits_in_a_group_or_alone(int_dots, fmt):
     cols = 768
-    weight = random_weight("q4_k", 9, cols, seed=5)  # two groups of four, then one row
+    weight = random_weight(fmt, 9, cols, seed=5)  # two groups of four, then one row
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(5))
     together = quant_cpu.quant_linear(x, weight)
     alone = [
@@ -603,23 +605,25 @@ def test_int_dots_give_a_row_the_same_bits_in_a_group_or_alone(int_dots):
     assert torch.equal(together.view(torch.int32), torch.cat(alone, dim=1).view(torch.int32))
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 @pytest.mark.parametrize("magnitude", [1e-36, 1e-12, 1.0, 1e12, 1e30])
-def test_int_dots_keep_the_input_at_any_magnitude(int_dots, magnitude):
+def test_int_dots_keep_the_input_at_any_magnitude(int_dots, fmt, magnitude):
     """Super-blocks whose values differ by many orders of magnitude: each keeps 29 bits
     relative to its own largest value; near float32's limits the float kernels take the call."""
     cols = 768
-    weight = random_weight("q4_k", 37, cols, seed=9)
+    weight = random_weight(fmt, 37, cols, seed=9)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(9))
     x[0, 256:512] *= magnitude  # the middle super-block
     x[0, 300] = 0.0
     got = quant_cpu.quant_linear(x, weight)
     assert torch.isfinite(got).all()
-    assert_within(got, x, weight, "q4_k")
+    assert_within(got, x, weight, fmt)
 
 
-def test_int_dots_leave_inf_and_nan_to_the_float_kernels(int_dots):
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_int_dots_leave_inf_and_nan_to_the_float_kernels(int_dots, fmt):
     cols = 768
-    weight = random_weight("q4_k", 8, cols, seed=3)
+    weight = random_weight(fmt, 8, cols, seed=3)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(3))
     x[0, 17] = float("inf")
     got = quant_cpu.quant_linear(x, weight)
