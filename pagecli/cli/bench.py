@@ -267,6 +267,9 @@ def bench(
             names = {name for joined in formats.values() for name in joined.split("+")}
             tiled = not names.isdisjoint(quant_cpu.TILES_FORMATS)
             info["cpu_quant_tiles"] = tiled and quant_cpu.tiles()
+            # whether its batch-1 products take the integer (VNNI) path
+            integer = not names.isdisjoint(quant_cpu.INT_DOTS_FORMATS)
+            info["cpu_quant_int_dots"] = integer and quant_cpu.int_dots()
         if quant_cpu.library() is not None:  # who multiplies prefill and batched panels
             info["cpu_gemm"] = quant_cpu.gemm()
             if info["dtype"] == "bfloat16":  # and bfloat16 batches of three rows or more

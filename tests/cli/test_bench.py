@@ -121,6 +121,7 @@ def test_throughput_json_schema(capsys, tmp_path):
     assert report["cpu_quant_kernels"].startswith("native C kernels (")
     assert report["cpu_gemm"] in ("native", "blas")
     assert report["cpu_quant_tiles"] is quant_cpu.tiles()
+    assert report["cpu_quant_int_dots"] is False  # Q4_1 and Q8_0 have no integer path
     (row,) = report["results"]
     check_row(row)
     assert row["engine"] == "pagecli" and row["num_requests"] == 3 and row["output_tokens"] == 12
