@@ -55,6 +55,11 @@ class EngineConfig:
     seed: int = 0
     # seconds a structured-output grammar may take to compile before its request is refused
     grammar_timeout: float = 10.0
+    # ranks of one engine (engine/parallel.py): rank 0 is this process, ranks 1..N-1 are
+    # worker processes that run each step's forward pass on their shard of the weights
+    tensor_parallel_size: int = 1
+    # pin rank r to NUMA node r (and its cores) where the machine has one node per rank
+    numa: bool = False
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, _DTYPES)
@@ -83,6 +88,9 @@ class EngineConfig:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.num_threads is not None:
             _at_least("num_threads", self.num_threads, 1)
+        _at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.numa and self.tensor_parallel_size < 2:
+            raise ValueError("numa pins tensor-parallel ranks: it needs tensor_parallel_size >= 2")
         if not (isinstance(self.grammar_timeout, (int, float)) and self.grammar_timeout > 0):
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout!r}")
 

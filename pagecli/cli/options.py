@@ -152,6 +152,24 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
             "Seconds a structured-output grammar may take to compile; slower ones are refused.",
         ),
     ),
+    "tensor_parallel_size": (
+        int,
+        _opt(
+            ENGINE_PANEL,
+            "Ranks that share each step, one process each (Megatron-style shards). On the CPU "
+            "--threads counts per rank; by default each rank takes its share of the cores.",
+            "--tensor-parallel-size",
+            "-tp",
+        ),
+    ),
+    "numa": (
+        bool,
+        _opt(
+            ENGINE_PANEL,
+            "Pin tensor-parallel rank r to NUMA node r (a machine with a node per rank).",
+            "--numa/--no-numa",
+        ),
+    ),
 }
 
 # SamplingParams fields that are not CLI defaults: `seed` is per request (the CLI's --seed

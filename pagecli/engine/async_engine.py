@@ -74,6 +74,13 @@ class _Call:
     loop: asyncio.AbstractEventLoop
 
 
+@dataclass(frozen=True)
+class _Fatal:
+    """The engine cannot go on (a tensor-parallel worker died between steps)."""
+
+    error: BaseException
+
+
 _STOP = object()
 
 
@@ -242,6 +249,9 @@ class AsyncEngine:
             self.load_exception = exc
             self.ready.set()
             return
+        parallel = self.engine.runner.parallel
+        if parallel is not None:
+            parallel.on_failure(lambda error: self._commands.put(_Fatal(error)))
         self.state = EngineState.READY
         self.ready.set()
         try:
@@ -251,12 +261,19 @@ class AsyncEngine:
                 self.num_running = len(self.engine.scheduler.running)
                 self.num_waiting = len(self.engine.scheduler.waiting)
         except Exception as exc:
-            logger.exception("the engine step failed")
+            from pagecli.engine.parallel import WorkerFailed
+
+            if isinstance(exc, WorkerFailed):  # a known cause, in one line
+                logger.error("the engine stopped: %s", exc)
+            else:
+                logger.exception("the engine step failed")
             self.error = f"{type(exc).__name__}: {exc}"
             self.state = EngineState.DEAD
             self._fail_all(RequestFailed(f"the engine stopped: {self.error}"))
+            self.engine.close()
             return
         self._fail_all(RequestFailed("the engine has stopped"))
+        self.engine.close()
         self.state = EngineState.STOPPED
 
     def _take_commands(self, block: bool) -> bool:
@@ -269,6 +286,8 @@ class AsyncEngine:
             if command is _STOP:
                 self.engine.abort_all()
                 return False
+            if isinstance(command, _Fatal):
+                raise command.error
             self._apply(command)
             try:
                 command = self._commands.get_nowait()

@@ -334,3 +334,8 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         self.block_manager.check_invariants(self.scheduler.all_seqs())
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers now (they also stop when the engine is
+        collected or the process exits); a no-op with one rank."""
+        self.runner.close()

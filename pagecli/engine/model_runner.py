@@ -9,12 +9,22 @@ import torch
 
 from pagecli.config import EngineConfig
 from pagecli.engine.cpu_threads import ThreadChoice, choose_threads
+from pagecli.engine.parallel import (
+    ParallelGroup,
+    StepInputs,
+    WorkerLink,
+    join_group,
+    pin_to_numa_node,
+    rank_device,
+)
 from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
 from pagecli.engine.structured import BitmaskFiller
 from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import bf16_rows_supported, packing_supported
+from pagecli.layers.parallel import TensorParallel
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
+from pagecli.loader.shards import plan_shards
 from pagecli.loader.weight_plan import plan_weights
 from pagecli.loader.weights import (
     KVCacheMemoryError,
@@ -96,14 +106,32 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         max_model_len: int,
+        link: WorkerLink | None = None,
     ) -> None:
+        """`link`: this process is a tensor-parallel worker (engine/parallel.py), not rank 0."""
         self.config = config
+        self.rank = link.rank if link is not None else 0
+        size = config.tensor_parallel_size
+        device = rank_device(device, self.rank) if size > 1 else device
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
+        self.vocab_size = hf_config.vocab_size  # the logits' width
+        dummy = config.load_format == "dummy" or not source.has_weights
+        plan = plan_weights(source, "none" if dummy else config.quantization, device, dtype)
+        self.weight_plan = plan
+        self.tp: TensorParallel | None = None  # this rank's collectives (size > 1)
+        self.parallel: ParallelGroup | None = None  # rank 0's handle on the workers
+        if size > 1:
+            shard = plan_shards(hf_config, size, plan.block_values)[self.rank]
+            self.tp = TensorParallel(shard)
+            full_config, hf_config = hf_config, shard.local_config(hf_config)
+            if link is None:  # rank 0: the workers load their shards while this one does
+                self.parallel = ParallelGroup(size)
+                self.parallel.start(config, full_config, source, device, dtype, max_model_len)
         if device.type == "cpu":
             # the C kernels take torch.get_num_threads() as their OpenMP thread count
-            self.thread_choice = choose_threads(config.num_threads)
+            self.thread_choice = self._choose_threads()
             torch.set_num_threads(self.thread_choice.num_threads)
             keep_freed_memory()
             from pagecli_kernels import native
@@ -115,7 +143,6 @@ class ModelRunner:
             )
         self.num_threads = torch.get_num_threads()
         self.num_layers = hf_config.num_hidden_layers
-        self.vocab_size = hf_config.vocab_size  # the logits' width
         heads = hf_config.num_attention_heads
         self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
@@ -129,6 +156,9 @@ class ModelRunner:
             raise ModelLoadError(f"{source.name}: the attention layers' shape is not the config's")
         if device.type != "cpu":  # after the weights: the cache takes what they leave free
             self.num_blocks = self._num_blocks()
+        if self.tp is not None:
+            self._join_ranks(link)
+        if device.type != "cpu" or self.tp is not None:
             self.memory = dataclasses.replace(self.memory, kv=self.num_blocks * self.block_bytes)
         # [K/V, layers, blocks, block_size, kv_heads, head_dim]
         self.kv_cache = torch.empty(
@@ -163,7 +193,8 @@ class ModelRunner:
         self._bitmask: BitmaskFiller | None = None  # made at the first constrained step
         self.graphs = None
         # CUDA graphs capture the Triton kernels; the other paths read lengths on the host
-        graphable = config.attention_impl in ("auto", "triton")
+        # (not under tensor parallelism: the captured graphs would hold the collectives too)
+        graphable = config.attention_impl in ("auto", "triton") and self.tp is None
         if device.type == "cuda" and not config.enforce_eager and graphable:
             from pagecli.engine.cuda_graphs import DecodeGraphs
 
@@ -178,14 +209,44 @@ class ModelRunner:
 
     # ---- set-up --------------------------------------------------------------------------
 
+    def _choose_threads(self) -> ThreadChoice:
+        """`--threads` per process; by default each tensor-parallel rank takes an equal share
+        of the cores (with `--numa`, the cores of its own node)."""
+        size = self.config.tensor_parallel_size
+        if self.config.numa:
+            pin_to_numa_node(self.rank, size)
+        choice = choose_threads(self.config.num_threads)
+        if size == 1 or self.config.num_threads is not None:
+            return choice
+        if self.config.numa:
+            return ThreadChoice(choice.num_threads, f"{choice.reason}, on NUMA node {self.rank}")
+        share = max(1, choice.num_threads // size)
+        return ThreadChoice(share, f"{choice.reason}, shared by {size} tensor-parallel ranks")
+
+    def _join_ranks(self, link: WorkerLink | None) -> None:
+        """Meet the other ranks once every shard is loaded: the process group, then one
+        block count for all (the smallest: block ids are shared)."""
+        if link is None:
+            self.parallel.wait_loaded()
+            init_file = self.parallel.init_file
+        else:
+            link.conn.send(("loaded",))
+            init_file = link.init_file
+        join_group(self.rank, self.config.tensor_parallel_size, init_file, self.device)
+        self.num_blocks = self.tp.min_over_ranks(self.num_blocks)
+        if self.parallel is not None:
+            self.parallel.watch()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (a no-op without them)."""
+        if self.parallel is not None:
+            self.parallel.close()
+
     def _load_model(self, hf_config, source: ModelSource, max_model_len: int):
         cls = model_class(hf_config)
         load_format = self.config.load_format
         dummy = load_format == "dummy" or not source.has_weights
-        plan = plan_weights(
-            source, "none" if dummy else self.config.quantization, self.device, self.dtype
-        )
-        self.weight_plan = plan
+        plan = self.weight_plan
         check_fits(hf_config, self.dtype, self.device, source.name, plan.resident_bytes)
         size = torch.tensor([], dtype=self.dtype).element_size()
         weights = plan.resident_bytes
@@ -207,7 +268,7 @@ class ModelRunner:
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device("meta"):
-                model = cls(hf_config, max_position=max_model_len)
+                model = cls(hf_config, max_position=max_model_len, tp=self.tp)
                 model.use_quantized(plan.quantized_names)  # no float copy of these weights
                 if plan.qk_pairs:
                     model.use_qk_pairs()  # the file's Q/K rows read in place
@@ -222,7 +283,7 @@ class ModelRunner:
             init_dummy_weights(model, self.config.seed)
         else:
             with torch.no_grad():
-                model.load_weights(plan.weights())
+                model.load_weights(plan.shard_weights(self.tp.shard if self.tp else None))
         if packing_supported(self.dtype, self.device):
             model.pack_weights()
         elif bf16_rows_supported(self.dtype, self.device):
@@ -307,7 +368,7 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> RunOutput:
         """Forward the whole mixed batch once and sample the sequences that completed their
         prompt."""
-        self._copy_blocks(batch)
+        self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         items = batch.seqs
         sampled = [s for s in items if s.completes_prefill]
         constrained = [
@@ -316,6 +377,14 @@ class ModelRunner:
         # the grammar's mask is computed on its own thread while the model runs
         mask = self.bitmask.start(constrained) if constrained else None
         input_ids, positions, meta, sample_index = self._prepare(batch)
+        if self.parallel is not None:
+            step = StepInputs.from_step(input_ids, positions, meta, sample_index, batch)
+            self.parallel.send(step)
+            try:
+                logits = self._forward_logits(input_ids, positions, meta, sample_index)
+            except RuntimeError as exc:  # a collective failed: a worker is gone
+                raise self.parallel.failed() from exc
+            return self._sample(items, sampled, constrained, logits, mask)
         if (
             self.graphs is not None
             and not batch.prefills
@@ -330,9 +399,29 @@ class ModelRunner:
             )
         else:
             hidden = self.model(input_ids, positions, meta)  # [T, H]
+        logits = None
+        if sampled:
+            logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
+        return self._sample(items, sampled, constrained, logits, mask)
+
+    def _forward_logits(self, input_ids, positions, meta, sample_index) -> torch.Tensor | None:
+        """The tensor-parallel forward pass: this rank's shard, then the sampled rows'
+        logits joined on rank 0 ([S, V]; None elsewhere, or when nothing is sampled)."""
+        hidden = self.model(input_ids, positions, meta)  # [T, H]
+        if sample_index.numel() == 0:
+            return None
+        logits = self.model.compute_logits(hidden[sample_index])  # [S, rows of this rank]
+        return self.tp.gather_logits(logits, self.vocab_size)
+
+    @torch.inference_mode()
+    def run_worker_step(self, step: StepInputs) -> None:
+        """A worker rank's part of one step (rank 0 sent `step`)."""
+        self._copy_blocks(step.swap_out, step.swap_in, step.block_copies)
+        self._forward_logits(*step.tensors(self.device))
+
+    def _sample(self, items, sampled, constrained, logits, mask) -> RunOutput:
         if not sampled:
             return RunOutput([[] for _ in items], [None] * len(items))
-        logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
         rows = [self._sampling_row(s) for s in sampled]
         raw_logits = logits
         if mask is not None:
@@ -537,18 +626,18 @@ class ModelRunner:
             return torch.tensor(data, dtype=dtype)
         return torch.tensor(data, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
 
-    def _copy_blocks(self, batch: ScheduledBatch) -> None:
+    def _copy_blocks(self, swap_out, swap_in, block_copies) -> None:
         """Swap-outs first (their device blocks may be reused in this very step), then
-        swap-ins, then copy-on-write copies."""
-        if batch.swap_out:
-            dev_ids = torch.tensor([d for d, _ in batch.swap_out], device=self.device)
-            host_ids = torch.tensor([h for _, h in batch.swap_out])
+        swap-ins, then copy-on-write copies; each a list of (from, to) block ids."""
+        if swap_out:
+            dev_ids = torch.tensor([d for d, _ in swap_out], device=self.device)
+            host_ids = torch.tensor([h for _, h in swap_out])
             self.swap_cache[:, :, host_ids] = self.kv_cache[:, :, dev_ids].to("cpu")
-        if batch.swap_in:
-            host_ids = torch.tensor([h for h, _ in batch.swap_in])
-            dev_ids = torch.tensor([d for _, d in batch.swap_in], device=self.device)
+        if swap_in:
+            host_ids = torch.tensor([h for h, _ in swap_in])
+            dev_ids = torch.tensor([d for _, d in swap_in], device=self.device)
             self.kv_cache[:, :, dev_ids] = self.swap_cache[:, :, host_ids].to(self.device)
-        if batch.block_copies:
-            src = torch.tensor([s for s, _ in batch.block_copies], device=self.device)
-            dst = torch.tensor([d for _, d in batch.block_copies], device=self.device)
+        if block_copies:
+            src = torch.tensor([s for s, _ in block_copies], device=self.device)
+            dst = torch.tensor([d for _, d in block_copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]

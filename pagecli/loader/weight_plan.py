@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from pagecli.loader.resolve import ModelLoadError, ModelSource
+from pagecli.loader.shards import RankShard
 from pagecli_kernels.quant_formats import BY_GGML_TYPE, FORMATS, QuantWeight
 
 Weight = QuantWeight | torch.Tensor
@@ -42,6 +43,24 @@ class WeightPlan:
     # rest is memory of the process's own)
     mapped_bytes: int = 0
     qk_pairs: bool = False  # Q/K weights in llama.cpp's row order (gguf_weights.keeps_qk_pairs)
+    # block width (values) of each block-format tensor: the columns a tensor-parallel split
+    # must not cut (loader/shards.py)
+    block_values: dict[str, int] = field(default_factory=dict)
+    # a rank's slices read straight from the files (safetensors); None: sliced after loading
+    read_shard: Callable[[RankShard], Iterator[tuple[str, Weight]]] | None = None
+
+    def shard_weights(self, shard: RankShard | None) -> Iterator[tuple[str, Weight]]:
+        """The weights as a tensor-parallel rank holds them (`shard`; None: whole)."""
+        if shard is None:
+            yield from self.weights()
+            return
+        if self.read_shard is not None:
+            yield from self.read_shard(shard)
+            return
+        from pagecli.loader.shards import take
+
+        for name, weight in self.weights():
+            yield name, take(shard, name, weight)
 
 
 def _kernels_reason() -> str | None:
@@ -114,6 +133,7 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
         raise ModelLoadError(str(exc)) from None
     size = torch.tensor([], dtype=dtype).element_size()
     names: set[str] = set()
+    blocks: dict[str, int] = {}
     resident = mapped = 0
     for t in reader.tensors:
         name = hf_tensor_name(t.name)
@@ -121,6 +141,7 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
             continue
         if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == 2:
             names.add(name)
+            blocks[name] = BY_GGML_TYPE[int(t.tensor_type)].block_values
             mapped += int(t.n_bytes)
         else:
             resident += int(t.n_elements) * size
@@ -137,19 +158,24 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
 
     qk_pairs = keeps_qk_pairs(reader, keep)
     mode = "gguf" if keep else "none"
-    return WeightPlan(mode, names, resident + mapped, weights, mapped, qk_pairs)
+    return WeightPlan(mode, names, resident + mapped, weights, mapped, qk_pairs, blocks)
 
 
 def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> WeightPlan:
     from pagecli.loader.weights import iter_safetensors, safetensors_shapes
 
     if mode == "none":
-        return WeightPlan("none", weights=lambda: iter_safetensors(source.path, source.name))
+        return WeightPlan(
+            "none",
+            weights=lambda: iter_safetensors(source.path, source.name),
+            read_shard=lambda shard: iter_safetensors(source.path, source.name, shard),
+        )
     from pagecli.loader.quant_cache import ensure_cache, iter_cached
     from pagecli.loader.quantize import wants_quantization, weight_format
 
     size = torch.tensor([], dtype=dtype).element_size()
     names: set[str] = set()
+    blocks: dict[str, int] = {}
     resident = mapped = 0
     for name, shape in safetensors_shapes(source.path, source.name):
         numel = 1
@@ -158,6 +184,7 @@ def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> Wei
         if wants_quantization(name, len(shape)):
             fmt = FORMATS[weight_format(name, shape[1], mode)]
             names.add(name)
+            blocks[name] = fmt.block_values
             mapped += numel // fmt.block_values * fmt.block_bytes
         else:
             resident += numel * size  # copied from the cache file into the parameters
@@ -166,4 +193,4 @@ def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> Wei
         # quantized once into the cache (loader/quant_cache.py), then read from its map
         yield from iter_cached(ensure_cache(source, mode))
 
-    return WeightPlan(mode, names, resident + mapped, weights, mapped)
+    return WeightPlan(mode, names, resident + mapped, weights, mapped, block_values=blocks)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from pagecli.loader.resolve import ModelLoadError, ModelSource
+from pagecli.loader.shards import RankShard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -207,9 +208,14 @@ def check_kv_fits(
             )
 
 
-def iter_safetensors(folder: Path, name: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of every *.safetensors file in the folder."""
+def iter_safetensors(
+    folder: Path, name: str, shard: RankShard | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of every *.safetensors file in the folder; with a
+    tensor-parallel `shard`, only that rank's slice of each is read."""
     from safetensors import safe_open
+
+    from pagecli.loader.shards import read_slice
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -218,7 +224,10 @@ def iter_safetensors(folder: Path, name: str) -> Iterator[tuple[str, torch.Tenso
         try:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():
-                    yield key, f.get_tensor(key)
+                    if shard is None:
+                        yield key, f.get_tensor(key)
+                    else:
+                        yield key, read_slice(shard, key, f.get_slice(key))
         except ModelLoadError:
             raise
         except Exception as exc:

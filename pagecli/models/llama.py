@@ -19,6 +19,7 @@ from torch import nn
 from pagecli.layers.attention import AttentionMetadata, PagedAttention
 from pagecli.layers.linear import BF16Linear, PackedLinear, pack_linears, use_bf16_rows
 from pagecli.layers.norm import RMSNorm
+from pagecli.layers.parallel import TensorParallel
 from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
 from pagecli_kernels import fused_cpu, host_memory, layers_cpu, quant_cpu
@@ -54,6 +55,8 @@ class LlamaAttention(nn.Module):
         # q/k weight rows in llama.cpp's order (each head's rotary halves interleaved, as a
         # GGUF file keeps them in place): the rotary reads each head's pairs back into halves
         self.qk_pairs = False
+        # tensor parallelism: this rank's heads only; o_proj's partial sums are all-reduced
+        self.tp: TensorParallel | None = None
 
     def forward(self, rope: Rope, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
@@ -66,7 +69,8 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *rope, pairs=self.qk_pairs)
         out = self.attn(q, k, v.contiguous(), meta)  # [T, Hq, D]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, H]
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class LlamaMLP(nn.Module):
@@ -78,13 +82,16 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r} (only silu)")
+        self.tp: TensorParallel | None = None  # this rank's columns; down_proj all-reduced
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * I]
         if fused_cpu.available(gate_up) and gate_up.stride(-1) == 1:
-            return self.down_proj(fused_cpu.silu_mul(gate_up))  # one native call on the CPU
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            out = self.down_proj(fused_cpu.silu_mul(gate_up))  # one native call on the CPU
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            out = self.down_proj(F.silu(gate) * up)  # [T, H]
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -105,7 +112,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """A Llama-family decoder over the paged KV cache."""
+    """A Llama-family decoder over the paged KV cache.
+
+    With `tp` (tensor parallelism), `config` is this rank's (loader/shards.py: its heads and
+    MLP width) and the module holds its shard: the embedding and the output projection hold
+    its vocabulary rows, and compute_logits returns only those columns."""
 
     # checkpoint name fragment -> (fused parameter fragment, shard index)
     _fused = {
@@ -116,25 +127,29 @@ class LlamaForCausalLM(nn.Module):
         ".up_proj.": (".gate_up_proj.", 1),
     }
 
-    def __init__(self, config, max_position: int) -> None:
+    def __init__(self, config, max_position: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp
+        vocab_rows = config.vocab_size if tp is None else tp.shard.vocab[1] - tp.shard.vocab[0]
         # _weight: no reset_parameters (its normal_ imports torch._dynamo and triton, 1 s and
         # 130 MB at start-up); the loader or init_dummy_weights sets every weight anyway
         self.embed_tokens = nn.Embedding(
-            config.vocab_size,
+            vocab_rows,
             config.hidden_size,
-            _weight=torch.empty(config.vocab_size, config.hidden_size),
+            _weight=torch.empty(vocab_rows, config.hidden_size),
         )
         self.rotary = RotaryEmbedding(config, _head_dim(config), max_position)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
         )
+        for layer in self.layers:
+            layer.self_attn.tp = layer.mlp.tp = tp
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, vocab_rows, bias=False)
         self.packed_head: PackedLinear | None = None  # set by pack_weights()
         # the tied output projection over the embedding's own float32 rows (native kernels)
         self.float_head: quant_cpu.PreparedLinear | None = None  # set by pack_weights()
@@ -152,7 +167,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [T, H]
+        if self.tp is None:
+            hidden = self.embed_tokens(input_ids)  # [T, H]
+        else:
+            hidden = self.tp.embed(self.embed_tokens, input_ids)  # [T, H]
         rope = self.rotary(positions)  # (cos, sin), [T, 1, D] each
         native = self.native_layers(hidden, rope)
         if native is not None:  # the same kernels as the loop below, in one call
@@ -167,10 +185,12 @@ class LlamaForCausalLM(nn.Module):
         or bfloat16 activations and caches on the CPU, every projection block-format or
         float32-rows buffers (one, or a QuantLinear's parts; bfloat16: the native kernels of
         `BF16Linear`, so only for steps that `BF16Linear.native_takes`, which the loop's layers
-        also give to them; biases allowed), no q/k norm, the CPU attention kernels. None: the
-        Python loop runs."""
+        also give to them; biases allowed), no q/k norm, the CPU attention kernels, no tensor
+        parallelism (its all-reduces sit between the layers' halves). None: the Python loop
+        runs."""
         if (
-            hidden.dtype not in (torch.float32, torch.bfloat16)
+            self.tp is not None
+            or hidden.dtype not in (torch.float32, torch.bfloat16)
             or (hidden.dtype == torch.bfloat16 and not BF16Linear.native_takes(hidden.shape[0]))
             or hidden.device.type != "cpu"
             or not hidden.is_contiguous()
@@ -228,7 +248,8 @@ class LlamaForCausalLM(nn.Module):
             return None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in float32 for the selected positions: [S, H] -> [S, V]."""
+        """Logits in float32 for the selected positions: [S, H] -> [S, V] (with `tp`, this
+        rank's vocabulary columns)."""
         if self.float_head is not None and hidden.dtype == torch.float32:
             return self.float_head(hidden.contiguous())
         if (

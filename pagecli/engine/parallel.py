@@ -1,0 +1,395 @@
+"""Tensor-parallel ranks: rank 0 is the engine's own process (scheduler, block manager,
+sampling); ranks 1..N-1 are worker processes, started here (spawn), that only run steps.
+
+Each step, rank 0 sends the workers the step's flat inputs (`StepInputs`: token ids,
+positions, slot mapping, block tables, lengths, block copies; numpy arrays over a pipe,
+never Sequence objects), then every rank runs the forward pass on its shard and meets the
+others in the collectives of layers/parallel.py (gloo on the CPU, NCCL on CUDA; rendezvous
+through a fresh file per engine, never a fixed port).
+
+Faults: a worker that raises sends its one-line reason and exits; one that dies closes its
+sockets, so rank 0's next collective fails at once. Either way rank 0 raises `WorkerFailed`
+naming the rank and the cause; a watcher thread also reports a death between steps (serve).
+Workers ignore Ctrl-C (rank 0 ends them), die with rank 0 (PR_SET_PDEATHSIG), and are
+stopped, then killed, when the engine closes or the process exits: no orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pagecli.config import EngineConfig
+
+INIT_TIMEOUT_S = 600  # loading a large shard can take minutes; a dead worker is seen sooner
+COLLECTIVE_TIMEOUT_S = 120  # a rank that hangs (not dies) mid-step
+STOP_TIMEOUT_S = 5.0
+
+
+class WorkerFailed(RuntimeError):
+    """A tensor-parallel worker died or raised: the engine cannot go on (one line)."""
+
+
+@dataclass
+class StepInputs:
+    """One step's flat inputs, as every rank needs them."""
+
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    num_decode_tokens: int
+    decode_block_tables: np.ndarray | None  # [D, width] int32
+    decode_seq_lens: np.ndarray | None  # [D] int32
+    prefill_block_tables: np.ndarray | None  # [P, width] int32
+    prefill_seq_lens: np.ndarray | None  # [P] int32
+    prefill_query_start_loc: np.ndarray | None  # [P + 1] int32
+    sample_index: np.ndarray  # [S] int64
+    swap_out: list[tuple[int, int]]
+    swap_in: list[tuple[int, int]]
+    block_copies: list[tuple[int, int]]
+
+    @classmethod
+    def from_step(cls, input_ids, positions, meta, sample_index, batch) -> StepInputs:
+        """Copies of the step's tensors (the host buffers are reused next step)."""
+
+        def host(t: torch.Tensor | None) -> np.ndarray | None:
+            return None if t is None else t.detach().cpu().numpy().copy()
+
+        return cls(
+            host(input_ids),
+            host(positions),
+            host(meta.slot_mapping),
+            meta.num_decode_tokens,
+            host(meta.decode_block_tables),
+            host(meta.decode_seq_lens),
+            host(meta.prefill_block_tables),
+            host(meta.prefill_seq_lens),
+            host(meta.prefill_query_start_loc),
+            host(sample_index),
+            list(batch.swap_out),
+            list(batch.swap_in),
+            list(batch.block_copies),
+        )
+
+    def tensors(self, device: torch.device):
+        """(input_ids, positions, AttentionMetadata, sample_index) on `device`."""
+        from pagecli.layers.attention import AttentionMetadata
+
+        def dev(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(a).to(device)
+
+        meta = AttentionMetadata(
+            slot_mapping=dev(self.slot_mapping),
+            num_decode_tokens=self.num_decode_tokens,
+            decode_block_tables=dev(self.decode_block_tables),
+            decode_seq_lens=dev(self.decode_seq_lens),
+            prefill_block_tables=dev(self.prefill_block_tables),
+            prefill_seq_lens=dev(self.prefill_seq_lens),
+            prefill_query_start_loc=dev(self.prefill_query_start_loc),
+        )
+        return dev(self.input_ids), dev(self.positions), meta, dev(self.sample_index)
+
+
+@dataclass(frozen=True)
+class WorkerLink:
+    """What a worker needs to join its engine: its rank, the rendezvous file and its pipe."""
+
+    rank: int
+    size: int
+    init_file: str
+    conn: object  # multiprocessing Connection to rank 0
+
+
+def backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def join_group(rank: int, size: int, init_file: str, device: torch.device) -> None:
+    """Join the engine's process group (blocks until every rank has joined)."""
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend(device),
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+
+
+def leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group (a dead peer) is gone either way
+            pass
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Rank r's device: cuda:r on CUDA, the CPU otherwise."""
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def numa_cpus(node: int, root: Path = Path("/sys/devices/system/node")) -> set[int] | None:
+    """The CPUs of NUMA node `node` (None where the machine has no such node)."""
+    from pagecli.engine.cpu_threads import parse_cpu_list
+
+    try:
+        return set(parse_cpu_list((root / f"node{node}" / "cpulist").read_text()))
+    except OSError:
+        return None
+
+
+def num_numa_nodes(root: Path = Path("/sys/devices/system/node")) -> int:
+    return len(list(root.glob("node[0-9]*"))) or 1
+
+
+def pin_to_numa_node(rank: int, size: int) -> None:
+    """`--numa`: run rank r on the CPUs of NUMA node r; ValueError where there are fewer
+    nodes than ranks."""
+    nodes = num_numa_nodes()
+    cpus = numa_cpus(rank) if nodes >= size else None
+    if not cpus:
+        raise ValueError(
+            f"--numa pins rank r to NUMA node r: {size} ranks need {size} nodes, this machine "
+            f"has {nodes}"
+        )
+    os.sched_setaffinity(0, cpus)
+
+
+class ParallelGroup:
+    """Rank 0's handle on its workers: start, per-step inputs, faults, shutdown."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._dir = tempfile.mkdtemp(prefix="pagecli-tp-")
+        self.init_file = os.path.join(self._dir, "rendezvous")  # fresh: never reused
+        self.processes: list = []
+        self.conns: list = []
+        self.closing = False
+        self.failure: WorkerFailed | None = None  # set once a worker is known to be gone
+        self._callbacks: list[Callable[[WorkerFailed], None]] = []
+        self._shared = {"closing": False}  # read by the finalizer and the watcher thread
+        # runs at close(), when the engine is collected, or at exit: never an orphan worker
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self.processes, self.conns, self._dir, self._shared
+        )
+
+    def start(
+        self, config: EngineConfig, hf_config, source, device: torch.device, dtype, max_len: int
+    ) -> None:
+        """Spawn ranks 1..N-1; each loads its shard while this process loads its own."""
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        for rank in range(1, self.size):
+            parent, child = ctx.Pipe()
+            link = WorkerLink(rank, self.size, self.init_file, child)
+            proc = ctx.Process(
+                target=worker_main,
+                args=(link, config, hf_config, source, device, dtype, max_len, os.getpid()),
+                name=f"pagecli-tp-rank{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self.processes.append(proc)
+            self.conns.append(parent)
+
+    def wait_loaded(self) -> None:
+        """Wait until every worker has loaded its shard; ModelLoadError naming the rank when
+        one fails to (its own one-line reason)."""
+        from multiprocessing.connection import wait
+
+        from pagecli.loader.resolve import ModelLoadError
+
+        pending = dict(enumerate(self.conns, start=1))
+        deadline = time.monotonic() + INIT_TIMEOUT_S
+        while pending:
+            sentinels = {self.processes[r - 1].sentinel: r for r in pending}
+            ready = wait([*pending.values(), *sentinels], timeout=deadline - time.monotonic())
+            if not ready:
+                raise ModelLoadError(f"tensor-parallel ranks {sorted(pending)} did not load")
+            for obj in ready:
+                rank = sentinels.get(obj) or next(r for r, c in pending.items() if c is obj)
+                if rank not in pending:
+                    continue
+                message = self._receive(rank)
+                if message == ("loaded",):
+                    del pending[rank]
+                    continue
+                raise ModelLoadError(self._describe(rank, message))
+
+    def watch(self) -> None:
+        """Start the thread that notices a worker dying between steps."""
+        threading.Thread(target=self._watch, name="pagecli-tp-watch", daemon=True).start()
+
+    def on_failure(self, callback: Callable[[WorkerFailed], None]) -> None:
+        """Call `callback(error)` (from the watcher thread) when a worker dies."""
+        self._callbacks.append(callback)
+
+    def send(self, step: StepInputs) -> None:
+        """Hand every worker this step's inputs."""
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send(step)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                raise self.failed(rank) from None
+
+    def failed(self, rank: int | None = None) -> WorkerFailed:
+        """The error for a worker that is gone (the first one found when `rank` is None)."""
+        if self.failure is not None:
+            return self.failure
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while rank is None and time.monotonic() < deadline:
+            for r, conn in enumerate(self.conns, start=1):
+                if not self.processes[r - 1].is_alive() or conn.poll():
+                    rank = r
+                    break
+            else:
+                time.sleep(0.05)
+        if rank is None:
+            self.failure = WorkerFailed("a tensor-parallel collective failed; no worker died")
+            return self.failure
+        self.processes[rank - 1].join(STOP_TIMEOUT_S)
+        self.failure = WorkerFailed(self._describe(rank, self._receive(rank)))
+        return self.failure
+
+    def close(self) -> None:
+        """Stop every worker (then kill what is left) and leave the process group."""
+        self._shared["closing"] = True
+        self._finalizer()
+
+    # ---- inside ---------------------------------------------------------------------------
+
+    def _receive(self, rank: int):
+        conn = self.conns[rank - 1]
+        try:
+            return conn.recv() if conn.poll() else None
+        except (EOFError, OSError):
+            return None
+
+    def _describe(self, rank: int, message) -> str:
+        if isinstance(message, tuple) and message and message[0] == "error":
+            return f"tensor-parallel rank {rank} failed: {message[1]}"
+        proc = self.processes[rank - 1]
+        proc.join(STOP_TIMEOUT_S)
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                cause = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                cause = f"killed by signal {-code}"
+        elif code is not None:
+            cause = f"exited with status {code}"
+        else:
+            cause = "stopped answering"
+        return f"tensor-parallel rank {rank} died ({cause})"
+
+    def _watch(self) -> None:
+        from multiprocessing.connection import wait
+
+        sentinels = [p.sentinel for p in self.processes]
+        while sentinels and not self._shared["closing"]:
+            done = wait(sentinels, timeout=1.0)
+            if done and not self._shared["closing"]:
+                rank = sentinels.index(done[0]) + 1
+                error = self.failed(rank)
+                for callback in self._callbacks:
+                    callback(error)
+                return
+
+
+def _shutdown(processes: list, conns: list, folder: str, shared: dict) -> None:
+    """Ask each worker to stop, wait a little, then kill what is left; leave the group."""
+    shared["closing"] = True
+    for conn in conns:
+        try:
+            conn.send(None)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for proc in processes:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in processes:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(STOP_TIMEOUT_S)
+    for conn in conns:
+        conn.close()
+    leave_group()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---- the worker process -----------------------------------------------------------------
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Be killed when rank 0 dies, however it dies (Linux); elsewhere the pipe's EOF ends us."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # rank 0 died before the line above
+        os._exit(1)
+
+
+def worker_main(
+    link: WorkerLink, config, hf_config, source, device, dtype, max_len: int, parent_pid: int
+) -> None:
+    """A worker rank: load the shard, join the group, then run steps until told to stop."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+    conn = link.conn
+    try:
+        import warnings
+
+        warnings.simplefilter("ignore")
+        from pagecli.engine.model_runner import ModelRunner
+
+        runner = ModelRunner(config, hf_config, source, device, dtype, max_len, link=link)
+    except BaseException as exc:  # noqa: BLE001 - reported to rank 0 in one line
+        _report(conn, exc)
+        os._exit(1)
+    try:
+        while True:
+            try:
+                step = conn.recv()
+            except (EOFError, OSError):
+                break
+            if step is None:
+                break
+            runner.run_worker_step(step)
+    except BaseException as exc:  # noqa: BLE001 - reported to rank 0 in one line
+        _report(conn, exc)
+        os._exit(1)
+    leave_group()
+    os._exit(0)
+
+
+def _report(conn, exc: BaseException) -> None:
+    text = str(exc).strip().splitlines()
+    try:
+        conn.send(("error", f"{type(exc).__name__}: {text[0] if text else ''}"))
+    except (BrokenPipeError, ConnectionResetError, OSError):
+        pass
+

@@ -1,0 +1,73 @@
+"""The collectives of a tensor-parallel model (torch.distributed: gloo on the CPU, NCCL on
+CUDA): the all-reduce after each row-parallel projection, the vocab-parallel embedding
+lookup, and the logits gathered to rank 0.
+
+The process group is made by engine/parallel.py; the layers only call these.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from pagecli.loader.shards import RankShard
+
+
+class TensorParallel:
+    """A rank's view of the group: its shard, the collectives, and the time spent in them."""
+
+    def __init__(self, shard: RankShard) -> None:
+        self.shard = shard
+        self.rank, self.size = shard.rank, shard.size
+        self.comm_seconds = 0.0  # wall time inside collectives since the last reset
+        self.num_all_reduces = 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place. gloo adds float32 only (its float16/bfloat16
+        sums are slow or missing): other dtypes on the CPU are summed in float32."""
+        start = time.perf_counter()
+        if x.device.type == "cpu" and x.dtype != torch.float32:
+            wide = x.float()
+            dist.all_reduce(wide)
+            x.copy_(wide)
+        else:
+            dist.all_reduce(x)
+        self.comm_seconds += time.perf_counter() - start
+        self.num_all_reduces += 1
+        return x
+
+    def embed(self, embedding: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        """A vocab-parallel lookup: each rank looks up the ids in its rows (zeros elsewhere)
+        and the ranks' rows are summed; one rank holds each id, so the sum is exact."""
+        start, stop = self.shard.vocab
+        mine = (input_ids >= start) & (input_ids < stop)  # [T]
+        local = torch.where(mine, input_ids - start, torch.zeros_like(input_ids))
+        hidden = embedding(local)  # [T, H]
+        hidden[~mine] = 0
+        return self.all_reduce(hidden)
+
+    def gather_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
+        """Each rank's logits of its vocabulary rows ([S, rows] float32) joined on rank 0
+        into [S, vocab_size]; None on the other ranks."""
+        start = time.perf_counter()
+        rows = self.shard.vocab_rows
+        if logits.shape[1] < rows:  # the last ranks may hold one row fewer
+            pad = logits.new_zeros(logits.shape[0], rows - logits.shape[1])
+            logits = torch.cat([logits, pad], dim=1)
+        logits = logits.contiguous()
+        parts = [torch.empty_like(logits) for _ in range(self.size)] if self.rank == 0 else None
+        dist.gather(logits, parts, dst=0)
+        self.comm_seconds += time.perf_counter() - start
+        if parts is None:
+            return None
+        widths = [vocab_size * (r + 1) // self.size - vocab_size * r // self.size
+                  for r in range(self.size)]  # loader/shards.py's even cut
+        return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=1)  # [S, V]
+
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest of the ranks' `value`s, on every rank."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
