@@ -214,11 +214,25 @@ class _Serve:
         return self.exit_code
 
     async def _main(self, server) -> None:
-        watcher = asyncio.ensure_future(self._watch_loading(server))
+        watchers = [asyncio.ensure_future(self._watch_loading(server))]
+        if self.config.tensor_parallel_size > 1:
+            watchers.append(asyncio.ensure_future(self._watch_workers(server)))
         try:
             await server.serve(sockets=[self.sock])
         finally:
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
+
+    async def _watch_workers(self, server) -> None:
+        """End the server (exit 1) once a tensor-parallel worker is gone: the engine cannot
+        answer again, and until the process ends /health says 503 with the reason."""
+        from pagecli.engine.parallel import WorkerFailed
+
+        while not isinstance(self.engine.step_exception, WorkerFailed):
+            await asyncio.sleep(0.2)
+        print(f"pagecli: the engine stopped: {self.engine.step_exception}", file=sys.stderr)
+        self.exit_code = 1
+        server.should_exit = True
 
     async def _watch_loading(self, server) -> None:
         """Announce the server once the model is loaded; end it if loading failed."""

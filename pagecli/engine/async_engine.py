@@ -133,6 +133,7 @@ class AsyncEngine:
         self.state = EngineState.LOADING
         self.error: str | None = None  # why the engine is DEAD
         self.load_exception: BaseException | None = None  # what loading raised, if it failed
+        self.step_exception: BaseException | None = None  # what a step raised, if one did
         self.ready = threading.Event()  # set once loading ended, either way
         self.num_running = 0  # published by the engine thread after every step
         self.num_waiting = 0
@@ -263,11 +264,10 @@ class AsyncEngine:
         except Exception as exc:
             from pagecli.engine.parallel import WorkerFailed
 
-            if isinstance(exc, WorkerFailed):  # a known cause, in one line
-                logger.error("the engine stopped: %s", exc)
-            else:
+            if not isinstance(exc, WorkerFailed):  # that one is a known cause: no traceback
                 logger.exception("the engine step failed")
             self.error = f"{type(exc).__name__}: {exc}"
+            self.step_exception = exc
             self.state = EngineState.DEAD
             self._fail_all(RequestFailed(f"the engine stopped: {self.error}"))
             self.engine.close()

@@ -392,4 +392,3 @@ def _report(conn, exc: BaseException) -> None:
         conn.send(("error", f"{type(exc).__name__}: {text[0] if text else ''}"))
     except (BrokenPipeError, ConnectionResetError, OSError):
         pass
-

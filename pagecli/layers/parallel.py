@@ -62,8 +62,10 @@ class TensorParallel:
         self.comm_seconds += time.perf_counter() - start
         if parts is None:
             return None
-        widths = [vocab_size * (r + 1) // self.size - vocab_size * r // self.size
-                  for r in range(self.size)]  # loader/shards.py's even cut
+        widths = [
+            vocab_size * (r + 1) // self.size - vocab_size * r // self.size
+            for r in range(self.size)
+        ]  # loader/shards.py's even cut
         return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=1)  # [S, V]
 
     def min_over_ranks(self, value: int) -> int:

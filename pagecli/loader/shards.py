@@ -8,7 +8,8 @@ Attention is split by whole KV-head groups, so that each rank's query heads shar
 KV heads the way the whole model's do (`q head i -> kv head i // group`). With more ranks
 than KV heads, each KV head is replicated over `size / num_kv_heads` ranks that split its
 group's query heads. Ranks may hold unequal shares where the counts do not divide (the
-default model's 3 KV-head groups over 2 ranks: 2 and 1); the MLP's columns and a row-parallel
+default model's 3 KV-head groups over 2 ranks: 1 and 2, the smaller share on rank 0, which
+also schedules and samples); the MLP's columns and a row-parallel
 tensor's columns are cut on the boundaries of its quantized blocks (32 or 256 values), so a
 GGUF's blocks are never split. A size that cannot be honoured is a `SplitError` naming the
 sizes that can.
@@ -129,6 +130,8 @@ def _split_problem(hf_config, size: int, block_values: Mapping[str, int]) -> str
     heads, kv_heads, head_dim, intermediate, vocab = _counts(hf_config)
     if size < 1:
         return "the size must be >= 1"
+    if size == 1:
+        return None  # nothing is cut
     if size > kv_heads:
         if size % kv_heads:
             return (

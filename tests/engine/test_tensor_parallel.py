@@ -1,0 +1,180 @@
+"""Tensor parallelism at 2 ranks (1 thread each): greedy parity with transformers for tiny
+random-weight checkpoints (safetensors and GGUF; GQA, MHA, MQA with replicated KV heads),
+with prefix caching, chunked prefill and preemption in the same run; the shard layout; the
+refusal of a split that cannot be made."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagecli import LLM, SamplingParams
+from pagecli.loader.resolve import ModelLoadError
+from pagecli.loader.shards import SplitError, plan_shards, take
+from pagecli_kernels.quant_formats import FORMATS as QUANT_FORMATS
+from pagecli_kernels.quant_formats import QuantWeight
+from tests.engine.test_parity_gguf import hf_from_gguf
+from tests.gguf_models import VOCAB as GGUF_VOCAB
+from tests.gguf_models import build_tiny_ggufs
+from tests.oracle import check_greedy
+from tests.tiny_models import COMMON, VOCAB
+
+NEW_TOKENS = 24
+TP = dict(tensor_parallel_size=2, num_threads=1, dtype="float32")
+
+
+def prompts_with_shared_prefixes(seed: int, vocab: int) -> list[list[int]]:
+    """Prompts of 1 to 120 tokens; three share a 24-token prefix (prefix-cache hits)."""
+    gen = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, vocab, (24,), generator=gen).tolist()
+    own = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 5, 30, 70, 120)]
+    shared = [prefix + torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (3, 9, 17)]
+    return own + shared
+
+
+def generate_tp(path, prompts, **config):
+    """Greedy ids at TP=2, in a batch small enough to chunk prefills and preempt sequences;
+    the engine is closed afterwards (its worker process ends)."""
+    llm = LLM(str(path), **{**TP, **config})
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        llm.engine.check_invariants()
+        stats = llm.engine.stats()
+        worker = llm.engine.runner.parallel.processes[0]
+        assert worker.is_alive()
+    finally:
+        llm.engine.close()
+    assert not worker.is_alive()
+    return stats, [o.token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def mha_model(tmp_path_factory):
+    """A tiny Llama with as many KV heads as query heads (MHA)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**{**COMMON, "num_key_value_heads": 4}, tie_word_embeddings=False)
+    torch.manual_seed(77)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    path = tmp_path_factory.mktemp("mha")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mha"])
+def test_tp2_parity_with_transformers(arch, tiny_models, mha_model):
+    """llama3: GQA (4 heads, 2 KV); qwen2: q/k/v biases, tied embeddings; qwen3: q/k norms
+    and one KV head, replicated on both ranks; mha: 4 KV heads."""
+    from transformers import AutoModelForCausalLM
+
+    path = mha_model if arch == "mha" else tiny_models[arch]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    prompts = prompts_with_shared_prefixes(len(arch), VOCAB)
+    stats, outputs = generate_tp(
+        path, prompts, block_size=4, num_kv_blocks=48, max_num_batched_tokens=32
+    )
+    assert stats.chunked_prefills > 0
+    assert stats.preemptions_recompute > 0
+    assert stats.prefix_hit_tokens > 0
+    for prompt, ids in zip(prompts, outputs):
+        assert len(ids) == NEW_TOKENS
+        check_greedy(hf, prompt, ids)
+
+
+@pytest.fixture(scope="module")
+def tiny_ggufs(tmp_path_factory):
+    return build_tiny_ggufs(tmp_path_factory.mktemp("gguf-tp"))
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_tp2_gguf_parity_with_transformers(kind, tiny_ggufs):
+    """The file's blocks stay quantized on each rank (q/k/v rows as views of the map, o_proj
+    and down_proj columns cut on their 32-value blocks)."""
+    path = tiny_ggufs[kind]
+    hf = hf_from_gguf(path)
+    prompts = prompts_with_shared_prefixes(3, GGUF_VOCAB)
+    stats, outputs = generate_tp(
+        path, prompts, block_size=4, num_kv_blocks=48, max_num_batched_tokens=32
+    )
+    assert stats.preemptions_recompute > 0 and stats.chunked_prefills > 0
+    for prompt, ids in zip(prompts, outputs):
+        check_greedy(hf, prompt, ids)
+
+
+def test_a_k_quant_split_inside_a_block_is_refused(tiny_ggufs):
+    """The tiny q4_k file's o_proj has 256 columns in one 256-value block per row: two ranks
+    would each need half a block. Refused before any worker starts, naming the sizes."""
+    with pytest.raises(SplitError) as info:
+        LLM(str(tiny_ggufs["q4_k"]), **TP)
+    message = str(info.value)
+    assert "--tensor-parallel-size 2" in message and "256-value blocks" in message
+    assert "sizes that work: 1)" in message
+    assert isinstance(info.value, ModelLoadError) and "\n" not in message
+
+
+class _Config:
+    def __init__(self, heads, kv_heads, head_dim, intermediate, vocab):
+        self.num_attention_heads, self.num_key_value_heads = heads, kv_heads
+        self.head_dim, self.hidden_size = head_dim, heads * head_dim
+        self.intermediate_size, self.vocab_size = intermediate, vocab
+
+
+def test_shards_follow_kv_head_groups():
+    # the default model: 9 query heads in 3 KV-head groups, over 2 ranks: 1 group and 2
+    # (the smaller share to rank 0, which also schedules and samples)
+    blocks = {"model.layers.0.mlp.down_proj.weight": 32}
+    shards = plan_shards(_Config(9, 3, 64, 1536, 49152), 2, blocks)
+    assert [s.q_heads for s in shards] == [(0, 3), (3, 9)]
+    assert [s.kv_heads for s in shards] == [(0, 1), (1, 3)]
+    assert [s.intermediate for s in shards] == [(0, 768), (768, 1536)]
+    assert [s.vocab for s in shards] == [(0, 24576), (24576, 49152)]
+    # more ranks than KV heads: each KV head replicated, its group's query heads shared
+    shards = plan_shards(_Config(8, 2, 16, 64, 10), 4)
+    assert [s.kv_heads for s in shards] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+    assert [s.q_heads for s in shards] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert [s.vocab for s in shards] == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert all(s.vocab_rows == 3 for s in shards)
+
+
+@pytest.mark.parametrize(
+    ("config", "size", "words"),
+    [
+        (_Config(9, 3, 64, 1536, 49152), 4, "multiple of them"),
+        (_Config(8, 2, 16, 1024, 10), 6, "query heads cannot be split"),
+        (_Config(4, 4, 16, 96, 10), 4, "MLP's 96 columns in 32-value blocks"),
+    ],
+)
+def test_impossible_splits_name_the_sizes_that_work(config, size, words):
+    blocks = {"layers.0.mlp.down_proj.weight": 32}
+    with pytest.raises(SplitError) as info:
+        plan_shards(config, size, blocks)
+    assert words in str(info.value)
+    works = str(info.value).split("sizes that work: ")[1].rstrip(")").split(", ")
+    for n in map(int, works):
+        plan_shards(config, n, blocks)  # each size it names does split
+
+
+def test_take_slices_blocks_without_cutting_them():
+    fmt = QUANT_FORMATS["q8_0"]
+    rows, cols = 128, 128
+    width = cols // fmt.block_values * fmt.block_bytes
+    data = torch.randint(0, 255, (rows, width), dtype=torch.uint8)
+    shard = plan_shards(_Config(2, 2, 32, 128, 10), 2, {"x.down_proj.weight": 32})[1]
+    q = take(shard, "model.layers.0.self_attn.q_proj.weight", QuantWeight(fmt, data, cols))
+    assert q.rows == 32 and q.data.data_ptr() == data[32].data_ptr()  # a view of rows 32..64
+    up = take(shard, "model.layers.0.mlp.up_proj.weight", QuantWeight(fmt, data, cols))
+    assert up.rows == 64 and up.data.data_ptr() == data[64].data_ptr()
+    down = take(shard, "model.layers.0.mlp.down_proj.weight", QuantWeight(fmt, data, cols))
+    assert down.cols == 64 and torch.equal(down.data, data[:, width // 2 :])  # 2 whole blocks
+    half_block = plan_shards(_Config(4, 4, 8, 128, 10), 2)[1]  # o_proj columns 16..32
+    with pytest.raises(SplitError, match="cut its 32-value blocks"):
+        take(half_block, "model.layers.0.self_attn.o_proj.weight", QuantWeight(fmt, data, cols))
+    bias = take(shard, "model.layers.0.self_attn.o_proj.bias", torch.ones(4))
+    assert torch.equal(bias, torch.zeros(4))  # a row-parallel bias is added once, by rank 0
+    norm = torch.ones(4)
+    assert take(shard, "model.norm.weight", norm) is norm
