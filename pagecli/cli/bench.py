@@ -248,6 +248,7 @@ def bench(
         "device": str(engine.device),
         "threads": engine.runner.thread_choice.num_threads,
         "threads_reason": engine.runner.thread_choice.reason,
+        "tensor_parallel_size": engine.config.tensor_parallel_size,
         "memory": engine.runner.memory.as_dict(),
         "memory_line": engine.runner.memory.line(),
         "version": __version__,

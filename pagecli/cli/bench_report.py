@@ -113,7 +113,10 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
     if report.get("weight_formats"):
         console.print(f"weights: {format_weights(report['weight_formats'])}")
     if report.get("threads_reason"):
-        console.print(f"threads: {report['threads']}, {report['threads_reason']}")
+        per_rank = " per rank" if report.get("tensor_parallel_size", 1) > 1 else ""
+        console.print(f"threads: {report['threads']}{per_rank}, {report['threads_reason']}")
+    if report.get("tensor_parallel_size", 1) > 1:
+        console.print(f"tensor parallel: {report['tensor_parallel_size']} ranks")
     if report.get("memory_line"):
         console.print(f"memory: {report['memory_line']}")
     for row in rows:

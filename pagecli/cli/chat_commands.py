@@ -226,6 +226,11 @@ def _stats(chat: Chat, arg: str) -> None:
         chat.show(stats_table(stats))
         choice = chat.state.llm.engine.runner.thread_choice
         chat.info(f"threads: {choice.num_threads}, {choice.reason}")
+        if stats.tensor_parallel_size > 1:
+            chat.info(
+                f"tensor parallel: {stats.tensor_parallel_size} ranks, "
+                f"{stats.tp_comm_s:.2f} s in collectives"
+            )
         chat.info(f"memory: {chat.state.llm.engine.runner.memory.line()}")
 
 

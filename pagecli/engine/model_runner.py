@@ -122,13 +122,6 @@ class ModelRunner:
         self.weight_plan = plan
         self.tp: TensorParallel | None = None  # this rank's collectives (size > 1)
         self.parallel: ParallelGroup | None = None  # rank 0's handle on the workers
-        if size > 1:
-            shard = plan_shards(hf_config, size, plan.block_values)[self.rank]
-            self.tp = TensorParallel(shard)
-            full_config, hf_config = hf_config, shard.local_config(hf_config)
-            if link is None:  # rank 0: the workers load their shards while this one does
-                self.parallel = ParallelGroup(size)
-                self.parallel.start(config, full_config, source, device, dtype, max_model_len)
         if device.type == "cpu":
             # the C kernels take torch.get_num_threads() as their OpenMP thread count
             self.thread_choice = self._choose_threads()
@@ -141,6 +134,13 @@ class ModelRunner:
             self.thread_choice = ThreadChoice(
                 torch.get_num_threads(), f"torch's default (the model runs on {device.type})"
             )
+        if size > 1:
+            shard = plan_shards(hf_config, size, plan.block_values)[self.rank]
+            self.tp = TensorParallel(shard)
+            full_config, hf_config = hf_config, shard.local_config(hf_config)
+            if link is None:  # rank 0: the workers load their shards while this one does
+                self.parallel = ParallelGroup(size)
+                self.parallel.start(config, full_config, source, device, dtype, max_model_len)
         self.num_threads = torch.get_num_threads()
         self.num_layers = hf_config.num_hidden_layers
         heads = hf_config.num_attention_heads

@@ -70,6 +70,8 @@ class EngineStats:
     decode_tokens_per_s: float
     step_time_s: float
     block_states: tuple[str, ...]  # per block: "free", "used", "shared", "cached"
+    tensor_parallel_size: int = 1
+    tp_comm_s: float = 0.0  # rank 0's time in all-reduces and gathers since the start
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -131,4 +133,6 @@ class EngineStats:
             decode_tokens_per_s=sum(d for _, _, d in timer.recent) / window if window else 0.0,
             step_time_s=window / len(timer.recent) if timer.recent else 0.0,
             block_states=tuple(states),
+            tensor_parallel_size=engine.config.tensor_parallel_size,
+            tp_comm_s=engine.runner.tp.comm_seconds if engine.runner.tp is not None else 0.0,
         )

@@ -102,6 +102,11 @@ class _EngineCollector:
             s.blocks_cached_free,
         )
         yield gauge("kv_cache_blocks_total", "KV blocks in the pool.", s.num_blocks)
+        yield gauge(
+            "tensor_parallel_size",
+            "Ranks that share each step (--tensor-parallel-size).",
+            s.tensor_parallel_size,
+        )
         yield counter(
             "prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",

@@ -1,0 +1,118 @@
+"""`-tp 2` through the real commands: `pagecli generate` gives the TP=1 token ids on the
+default model; a worker killed mid-run ends the run with one line, within seconds, leaving
+no process; a split that cannot be made is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.cli.helpers import jsonl, records, run, start
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Tell me about the moon in three sentences.",
+    "List five colours:",
+]
+
+
+def test_tp2_equals_tp1_on_the_default_model():
+    lines = jsonl(*({"id": i, "prompt": p} for i, p in enumerate(PROMPTS)))
+    args = ["--temperature", "0", "--max-tokens", "40", "--kv-cache-memory", "0.25"]
+    one = run(["generate", *args, "--threads", "1"], lines)
+    two = run(["generate", *args, "-tp", "2", "--threads", "1"], lines)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr.decode()
+    ids_one = {r["id"]: r["token_ids"] for r in records(one.stdout)}
+    ids_two = {r["id"]: r["token_ids"] for r in records(two.stdout)}
+    assert len(ids_one) == len(PROMPTS)
+    assert ids_two == ids_one
+    assert sum(len(ids) for ids in ids_one.values()) > 40  # not all at EOS at once
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found += [int(c) for c in text]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _worker(pid: int, deadline: float) -> int:
+    """The pid of rank 1: the child whose command line is multiprocessing's spawn."""
+    while time.monotonic() < deadline:
+        for child in _children(pid):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"multiprocessing.spawn" in cmdline and b"spawn_main" in cmdline:
+                return child
+        time.sleep(0.1)
+    raise AssertionError("no tensor-parallel worker started")
+
+
+def test_a_killed_worker_ends_the_run_with_one_line():
+    def record(i: int) -> dict:
+        content = f"Write a long story about dragon number {i}."
+        # the first ends soon (the run is under way once it is out); the rest go on
+        return {"id": i, "messages": [{"role": "user", "content": content}],
+                "max_tokens": 8 if i == 0 else 400}  # fmt: skip
+
+    lines = jsonl(*(record(i) for i in range(8)))
+    proc = start(["generate", "-tp", "2", "--threads", "1", "--kv-cache-memory", "0.25"])
+    proc.stdin.write(lines)
+    proc.stdin.close()
+    worker = _worker(proc.pid, time.monotonic() + 120)
+    descendants = [worker, *_children(proc.pid)]
+    first = proc.stdout.readline()  # the first record is out: the run is under way
+    assert json.loads(first)["id"] in range(8)
+    os.kill(worker, signal.SIGKILL)
+    killed = time.monotonic()
+    code = proc.wait(timeout=30)
+    assert time.monotonic() - killed < 10
+    err = proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert code != 0
+    lines_err = [line for line in err.splitlines() if line.strip()]
+    assert lines_err == [
+        "pagecli: the engine stopped: WorkerFailed: tensor-parallel rank 1 died (killed by SIGKILL)"
+    ], err
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in descendants) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in descendants), "a process was left behind"
+
+
+def test_an_impossible_split_is_one_line_and_exit_2():
+    done = run(["generate", "-tp", "4"], jsonl({"prompt": "hi"}))
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("pagecli: --tensor-parallel-size 4 cannot split this model: ")
+    assert "(sizes that work: 1, 2, 3, 9)" in err
+    assert done.stdout == b""
+
+
+def test_numa_needs_a_node_per_rank():
+    nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+    done = run(["generate", "-tp", "2", "--numa"], jsonl({"prompt": "hi"}))
+    if nodes >= 2:  # a real multi-node machine: pinned, and it runs
+        assert done.returncode == 0, done.stderr.decode()
+        return
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"2 ranks need 2 nodes, this machine has {nodes}" in err
