@@ -51,6 +51,7 @@ EXTRA_SOURCES = [
         "gemm_quant_amx.c",
         "llama_layers_cpu.c",
         "quantize_cpu.c",
+        "shm_collective.c",
     )
 ]
 # No -march=native: each ISA path carries its own target attributes, so the portable one

@@ -13,6 +13,7 @@ from pagecli.engine.parallel import (
     ParallelGroup,
     StepInputs,
     WorkerLink,
+    attach_shm,
     join_group,
     pin_to_numa_node,
     rank_device,
@@ -139,7 +140,7 @@ class ModelRunner:
             self.tp = TensorParallel(shard)
             full_config, hf_config = hf_config, shard.local_config(hf_config)
             if link is None:  # rank 0: the workers load their shards while this one does
-                self.parallel = ParallelGroup(size)
+                self.parallel = ParallelGroup(size, device, _collective_floats(config, hf_config))
                 self.parallel.start(config, full_config, source, device, dtype, max_model_len)
         self.num_threads = torch.get_num_threads()
         self.num_layers = hf_config.num_hidden_layers
@@ -234,7 +235,9 @@ class ModelRunner:
             init_file = link.init_file
         join_group(self.rank, self.config.tensor_parallel_size, init_file, self.device)
         self.num_blocks = self.tp.min_over_ranks(self.num_blocks)
+        attach_shm(self.tp, link or self.parallel, self.device)
         if self.parallel is not None:
+            self.parallel.on_failure(lambda error: self.tp.abort())
             self.parallel.watch()
 
     def close(self) -> None:
@@ -641,3 +644,12 @@ class ModelRunner:
             src = torch.tensor([s for s, _ in block_copies], device=self.device)
             dst = torch.tensor([d for _, d in block_copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+
+def _collective_floats(config: EngineConfig, hf_config) -> int:
+    """Floats of one rank's slot for the CPU's shared-memory collectives: a step's hidden
+    states ([tokens, hidden]) or its sampled rows' logits ([seqs, vocab rows of a rank])."""
+    size = config.tensor_parallel_size
+    hidden = hf_config.hidden_size * config.max_num_batched_tokens
+    logits = -(-hf_config.vocab_size // size) * config.max_num_seqs
+    return max(hidden, logits)

@@ -104,11 +104,14 @@ class StepInputs:
 
 @dataclass(frozen=True)
 class WorkerLink:
-    """What a worker needs to join its engine: its rank, the rendezvous file and its pipe."""
+    """What a worker needs to join its engine: its rank, the rendezvous file, the shared
+    memory file of the CPU's collectives, and its pipe."""
 
     rank: int
     size: int
     init_file: str
+    shm_file: str | None
+    slot_floats: int
     conn: object  # multiprocessing Connection to rank 0
 
 
@@ -173,13 +176,49 @@ def pin_to_numa_node(rank: int, size: int) -> None:
     os.sched_setaffinity(0, cpus)
 
 
+def shm_folder(num_bytes: int) -> str | None:
+    """/dev/shm where it has room for `num_bytes` (a container's may be 64 MiB: touching a page
+    past its size is a SIGBUS), else None (the temporary directory)."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if stat.f_bavail * stat.f_frsize > 2 * num_bytes else None
+
+
+def attach_shm(tp, link_or_group, device: torch.device) -> None:
+    """Give a CPU rank's collectives the shared memory segment (when the native library is
+    there; gloo carries them otherwise)."""
+    from pagecli_kernels import shm_collective
+
+    path = link_or_group.shm_file
+    if device.type != "cpu" or path is None:
+        return
+    tp.attach(
+        shm_collective.ShmCollective(
+            path, tp.rank, tp.size, link_or_group.slot_floats, COLLECTIVE_TIMEOUT_S
+        )
+    )
+
+
 class ParallelGroup:
     """Rank 0's handle on its workers: start, per-step inputs, faults, shutdown."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, device: torch.device, slot_floats: int) -> None:
+        from pagecli_kernels import shm_collective
+
         self.size = size
-        self._dir = tempfile.mkdtemp(prefix="pagecli-tp-")
+        self.slot_floats = slot_floats
+        self.shm_file: str | None = None
+        shm_bytes = 0
+        wanted = os.environ.get("PAGECLI_SHM_COLLECTIVES", "1") != "0"  # 0: gloo for all
+        if device.type == "cpu" and wanted and shm_collective.available():
+            shm_bytes = shm_collective.file_bytes(size, slot_floats)
+        self._dir = tempfile.mkdtemp(prefix="pagecli-tp-", dir=shm_folder(shm_bytes))
         self.init_file = os.path.join(self._dir, "rendezvous")  # fresh: never reused
+        if shm_bytes:
+            self.shm_file = os.path.join(self._dir, "collectives")
+            shm_collective.create(self.shm_file, size, slot_floats)
         self.processes: list = []
         self.conns: list = []
         self.closing = False
@@ -200,7 +239,9 @@ class ParallelGroup:
         ctx = mp.get_context("spawn")
         for rank in range(1, self.size):
             parent, child = ctx.Pipe()
-            link = WorkerLink(rank, self.size, self.init_file, child)
+            link = WorkerLink(
+                rank, self.size, self.init_file, self.shm_file, self.slot_floats, child
+            )
             proc = ctx.Process(
                 target=worker_main,
                 args=(link, config, hf_config, source, device, dtype, max_len, os.getpid()),

@@ -1,8 +1,10 @@
-"""The collectives of a tensor-parallel model (torch.distributed: gloo on the CPU, NCCL on
-CUDA): the all-reduce after each row-parallel projection, the vocab-parallel embedding
-lookup, and the logits gathered to rank 0.
+"""The collectives of a tensor-parallel model: the all-reduce after each row-parallel
+projection, the vocab-parallel embedding lookup, and the logits gathered to rank 0.
 
-The process group is made by engine/parallel.py; the layers only call these.
+torch.distributed carries them (NCCL on CUDA, gloo on the CPU); on the CPU, tensors that fit
+go through a shared memory segment instead (pagecli_kernels/shm_collective.py), since gloo
+takes about a millisecond per collective between processes of one host. The process group
+and the segment are set up by engine/parallel.py; the layers only call these.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from pagecli.loader.shards import RankShard
+from pagecli_kernels.shm_collective import ShmCollective
 
 
 class TensorParallel:
@@ -21,14 +24,26 @@ class TensorParallel:
     def __init__(self, shard: RankShard) -> None:
         self.shard = shard
         self.rank, self.size = shard.rank, shard.size
-        self.comm_seconds = 0.0  # wall time inside collectives since the last reset
+        self.comm_seconds = 0.0  # wall time inside collectives since the start
         self.num_all_reduces = 0
+        self.shm: ShmCollective | None = None  # set by attach() on the CPU
+
+    def attach(self, shm: ShmCollective) -> None:
+        """Carry the CPU's collectives that fit through this shared memory segment."""
+        self.shm = shm
+
+    def abort(self) -> None:
+        """End the collectives the ranks are waiting in (a rank has died)."""
+        if self.shm is not None:
+            self.shm.abort()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the ranks, in place. gloo adds float32 only (its float16/bfloat16
         sums are slow or missing): other dtypes on the CPU are summed in float32."""
         start = time.perf_counter()
-        if x.device.type == "cpu" and x.dtype != torch.float32:
+        if self.shm is not None and self.shm.takes(x):
+            self.shm.all_reduce(x)
+        elif x.device.type == "cpu" and x.dtype != torch.float32:
             wide = x.float()
             dist.all_reduce(wide)
             x.copy_(wide)
@@ -57,8 +72,12 @@ class TensorParallel:
             pad = logits.new_zeros(logits.shape[0], rows - logits.shape[1])
             logits = torch.cat([logits, pad], dim=1)
         logits = logits.contiguous()
-        parts = [torch.empty_like(logits) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(logits, parts, dst=0)
+        if self.shm is not None and self.shm.takes(logits):
+            stacked = self.shm.gather(logits)  # [size, S, rows] on rank 0
+            parts = None if stacked is None else list(stacked)
+        else:
+            parts = [torch.empty_like(logits) for _ in range(self.size)] if self.rank == 0 else None
+            dist.gather(logits, parts, dst=0)
         self.comm_seconds += time.perf_counter() - start
         if parts is None:
             return None

@@ -18,6 +18,14 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
 int pagecli_quantize_rows(int ggml_type, const float *x, int64_t rows, int64_t cols,
                           uint8_t *out, int num_threads);
 
+/* shm_collective.c: 0, or -1 a time-out, -2 aborted, -3 larger than a slot */
+int64_t pagecli_shm_header_bytes(int32_t size);
+int pagecli_shm_all_reduce(char *base, int64_t slot_floats, int32_t rank, int32_t size,
+                           int64_t number, float *x, int64_t n, double timeout_s);
+int pagecli_shm_gather(char *base, int64_t slot_floats, int32_t rank, int32_t size,
+                       int64_t number, const float *x, int64_t n, float *out, double timeout_s);
+void pagecli_shm_abort(char *base, int32_t size);
+
 /* gemm_bf16.c */
 int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int64_t ldx,
                         int64_t m, float *y, int64_t ldy, int num_threads);

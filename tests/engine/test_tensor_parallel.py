@@ -5,6 +5,8 @@ refusal of a split that cannot be made."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -36,6 +38,8 @@ def generate_tp(path, prompts, **config):
     """Greedy ids at TP=2, in a batch small enough to chunk prefills and preempt sequences;
     the engine is closed afterwards (its worker process ends)."""
     llm = LLM(str(path), **{**TP, **config})
+    shm = os.environ.get("PAGECLI_SHM_COLLECTIVES", "1") != "0"
+    assert (llm.engine.runner.tp.shm is not None) == shm
     try:
         params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -66,12 +70,17 @@ def mha_model(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "mha"])
-def test_tp2_parity_with_transformers(arch, tiny_models, mha_model):
+@pytest.mark.parametrize(
+    ("arch", "collectives"),
+    [("llama3", "shm"), ("llama3", "gloo"), ("qwen2", "shm"), ("qwen3", "shm"), ("mha", "shm")],
+)
+def test_tp2_parity_with_transformers(arch, collectives, tiny_models, mha_model, monkeypatch):
     """llama3: GQA (4 heads, 2 KV); qwen2: q/k/v biases, tied embeddings; qwen3: q/k norms
-    and one KV head, replicated on both ranks; mha: 4 KV heads."""
+    and one KV head, replicated on both ranks; mha: 4 KV heads. The CPU's collectives go
+    through shared memory, or all through gloo (PAGECLI_SHM_COLLECTIVES=0)."""
     from transformers import AutoModelForCausalLM
 
+    monkeypatch.setenv("PAGECLI_SHM_COLLECTIVES", "0" if collectives == "gloo" else "1")
     path = mha_model if arch == "mha" else tiny_models[arch]
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     prompts = prompts_with_shared_prefixes(len(arch), VOCAB)
