@@ -47,7 +47,7 @@ def run_case(model: str | None, tp: int, threads: int, batch: int, rounds: int) 
             engine.add_request(str(time.monotonic_ns()) + str(id(p)), p["prompt_token_ids"], params)
         engine.step()  # the prefill step
         comm0 = tp_state.comm_seconds if tp_state else 0.0
-        reduces0 = tp_state.num_all_reduces if tp_state else 0
+        reduces0 = tp_state.num_collectives if tp_state else 0
         steps, start = 0, time.perf_counter()
         while engine.has_unfinished_requests():
             engine.step()
@@ -57,7 +57,7 @@ def run_case(model: str | None, tp: int, threads: int, batch: int, rounds: int) 
         if tp_state:
             comm = tp_state.comm_seconds - comm0
             comm_ms.append(comm / steps * 1e3)
-            reduce_us.append(comm / max(1, tp_state.num_all_reduces - reduces0) * 1e6)
+            reduce_us.append(comm / max(1, tp_state.num_collectives - reduces0) * 1e6)
     engine.close()
     return {
         "tp": tp,
@@ -66,36 +66,49 @@ def run_case(model: str | None, tp: int, threads: int, batch: int, rounds: int) 
         "step_ms": statistics.median(step_ms),
         "comm_ms_per_step": statistics.median(comm_ms) if comm_ms else 0.0,
         "us_per_collective": statistics.median(reduce_us) if reduce_us else 0.0,
-        "all_reduces_per_step": (2 * engine.hf_config.num_hidden_layers + 1) if tp > 1 else 0,
+        # two per layer, the embedding's, and the logits' gather
+        "collectives_per_step": (2 * engine.hf_config.num_hidden_layers + 2) if tp > 1 else 0,
     }
 
 
-def _bare_worker(rank: int, init_file: str, width: int, n: int, out) -> None:
+def _bare_worker(rank: int, folder: str, width: int, n: int, how: str, out) -> None:
     import torch
     import torch.distributed as dist
 
+    from pagecli_kernels.shm_collective import ShmCollective
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    init = os.path.join(folder, "rendezvous")
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     x = torch.ones(1, width)
+    if how == "shm":
+        shm = ShmCollective(os.path.join(folder, "shm"), rank, 2, width, 30)
+        reduce = shm.all_reduce
+    else:
+        reduce = dist.all_reduce
     for _ in range(50):
-        dist.all_reduce(x)
+        reduce(x)
     start = time.perf_counter()
     for _ in range(n):
-        dist.all_reduce(x)
+        reduce(x)
     if rank == 0:
         out.put((time.perf_counter() - start) / n * 1e6)
     dist.destroy_process_group()
 
 
-def bare_all_reduce(width: int, n: int = 2000) -> float:
-    """Microseconds of one gloo all-reduce of a [1, width] float32 row between 2 processes."""
+def bare_all_reduce(width: int, how: str, n: int = 2000) -> float:
+    """Microseconds of one all-reduce of a [1, width] float32 row between 2 processes that do
+    nothing else, through gloo or the shared memory segment."""
     import multiprocessing as mp
+
+    from pagecli_kernels import shm_collective
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     folder = tempfile.mkdtemp()
-    init = os.path.join(folder, "rendezvous")
-    procs = [ctx.Process(target=_bare_worker, args=(r, init, width, n, out)) for r in (0, 1)]
+    shm_collective.create(os.path.join(folder, "shm"), 2, width)
+    args = (folder, width, n, how, out)
+    procs = [ctx.Process(target=_bare_worker, args=(r, *args)) for r in (0, 1)]
     for p in procs:
         p.start()
     result = out.get(timeout=120)
@@ -134,7 +147,11 @@ def main() -> None:
         "machine": machine(),
         "model": args.model or "SmolLM2-135M-Instruct (default)",
         "rows": rows,
-        "bare_all_reduce_us": {w: bare_all_reduce(w) for w in (hidden, 16 * hidden)},
+        "bare_all_reduce_us": {
+            f"{how}, {w} floats": bare_all_reduce(w, how)
+            for how in ("gloo", "shm")
+            for w in (hidden, 16 * hidden)
+        },
     }
     print(json.dumps(result, indent=1))
     if args.json:

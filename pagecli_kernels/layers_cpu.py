@@ -24,6 +24,7 @@ import torch
 from pagecli_kernels import native, quant_cpu
 from pagecli_kernels._checks import check_lengths_host
 from pagecli_kernels.quant_formats import QuantWeight
+from pagecli_kernels.shm_collective import CollectiveError, ShmCollective
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/llama_layers_cpu.c: dtype
 MAX_PARTS = 3  # csrc/llama_layers_cpu.c: parts of one projection
@@ -35,6 +36,7 @@ _ERRORS = {
     -4: "a weight format the kernels do not know",
     -5: "a projection's parts are not 1 to MAX_PARTS or their rows do not add up",
 }
+COLLECTIVE_ERROR = -6  # a tensor-parallel all-reduce timed out or was aborted
 
 _state = {"enabled": True, "bound": False}
 # seconds inside the projections and inside K/V stores + attention, summed over the calls
@@ -70,7 +72,7 @@ def _library() -> ctypes.CDLL | None:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
         lib.pagecli_llama_layers.argtypes = [ptr, i32, ptr, i64, i64, i32, i32, i32, i64, f32]
         lib.pagecli_llama_layers.argtypes += [ptr, ptr, ptr, i64, i32, i64, i64, i64, ptr, i32]
-        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, i32, i32, ptr]
+        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, i32, i32, ptr, ptr]
         lib.pagecli_llama_layers.restype = i32
         _state["bound"] = True
     return lib
@@ -206,11 +208,14 @@ class DecoderLayers:
         sin: torch.Tensor,
         slot_mapping: torch.Tensor,
         groups: list[AttentionGroup],
+        collective: ShmCollective | None = None,
     ) -> torch.Tensor | None:
         """Run every layer over `hidden` [T, H] (the caches' dtype, contiguous) in place;
         cos/sin [T, D] of that dtype, contiguous; slot_mapping [T] int64. Checks the step's
         lengths once. Returns the final norm of the result ([T, H]) when bound with
-        `final_norm`, else None."""
+        `final_norm`, else None. `collective`: a tensor-parallel rank's shared-memory
+        all-reduce (float32 steps whose [T, H] fit its slot), which sums o_proj's and down's
+        outputs over the ranks."""
         num_tokens, hidden_size = hidden.shape
         rope_shape = (num_tokens, self.head_dim)
         if (
@@ -260,6 +265,7 @@ class DecoderLayers:
             )
             keep += [tables, seq_lens, starts]
         table = torch.tensor(rows, dtype=torch.int64)  # [G, GROUP_FIELDS]
+        tp = None if collective is None else collective.layer_fields()  # [TP_FIELDS]
         final_norm, final_eps = self._final
         normed = None if final_norm is None else torch.empty_like(hidden)  # [T, H]
         status = self._fn(
@@ -292,7 +298,12 @@ class DecoderLayers:
             _DTYPES[self.dtype],
             int(self.qk_pairs),
             None if _timings["buffer"] is None else _timings["buffer"].data_ptr(),
+            None if tp is None else tp.data_ptr(),
         )
+        if tp is not None:
+            collective.after_layers(tp)
+        if status == COLLECTIVE_ERROR:
+            raise CollectiveError("a tensor-parallel collective timed out or was aborted")
         if status == -2:
             raise MemoryError("decoder layers: out of memory for the work buffers")
         if status:

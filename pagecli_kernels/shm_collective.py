@@ -58,9 +58,7 @@ def create(path: str, size: int, slot_floats: int) -> None:
 class ShmCollective:
     """One rank's mapping of the file and its count of collectives."""
 
-    def __init__(
-        self, path: str, rank: int, size: int, slot_floats: int, timeout_s: float
-    ) -> None:
+    def __init__(self, path: str, rank: int, size: int, slot_floats: int, timeout_s: float) -> None:
         self.rank, self.size, self.slot_floats, self.timeout_s = rank, size, slot_floats, timeout_s
         fd = os.open(path, os.O_RDWR)
         try:
@@ -69,6 +67,9 @@ class ShmCollective:
             os.close(fd)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         self._number = 0
+        # the all-reduces that the one-call decoder layers made, and their time
+        self.num_in_layers = 0
+        self.seconds_in_layers = 0.0
 
     def takes(self, x: torch.Tensor) -> bool:
         return (
@@ -98,6 +99,21 @@ class ShmCollective:
         )  # fmt: skip
         self._check(status)
         return out
+
+    def layer_fields(self) -> torch.Tensor:
+        """This collective as the one-call decoder layers take it (csrc/llama_layers_cpu.c's
+        TP_FIELDS: base, slot floats, rank, size, last number, time limit in ms, nanoseconds
+        spent); hand the tensor back to `after_layers` once they ran."""
+        timeout_ms = int(self.timeout_s * 1000)
+        fields = [self._base, self.slot_floats, self.rank, self.size, self._number, timeout_ms]
+        return torch.tensor([*fields, 0], dtype=torch.int64)
+
+    def after_layers(self, fields: torch.Tensor) -> None:
+        """Take the layers' collectives into account (their numbers and time)."""
+        done = int(fields[4]) - self._number
+        self._number = int(fields[4])
+        self.num_in_layers += done
+        self.seconds_in_layers += int(fields[6]) * 1e-9
 
     def abort(self) -> None:
         """Make every rank's waiting collective end (a rank has died)."""

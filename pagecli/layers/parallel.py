@@ -24,9 +24,19 @@ class TensorParallel:
     def __init__(self, shard: RankShard) -> None:
         self.shard = shard
         self.rank, self.size = shard.rank, shard.size
-        self.comm_seconds = 0.0  # wall time inside collectives since the start
-        self.num_all_reduces = 0
+        self._seconds = 0.0  # wall time inside the collectives made here
+        self._count = 0  # collectives made here
         self.shm: ShmCollective | None = None  # set by attach() on the CPU
+
+    @property
+    def comm_seconds(self) -> float:
+        """Wall time inside collectives since the start (the one-call layers' included)."""
+        return self._seconds + (self.shm.seconds_in_layers if self.shm is not None else 0.0)
+
+    @property
+    def num_collectives(self) -> int:
+        """All-reduces and gathers since the start (the one-call layers' included)."""
+        return self._count + (self.shm.num_in_layers if self.shm is not None else 0)
 
     def attach(self, shm: ShmCollective) -> None:
         """Carry the CPU's collectives that fit through this shared memory segment."""
@@ -49,8 +59,8 @@ class TensorParallel:
             x.copy_(wide)
         else:
             dist.all_reduce(x)
-        self.comm_seconds += time.perf_counter() - start
-        self.num_all_reduces += 1
+        self._seconds += time.perf_counter() - start
+        self._count += 1
         return x
 
     def embed(self, embedding: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
@@ -78,7 +88,8 @@ class TensorParallel:
         else:
             parts = [torch.empty_like(logits) for _ in range(self.size)] if self.rank == 0 else None
             dist.gather(logits, parts, dst=0)
-        self.comm_seconds += time.perf_counter() - start
+        self._seconds += time.perf_counter() - start
+        self._count += 1
         if parts is None:
             return None
         widths = [

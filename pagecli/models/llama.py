@@ -174,7 +174,9 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary(positions)  # (cos, sin), [T, 1, D] each
         native = self.native_layers(hidden, rope)
         if native is not None:  # the same kernels as the loop below, in one call
-            normed = native(hidden, rope[0][:, 0], rope[1][:, 0], meta.slot_mapping, _groups(meta))
+            cos, sin = rope[0][:, 0], rope[1][:, 0]
+            shm = self.tp.shm if self.tp is not None else None
+            normed = native(hidden, cos, sin, meta.slot_mapping, _groups(meta), shm)
             return normed if normed is not None else self.norm(hidden)  # the last norm in C too
         for layer in self.layers:
             hidden = layer(rope, hidden, meta)
@@ -185,11 +187,12 @@ class LlamaForCausalLM(nn.Module):
         or bfloat16 activations and caches on the CPU, every projection block-format or
         float32-rows buffers (one, or a QuantLinear's parts; bfloat16: the native kernels of
         `BF16Linear`, so only for steps that `BF16Linear.native_takes`, which the loop's layers
-        also give to them; biases allowed), no q/k norm, the CPU attention kernels, no tensor
-        parallelism (its all-reduces sit between the layers' halves). None: the Python loop
-        runs."""
+        also give to them; biases allowed), no q/k norm, the CPU attention kernels; under
+        tensor parallelism, float32 steps whose all-reduces fit the shared-memory collective
+        (the C loop calls it between the layers' halves). None: the Python loop runs."""
+        shm = self.tp.shm if self.tp is not None else None
         if (
-            self.tp is not None
+            (self.tp is not None and (shm is None or not shm.takes(hidden)))
             or hidden.dtype not in (torch.float32, torch.bfloat16)
             or (hidden.dtype == torch.bfloat16 and not BF16Linear.native_takes(hidden.shape[0]))
             or hidden.device.type != "cpu"

@@ -36,6 +36,11 @@
  *            final_eps), the model's last norm (the kernel and arguments of the Python RMSNorm)
  *   timings  NULL, or [2] float64 seconds to add to: inside the projections, inside K/V stores
  *            and attention (benchmarks/step_floor.py: what is left is glue and small ops)
+ *   tp       NULL, or a tensor-parallel rank's shared-memory collective (float32 only), int64
+ *            [TP_FIELDS]: segment base, slot floats, rank, size, the last collective number
+ *            (advanced here, two per layer), time limit in ms, nanoseconds spent in the
+ *            collectives (added to): o_proj's and down's outputs are summed over the ranks
+ *            (shm_collective.c) before they join the residual, as layers/parallel.py does
  * Returns 0, or LAYERS_E_* (the failing layer is not reported: every layer has the same
  * shapes, so a failure is the step's arguments, and the first layer already fails).
  */
@@ -53,6 +58,7 @@
 #define LAYERS_E_SLOT -3   /* a slot past the cache */
 #define LAYERS_E_FORMAT -4 /* a weight format the kernels do not know */
 #define LAYERS_E_PARTS -5  /* a projection's parts: not 1 to MAX_PARTS, or rows not adding up */
+#define LAYERS_E_COLLECTIVE -6 /* a tensor-parallel collective timed out or was aborted */
 
 /* Per projection: its bias (0: none), its number of parts (1 to MAX_PARTS), then each part's
  * type, weight and rows: a projection's rows may come in parts of different formats (a Q4_K_M
@@ -71,6 +77,19 @@ enum {
 };
 
 #define PTR(v) ((void *)(intptr_t)(v))
+
+enum { TP_BASE, TP_SLOT, TP_RANK, TP_SIZE, TP_NUMBER, TP_TIMEOUT_MS, TP_NANOS, TP_FIELDS };
+
+/* Sum a projection's [n] float32 output over the tensor-parallel ranks. */
+static int all_reduce(int64_t *tp, float *x, int64_t n) {
+    const double start = omp_get_wtime();
+    const int status = pagecli_shm_all_reduce((char *)PTR(tp[TP_BASE]), tp[TP_SLOT],
+                                              (int32_t)tp[TP_RANK], (int32_t)tp[TP_SIZE],
+                                              ++tp[TP_NUMBER], x, n, 1e-3 * tp[TP_TIMEOUT_MS]);
+    tp[TP_NANOS] += (int64_t)(1e9 * (omp_get_wtime() - start));
+    return status ? LAYERS_E_COLLECTIVE : 0;
+}
+
 /* the elementwise loops vectorized for the CPU at hand (the library's baseline is SSE2) */
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define PARALLEL_VALUES 16384 /* elementwise loops of at least this many values share threads */
@@ -158,8 +177,10 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
                          int64_t stride_block, int64_t stride_slot, int64_t stride_head,
                          const int64_t *groups, int num_groups, float scale, int attention_isa,
                          int num_threads, const void *final_norm, float final_eps,
-                         void *final_out, int dtype, int qk_pairs, double *timings) {
+                         void *final_out, int dtype, int qk_pairs, double *timings,
+                         int64_t *tp) {
     if (dtype != 0 && dtype != 1) return LAYERS_E_FORMAT;
+    if (tp && (dtype != 0 || T * H > tp[TP_SLOT])) return LAYERS_E_FORMAT;
     const int64_t Q = (int64_t)num_heads * head_dim, KV = (int64_t)num_kv_heads * head_dim;
     const int64_t QKV = Q + 2 * KV;
     const size_t es = dtype ? sizeof(uint16_t) : sizeof(float); /* bytes of a dtype value */
@@ -232,6 +253,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
         if ((status = linear(layer, F_O, attn_out, T, Q, proj, H, dtype, x32, y32,
                              num_threads, timings)))
             break;
+        if (tp && (status = all_reduce(tp, (float *)proj, T * H))) break;
         pagecli_rms_norm(hidden, proj, PTR(layer[F_POST_NORM]), normed, T, H, H, H, H, eps,
                          dtype, num_threads); /* hidden += proj first */
         if ((status = linear(layer, F_GATE_UP, normed, T, H, gate_up, 2 * inter, dtype,
@@ -241,6 +263,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
         if ((status = linear(layer, F_DOWN, act, T, inter, proj, H, dtype, x32, y32,
                              num_threads, timings)))
             break;
+        if (tp && (status = all_reduce(tp, (float *)proj, T * H))) break;
         add_into(hidden, proj, T * H, dtype, num_threads);
     }
     if (status == 0 && final_norm)
