@@ -144,6 +144,22 @@ def leave_group() -> None:
             pass
 
 
+def _check_no_other_group() -> None:
+    """torch.distributed holds one process group per process: one tensor-parallel engine at a
+    time (a dropped one's group goes once it is collected)."""
+    import gc
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        raise ValueError(
+            "another tensor-parallel engine runs in this process: close it first "
+            "(llm.engine.close())"
+        )
+
+
 def rank_device(device: torch.device, rank: int) -> torch.device:
     """Rank r's device: cuda:r on CUDA, the CPU otherwise."""
     return torch.device("cuda", rank) if device.type == "cuda" else device
@@ -207,6 +223,7 @@ class ParallelGroup:
     def __init__(self, size: int, device: torch.device, slot_floats: int) -> None:
         from pagecli_kernels import shm_collective
 
+        _check_no_other_group()
         self.size = size
         self.slot_floats = slot_floats
         self.shm_file: str | None = None
@@ -278,8 +295,11 @@ class ParallelGroup:
                 raise ModelLoadError(self._describe(rank, message))
 
     def watch(self) -> None:
-        """Start the thread that notices a worker dying between steps."""
-        threading.Thread(target=self._watch, name="pagecli-tp-watch", daemon=True).start()
+        """Start the thread that notices a worker dying between steps (it holds the group
+        weakly: a dropped engine's group is still collected, and its workers stopped)."""
+        sentinels = [p.sentinel for p in self.processes]
+        args = (weakref.ref(self), sentinels, self._shared)
+        threading.Thread(target=_watch, args=args, name="pagecli-tp-watch", daemon=True).start()
 
     def on_failure(self, callback: Callable[[WorkerFailed], None]) -> None:
         """Call `callback(error)` (from the watcher thread) when a worker dies."""
@@ -343,18 +363,21 @@ class ParallelGroup:
             cause = "stopped answering"
         return f"tensor-parallel rank {rank} died ({cause})"
 
-    def _watch(self) -> None:
-        from multiprocessing.connection import wait
 
-        sentinels = [p.sentinel for p in self.processes]
-        while sentinels and not self._shared["closing"]:
-            done = wait(sentinels, timeout=1.0)
-            if done and not self._shared["closing"]:
-                rank = sentinels.index(done[0]) + 1
-                error = self.failed(rank)
-                for callback in self._callbacks:
-                    callback(error)
-                return
+def _watch(group_ref, sentinels: list, shared: dict) -> None:
+    from multiprocessing.connection import wait
+
+    while not shared["closing"]:
+        done = wait(sentinels, timeout=1.0)
+        group = group_ref()
+        if group is None or shared["closing"]:
+            return
+        if done:
+            error = group.failed(sentinels.index(done[0]) + 1)
+            for callback in group._callbacks:
+                callback(error)
+            return
+        del group
 
 
 def _shutdown(processes: list, conns: list, folder: str, shared: dict) -> None:

@@ -116,3 +116,40 @@ def test_numa_needs_a_node_per_rank():
     err = done.stderr.decode()
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"2 ranks need 2 nodes, this machine has {nodes}" in err
+
+
+def test_ctrl_c_stops_every_rank_and_keeps_finished_records():
+    def record(i: int) -> dict:
+        content = f"Tell me a long story about the number {i}."
+        return {"id": i, "messages": [{"role": "user", "content": content}],
+                "max_tokens": 8 if i == 0 else 400}  # fmt: skip
+
+    proc = start(["generate", "-tp", "2", "--threads", "1", "--kv-cache-memory", "0.25"])
+    proc.stdin.write(jsonl(*(record(i) for i in range(4))))
+    proc.stdin.flush()  # stdin stays open: the run is still reading when Ctrl-C comes
+    worker = _worker(proc.pid, time.monotonic() + 120)
+    first = json.loads(proc.stdout.readline())
+    assert first["id"] == 0 and first["error"] is None
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=30)
+    rest = proc.stdout.read().decode()
+    err = proc.stderr.read().decode()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        pipe.close()
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert all(json.loads(line)["id"] != 0 for line in rest.splitlines())  # written once
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker), "rank 1 outlived Ctrl-C"
+
+
+def test_bench_reports_the_size():
+    done = run(["bench", "-tp", "2", "--threads", "1", "--num-prompts", "2", "--input-len", "8",
+                "--output-len", "4", "--kv-cache-memory", "0.25", "--json"])  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    assert report["tensor_parallel_size"] == 2
+    assert "shared by 2 tensor-parallel ranks" not in report["threads_reason"]  # as asked
+    assert report["threads"] == 1

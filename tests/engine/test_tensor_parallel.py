@@ -193,3 +193,23 @@ def test_take_slices_blocks_without_cutting_them():
     assert torch.equal(bias, torch.zeros(4))  # a row-parallel bias is added once, by rank 0
     norm = torch.ones(4)
     assert take(shard, "model.norm.weight", norm) is norm
+
+
+def test_one_engine_at_a_time_and_a_dropped_one_is_collected(tiny_models):
+    """torch.distributed has one group per process: a second live TP engine is refused in
+    one line; a dropped one is collected (its worker stopped) and a new one starts."""
+    import gc
+
+    path = str(tiny_models["llama3"])
+    first = LLM(path, **TP, num_kv_blocks=16)
+    worker = first.engine.runner.parallel.processes[0]
+    with pytest.raises(ValueError, match="another tensor-parallel engine runs"):
+        LLM(path, **TP, num_kv_blocks=16)
+    del first
+    gc.collect()
+    worker.join(10)
+    assert not worker.is_alive()
+    second = LLM(path, **TP, num_kv_blocks=16)
+    out = second.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))
+    assert len(out[0].token_ids) == 2
+    second.engine.close()
