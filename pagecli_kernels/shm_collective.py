@@ -92,7 +92,7 @@ class ShmCollective:
     def gather(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every rank's `x` stacked on rank 0 ([size, *x.shape]); None on the others."""
         self._number += 1
-        out = torch.empty(self.size, *x.shape) if self.rank == 0 else None
+        out = torch.empty(self.size, *x.shape, dtype=torch.float32) if self.rank == 0 else None
         status = _lib().pagecli_shm_gather(
             self._base, self.slot_floats, self.rank, self.size, self._number,
             x.data_ptr(), x.numel(), out.data_ptr() if out is not None else None, self.timeout_s,

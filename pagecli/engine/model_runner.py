@@ -12,6 +12,7 @@ from pagecli.engine.cpu_threads import ThreadChoice, choose_threads
 from pagecli.engine.parallel import (
     ParallelGroup,
     StepInputs,
+    WorkerFailed,
     WorkerLink,
     attach_shm,
     join_group,
@@ -140,8 +141,19 @@ class ModelRunner:
             self.tp = TensorParallel(shard)
             full_config, hf_config = hf_config, shard.local_config(hf_config)
             if link is None:  # rank 0: the workers load their shards while this one does
+                if plan.prepare is not None:
+                    plan.prepare()  # once here, not once per rank
                 self.parallel = ParallelGroup(size, device, _collective_floats(config, hf_config))
                 self.parallel.start(config, full_config, source, device, dtype, max_model_len)
+        try:
+            self._build(hf_config, source, max_model_len, link)
+        except BaseException:
+            self.close()  # a failed start takes the workers with it
+            raise
+
+    def _build(self, hf_config, source: ModelSource, max_model_len: int, link) -> None:
+        """Load this rank's weights, meet the other ranks, allocate the KV cache."""
+        config, device, dtype = self.config, self.device, self.dtype
         self.num_threads = torch.get_num_threads()
         self.num_layers = hf_config.num_hidden_layers
         heads = hf_config.num_attention_heads
@@ -229,20 +241,28 @@ class ModelRunner:
         block count for all (the smallest: block ids are shared)."""
         if link is None:
             self.parallel.wait_loaded()
+            self.parallel.start_join()
             init_file = self.parallel.init_file
         else:
             link.conn.send(("loaded",))
+            if link.conn.recv() != ("join",):
+                raise ModelLoadError("rank 0 did not ask to join")
             init_file = link.init_file
         join_group(self.rank, self.config.tensor_parallel_size, init_file, self.device)
-        self.num_blocks = self.tp.min_over_ranks(self.num_blocks)
+        self.num_blocks = self.tp.min_over_ranks(self.num_blocks, self.device)
         attach_shm(self.tp, link or self.parallel, self.device)
+        self.tp.min_over_ranks(0, self.device)  # a barrier: every rank has mapped the files
         if self.parallel is not None:
+            self.parallel.release_files()
             self.parallel.on_failure(lambda error: self.tp.abort())
             self.parallel.watch()
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (a no-op without them)."""
+        """Stop the tensor-parallel workers (a no-op without them): first end any collective
+        they wait in, then ask them to stop, then kill what is left."""
         if self.parallel is not None:
+            if self.tp is not None:
+                self.tp.abort()
             self.parallel.close()
 
     def _load_model(self, hf_config, source: ModelSource, max_model_len: int):
@@ -381,12 +401,9 @@ class ModelRunner:
         mask = self.bitmask.start(constrained) if constrained else None
         input_ids, positions, meta, sample_index = self._prepare(batch)
         if self.parallel is not None:
-            step = StepInputs.from_step(input_ids, positions, meta, sample_index, batch)
-            self.parallel.send(step)
-            try:
-                logits = self._forward_logits(input_ids, positions, meta, sample_index)
-            except RuntimeError as exc:  # a collective failed: a worker is gone
-                raise self.parallel.failed() from exc
+            logits = self._run_ranks(
+                StepInputs.from_step(input_ids, positions, meta, sample_index, batch)
+            )
             return self._sample(items, sampled, constrained, logits, mask)
         if (
             self.graphs is not None
@@ -406,6 +423,32 @@ class ModelRunner:
         if sampled:
             logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
         return self._sample(items, sampled, constrained, logits, mask)
+
+    def _run_ranks(self, step: StepInputs) -> torch.Tensor | None:
+        """Rank 0's tensor-parallel step: hand the workers `step`, run this rank's shard.
+
+        A step that fails part way leaves the ranks out of step (a worker may wait in a
+        collective this rank never reaches), so the group ends with it: WorkerFailed when a
+        worker died or raised, else this rank's own error (a Ctrl-C, out of memory) after the
+        workers are stopped; later steps raise WorkerFailed."""
+        parallel = self.parallel
+        if parallel.failure is not None:
+            raise parallel.failure
+        parallel.send(step)
+        try:
+            return self._forward_logits(*step.tensors(self.device))
+        except BaseException as exc:
+            if _collective_failure(exc):
+                error = parallel.failed()
+            else:
+                parallel.failure = WorkerFailed(
+                    f"the tensor-parallel ranks stopped after a failed step ({type(exc).__name__})"
+                )
+                error = None
+            self.close()
+            if error is None:
+                raise
+            raise error from None
 
     def _forward_logits(self, input_ids, positions, meta, sample_index) -> torch.Tensor | None:
         """The tensor-parallel forward pass: this rank's shard, then the sampled rows'
@@ -653,3 +696,16 @@ def _collective_floats(config: EngineConfig, hf_config) -> int:
     hidden = hf_config.hidden_size * config.max_num_batched_tokens
     logits = -(-hf_config.vocab_size // size) * config.max_num_seqs
     return max(hidden, logits)
+
+
+def _collective_failure(exc: BaseException) -> bool:
+    """Whether a tensor-parallel step failed in a collective (a peer gone or aborted), not in
+    this rank's own work."""
+    import torch.distributed as dist
+
+    from pagecli_kernels.shm_collective import CollectiveError
+
+    if isinstance(exc, (CollectiveError, dist.DistError)):
+        return True
+    text = str(exc).lower()  # gloo's transport errors come as plain RuntimeErrors
+    return isinstance(exc, RuntimeError) and ("gloo" in text or "connection" in text)

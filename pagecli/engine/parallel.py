@@ -161,8 +161,10 @@ def _check_no_other_group() -> None:
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
-    """Rank r's device: cuda:r on CUDA, the CPU otherwise."""
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+    """Rank r's device: the r-th GPU from the one asked for on CUDA, the CPU otherwise."""
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", (device.index or 0) + rank)
 
 
 def numa_cpus(node: int, root: Path = Path("/sys/devices/system/node")) -> set[int] | None:
@@ -241,7 +243,10 @@ class ParallelGroup:
         self.closing = False
         self.failure: WorkerFailed | None = None  # set once a worker is known to be gone
         self._callbacks: list[Callable[[WorkerFailed], None]] = []
-        self._shared = {"closing": False}  # read by the finalizer and the watcher thread
+        self._lock = threading.Lock()  # failed() runs on the engine and the watcher threads
+        # read by the finalizer and the watcher thread; "joined": this group made the
+        # process's torch.distributed group (and so may destroy it)
+        self._shared = {"closing": False, "joined": False}
         # runs at close(), when the engine is collected, or at exit: never an orphan worker
         self._finalizer = weakref.finalize(
             self, _shutdown, self.processes, self.conns, self._dir, self._shared
@@ -252,8 +257,12 @@ class ParallelGroup:
     ) -> None:
         """Spawn ranks 1..N-1; each loads its shard while this process loads its own."""
         import multiprocessing as mp
+        from multiprocessing import resource_tracker
 
         ctx = mp.get_context("spawn")
+        # started by the first spawn otherwise, and it unblocks SIGINT after its own start,
+        # inside the window below
+        resource_tracker.ensure_running()
         for rank in range(1, self.size):
             parent, child = ctx.Pipe()
             link = WorkerLink(
@@ -265,7 +274,13 @@ class ParallelGroup:
                 name=f"pagecli-tp-rank{rank}",
                 daemon=True,
             )
-            proc.start()
+            # a Ctrl-C at the terminal reaches the whole process group: the worker must not
+            # see it while it starts (the blocked mask outlives exec; worker_main ignores it)
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                proc.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
             child.close()
             self.processes.append(proc)
             self.conns.append(parent)
@@ -294,6 +309,21 @@ class ParallelGroup:
                     continue
                 raise ModelLoadError(self._describe(rank, message))
 
+    def start_join(self) -> None:
+        """Every shard is loaded: tell the workers to join the process group (they wait for
+        this, so that no rank's join times out while another still loads)."""
+        self._shared["joined"] = True
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send(("join",))
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                raise self.failed(rank) from None
+
+    def release_files(self) -> None:
+        """Every rank has joined and mapped the shared memory: remove the files now, so that
+        nothing is left behind however this process ends (the maps stay valid)."""
+        shutil.rmtree(self._dir, ignore_errors=True)
+
     def watch(self) -> None:
         """Start the thread that notices a worker dying between steps (it holds the group
         weakly: a dropped engine's group is still collected, and its workers stopped)."""
@@ -315,6 +345,10 @@ class ParallelGroup:
 
     def failed(self, rank: int | None = None) -> WorkerFailed:
         """The error for a worker that is gone (the first one found when `rank` is None)."""
+        with self._lock:
+            return self._failed(rank)
+
+    def _failed(self, rank: int | None) -> WorkerFailed:
         if self.failure is not None:
             return self.failure
         deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -397,7 +431,8 @@ def _shutdown(processes: list, conns: list, folder: str, shared: dict) -> None:
             proc.join(STOP_TIMEOUT_S)
     for conn in conns:
         conn.close()
-    leave_group()
+    if shared["joined"]:
+        leave_group()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -423,6 +458,7 @@ def worker_main(
     """A worker rank: load the shard, join the group, then run steps until told to stop."""
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     conn = link.conn
     try:
         import warnings

@@ -78,7 +78,7 @@ class TensorParallel:
         into [S, vocab_size]; None on the other ranks."""
         start = time.perf_counter()
         rows = self.shard.vocab_rows
-        if logits.shape[1] < rows:  # the last ranks may hold one row fewer
+        if logits.shape[1] < rows:  # the first ranks may hold one row fewer
             pad = logits.new_zeros(logits.shape[0], rows - logits.shape[1])
             logits = torch.cat([logits, pad], dim=1)
         logits = logits.contiguous()
@@ -98,8 +98,9 @@ class TensorParallel:
         ]  # loader/shards.py's even cut
         return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=1)  # [S, V]
 
-    def min_over_ranks(self, value: int) -> int:
-        """The smallest of the ranks' `value`s, on every rank."""
-        t = torch.tensor([value], dtype=torch.int64)
+    def min_over_ranks(self, value: int, device: torch.device) -> int:
+        """The smallest of the ranks' `value`s, on every rank (`device`: the group's, NCCL
+        takes only CUDA tensors)."""
+        t = torch.tensor([value], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())

@@ -48,6 +48,9 @@ class WeightPlan:
     block_values: dict[str, int] = field(default_factory=dict)
     # a rank's slices read straight from the files (safetensors); None: sliced after loading
     read_shard: Callable[[RankShard], Iterator[tuple[str, Weight]]] | None = None
+    # makes what weights() reads, once (the quantized cache): rank 0 calls it before it
+    # starts tensor-parallel workers, so that they do not each make it
+    prepare: Callable[[], object] | None = None
 
     def shard_weights(self, shard: RankShard | None) -> Iterator[tuple[str, Weight]]:
         """The weights as a tensor-parallel rank holds them (`shard`; None: whole)."""
@@ -193,4 +196,12 @@ def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> Wei
         # quantized once into the cache (loader/quant_cache.py), then read from its map
         yield from iter_cached(ensure_cache(source, mode))
 
-    return WeightPlan(mode, names, resident + mapped, weights, mapped, block_values=blocks)
+    return WeightPlan(
+        mode,
+        names,
+        resident + mapped,
+        weights,
+        mapped,
+        block_values=blocks,
+        prepare=lambda: ensure_cache(source, mode),
+    )

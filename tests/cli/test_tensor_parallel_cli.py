@@ -153,3 +153,18 @@ def test_bench_reports_the_size():
     assert report["tensor_parallel_size"] == 2
     assert "shared by 2 tensor-parallel ranks" not in report["threads_reason"]  # as asked
     assert report["threads"] == 1
+
+
+def test_ctrl_c_at_the_terminal_while_workers_start():
+    """A terminal's Ctrl-C goes to the whole process group, workers included, even while
+    they are still starting: no traceback from any of them, and none left behind."""
+    proc = start(["generate", "-tp", "2", "--threads", "1"], start_new_session=True)
+    worker = _worker(proc.pid, time.monotonic() + 60)  # spawned: importing torch now
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pagecli import LLM, SamplingParams
+from pagecli.engine.parallel import WorkerFailed
 from pagecli.loader.resolve import ModelLoadError
 from pagecli.loader.shards import SplitError, plan_shards, take
 from pagecli_kernels.quant_formats import FORMATS as QUANT_FORMATS
@@ -213,3 +214,31 @@ def test_one_engine_at_a_time_and_a_dropped_one_is_collected(tiny_models):
     out = second.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))
     assert len(out[0].token_ids) == 2
     second.engine.close()
+
+
+def test_a_step_that_fails_on_rank_0_ends_the_group(tiny_models, monkeypatch):
+    """A step interrupted on rank 0 (Ctrl-C in a notebook, out of memory) leaves rank 1 in a
+    collective rank 0 never reaches: the group ends with it, and later steps say so instead
+    of pairing the ranks' collectives wrongly."""
+    llm = LLM(str(tiny_models["llama3"]), **TP, num_kv_blocks=32)
+    runner = llm.engine.runner
+    worker = runner.parallel.processes[0]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    assert len(llm.generate([{"prompt_token_ids": [1, 2, 3]}], params)[0].token_ids) == 4
+    forward = runner.model.forward
+    calls = []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 2:  # the second step: rank 1 is already in it
+            raise KeyboardInterrupt
+        return forward(*args)
+
+    monkeypatch.setattr(runner.model, "forward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([{"prompt_token_ids": [4, 5, 6]}], params)
+    worker.join(10)
+    assert not worker.is_alive()
+    monkeypatch.setattr(runner.model, "forward", forward)
+    with pytest.raises(WorkerFailed, match=r"stopped after a failed step \(KeyboardInterrupt\)"):
+        llm.generate([{"prompt_token_ids": [4, 5, 6]}], params)
