@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
-from tests.cli.helpers import jsonl, records, run, start
+from tests.cli import helpers
+from tests.cli.helpers import PAGECLI, jsonl, records, run, start
 
 PROMPTS = [
     "The capital of France is",
@@ -168,3 +170,44 @@ def test_ctrl_c_at_the_terminal_while_workers_start():
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(worker)
+
+
+FAULT_HOOK = """
+import os
+if os.environ.get("PAGECLI_TEST_WORKER_FAULT"):  # only tensor-parallel workers run steps
+    import pagecli.engine.model_runner as mr
+
+    step = mr.ModelRunner.run_worker_step
+    calls = [0]
+
+    def faulty(self, inputs):
+        calls[0] += 1
+        if calls[0] == int(os.environ["PAGECLI_TEST_WORKER_FAULT"]):
+            raise RuntimeError("injected fault")
+        return step(self, inputs)
+
+    mr.ModelRunner.run_worker_step = faulty
+"""
+
+
+def test_a_worker_that_raises_ends_the_run_with_its_reason(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(FAULT_HOOK)
+    messages = [{"role": "user", "content": "Count from one to one hundred."}]
+    env = {"PYTHONPATH": str(tmp_path), "PAGECLI_TEST_WORKER_FAULT": "20"}
+    args = ["generate", "-tp", "2", "--threads", "1", "--kv-cache-memory", "0.25"]
+    proc = subprocess.Popen(
+        [*PAGECLI, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**helpers.env(), **env},
+    )
+    started = time.monotonic()
+    _, err = proc.communicate(jsonl({"messages": messages, "max_tokens": 200}), timeout=120)
+    assert proc.returncode == 1, err.decode()
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert lines == [
+        "pagecli: the engine stopped: WorkerFailed: tensor-parallel rank 1 failed: "
+        "RuntimeError: injected fault"
+    ], err.decode()
+    assert time.monotonic() - started < 60
