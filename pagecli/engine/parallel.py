@@ -16,6 +16,7 @@ stopped, then killed, when the engine closes or the process exits: no orphans.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -44,18 +45,13 @@ class WorkerFailed(RuntimeError):
 
 @dataclass
 class StepInputs:
-    """One step's flat inputs, as every rank needs them."""
+    """One step's flat inputs, as every rank needs them: numpy copies of the model's inputs
+    and of AttentionMetadata's fields, and the step's block copies."""
 
     input_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
-    slot_mapping: np.ndarray  # [T] int64
-    num_decode_tokens: int
-    decode_block_tables: np.ndarray | None  # [D, width] int32
-    decode_seq_lens: np.ndarray | None  # [D] int32
-    prefill_block_tables: np.ndarray | None  # [P, width] int32
-    prefill_seq_lens: np.ndarray | None  # [P] int32
-    prefill_query_start_loc: np.ndarray | None  # [P + 1] int32
     sample_index: np.ndarray  # [S] int64
+    meta: dict  # AttentionMetadata's fields: arrays (or None), num_decode_tokens an int
     swap_out: list[tuple[int, int]]
     swap_in: list[tuple[int, int]]
     block_copies: list[tuple[int, int]]
@@ -63,21 +59,21 @@ class StepInputs:
     @classmethod
     def from_step(cls, input_ids, positions, meta, sample_index, batch) -> StepInputs:
         """Copies of the step's tensors (the host buffers are reused next step)."""
+        from pagecli.layers.attention import AttentionMetadata
 
-        def host(t: torch.Tensor | None) -> np.ndarray | None:
-            return None if t is None else t.detach().cpu().numpy().copy()
+        def host(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            return value.detach().cpu().numpy().copy()
 
+        fields = {
+            f.name: host(getattr(meta, f.name)) for f in dataclasses.fields(AttentionMetadata)
+        }
         return cls(
             host(input_ids),
             host(positions),
-            host(meta.slot_mapping),
-            meta.num_decode_tokens,
-            host(meta.decode_block_tables),
-            host(meta.decode_seq_lens),
-            host(meta.prefill_block_tables),
-            host(meta.prefill_seq_lens),
-            host(meta.prefill_query_start_loc),
             host(sample_index),
+            fields,
             list(batch.swap_out),
             list(batch.swap_in),
             list(batch.block_copies),
@@ -87,18 +83,12 @@ class StepInputs:
         """(input_ids, positions, AttentionMetadata, sample_index) on `device`."""
         from pagecli.layers.attention import AttentionMetadata
 
-        def dev(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(a).to(device)
+        def dev(value):
+            if not isinstance(value, np.ndarray):
+                return value
+            return torch.from_numpy(value).to(device)
 
-        meta = AttentionMetadata(
-            slot_mapping=dev(self.slot_mapping),
-            num_decode_tokens=self.num_decode_tokens,
-            decode_block_tables=dev(self.decode_block_tables),
-            decode_seq_lens=dev(self.decode_seq_lens),
-            prefill_block_tables=dev(self.prefill_block_tables),
-            prefill_seq_lens=dev(self.prefill_seq_lens),
-            prefill_query_start_loc=dev(self.prefill_query_start_loc),
-        )
+        meta = AttentionMetadata(**{name: dev(value) for name, value in self.meta.items()})
         return dev(self.input_ids), dev(self.positions), meta, dev(self.sample_index)
 
 
