@@ -110,6 +110,17 @@ class LLM:
         """A multi-turn conversation whose turns reuse the KV cache of the previous ones."""
         return ChatSession(self, system=system, name=name)
 
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel worker processes now (they also stop when the
+        LLM is collected or the process exits); a no-op with one rank."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:

@@ -210,10 +210,11 @@ def test_one_engine_at_a_time_and_a_dropped_one_is_collected(tiny_models):
     gc.collect()
     worker.join(10)
     assert not worker.is_alive()
-    second = LLM(path, **TP, num_kv_blocks=16)
-    out = second.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))
-    assert len(out[0].token_ids) == 2
-    second.engine.close()
+    with LLM(path, **TP, num_kv_blocks=16) as second:
+        out = second.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))
+        assert len(out[0].token_ids) == 2
+        worker = second.engine.runner.parallel.processes[0]
+    assert not worker.is_alive()  # closed on leaving the block
 
 
 def test_a_step_that_fails_on_rank_0_ends_the_group(tiny_models, monkeypatch):
