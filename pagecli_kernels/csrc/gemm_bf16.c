@@ -314,8 +314,9 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
             const int64_t first = p * rows;
-            gemm_sweep(isa, micro, xt, m, pairs, (const float *)(rows_w + first * pairs), pairs,
-                       min64(rows, n - first), y + first, ldy);
+            gemm_sweep(isa, micro, NULL, xt, m, pairs,
+                       (const float *)(rows_w + first * pairs), pairs, min64(rows, n - first),
+                       y + first, ldy);
         }
     }
     return failed ? E_MEMORY : 0;

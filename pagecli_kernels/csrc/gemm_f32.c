@@ -179,22 +179,52 @@ TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t 
                                        int rows, float *sums) {
     GEMM_ROWS_SWITCH(rows, micro_avx512_r, xt, w, ldw, k, sums)
 }
+
+/* micro_avx512_r for a tile's first 16 tokens only (a tile of at most 16: a batched decode
+ * of up to 16 sequences, or the last tile of a batch), the same sums in the same order. The
+ * full tile would spend half its FMAs on the zero tokens past m. */
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+micro_half_avx512_r(const float *xt, const float *w, int64_t ldw, int64_t k, float *sums,
+                    const int R) {
+    for (int64_t k0 = 0; k0 < k; k0 += GEMM_CHUNK) {
+        __m512 acc[GEMM_ROWS];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        const int64_t end = min64(k0 + GEMM_CHUNK, k);
+        for (int64_t kk = k0; kk < end; kk++) {
+            const __m512 x0 = _mm512_load_ps(xt + kk * GEMM_TOKENS);
+            for (int r = 0; r < R; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * ldw + kk]), x0, acc[r]);
+        }
+        for (int r = 0; r < R; r++) {
+            float *s = sums + r * GEMM_TOKENS;
+            if (k0) acc[r] = _mm512_add_ps(_mm512_load_ps(s), acc[r]);
+            _mm512_store_ps(s, acc[r]);
+        }
+    }
+}
+
+TARGET_AVX512 static void micro_half_avx512(const float *xt, const float *w, int64_t ldw,
+                                            int64_t k, int rows, float *sums) {
+    GEMM_ROWS_SWITCH(rows, micro_half_avx512_r, xt, w, ldw, k, sums)
+}
 #endif
 
 /* y[tok][r] = the dot product of x's row tok with w's row r, for tok < m and r < count, through
  * `micro` (w's rows ldw 32-bit values apart, x packed by gemm_pack_x; k values of 32 bits each:
- * floats here, bfloat16 pairs in gemm_bf16.c). Single-threaded; the drivers split W's rows over
- * the threads. */
-void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_t k,
-                const float *w, int64_t ldw, int64_t count, float *y, int64_t ldy) {
+ * floats here, bfloat16 pairs in gemm_bf16.c), and through `micro_half` (NULL: none) for a
+ * tile of at most 16 tokens. Single-threaded; the drivers split W's rows over the threads. */
+void gemm_sweep(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half, const float *xt,
+                int64_t m, int64_t k, const float *w, int64_t ldw, int64_t count, float *y,
+                int64_t ldy) {
     float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
     const int64_t tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     for (int64_t t0 = 0; t0 < tiles; t0 += TILE_BLOCK)
         for (int64_t r0 = 0; r0 < count; r0 += GEMM_ROWS) {
             const int rows = (int)min64(GEMM_ROWS, count - r0);
             for (int64_t t = t0; t < min64(t0 + TILE_BLOCK, tiles); t++) {
-                micro(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows, sums);
                 const int64_t tok = t * GEMM_TOKENS;
+                const gemm_micro_fn fn = micro_half && m - tok <= 16 ? micro_half : micro;
+                fn(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows, sums);
                 gemm_write_tile(isa, sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0,
                                 ldy);
             }
@@ -204,9 +234,9 @@ void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_
 /* gemm_sweep with the float32 micro-kernel of the path: w's rows at row stride ldw (floats). */
 void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
                 int64_t count, float *y, int64_t ldy) {
-    gemm_micro_fn micro = micro_portable;
+    gemm_micro_fn micro = micro_portable, micro_half = NULL;
 #if QUANT_X86
-    if (isa == ISA_AVX512) micro = micro_avx512;
+    if (isa == ISA_AVX512) micro = micro_avx512, micro_half = micro_half_avx512;
 #endif
-    gemm_sweep(isa, micro, xt, m, k, w, ldw, count, y, ldy);
+    gemm_sweep(isa, micro, micro_half, xt, m, k, w, ldw, count, y, ldy);
 }

@@ -44,8 +44,9 @@ typedef void (*gemm_micro_fn)(const float *xt, const float *w, int64_t ldw, int6
                               float *sums);
 void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
                      int64_t ldy);
-void gemm_sweep(int isa, gemm_micro_fn micro, const float *xt, int64_t m, int64_t k,
-                const float *w, int64_t ldw, int64_t count, float *y, int64_t ldy);
+void gemm_sweep(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half, const float *xt,
+                int64_t m, int64_t k, const float *w, int64_t ldw, int64_t count, float *y,
+                int64_t ldy);
 void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, int64_t ldw,
                 int64_t count, float *y, int64_t ldy);
 

@@ -179,11 +179,12 @@ def _tiles_and_panels(x: torch.Tensor, weight: QuantWeight) -> tuple[torch.Tenso
     return tiles, panels
 
 
-@pytest.mark.parametrize("rows", [9, 31, 33, 64, 300])
+@pytest.mark.parametrize("rows", [9, 16, 31, 33, 64, 300])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_panel_gemms_match_float64(isa, gemm, fmt, rows):
-    """Token counts around the native GEMM's 32-token tiles; 37 and 45 outputs: not whole
-    12-row micro-tiles."""
+    """Token counts around the native GEMM's 32-token tiles (9, 16 and the last tiles of 33
+    and 300: at most 16 tokens, the half micro-kernel); 37 and 45 outputs: not whole 12-row
+    micro-tiles."""
     cols = _cols(fmt)
     weight = random_weight(fmt, 37, cols, seed=rows)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
@@ -192,6 +193,21 @@ def test_panel_gemms_match_float64(isa, gemm, fmt, rows):
     strided = wide[::2, 8 : 8 + cols]
     weight = random_weight(fmt, 45, cols, seed=2)
     assert_within(quant_cpu.quant_linear(strided, weight), strided, weight, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q6_k"])
+def test_a_tile_of_16_tokens_sums_as_a_full_tile(isa, gemm, fmt):
+    """A tile of at most 16 tokens takes the half micro-kernel: its sums are those of the same
+    tokens in a full tile, bit for bit (batched decode must not depend on the batch size).
+    The native GEMM only: a BLAS's or AMX's sums may follow the size."""
+    if gemm != "native":
+        pytest.skip("bit-for-bit across sizes is the native GEMM's promise")
+    cols = _cols(fmt)
+    weight = random_weight(fmt, 40, cols, seed=5)
+    x = torch.randn(20, cols, generator=torch.Generator().manual_seed(6))
+    half = quant_cpu.quant_linear(x[:12].contiguous(), weight)  # one tile of 12: half
+    full = quant_cpu.quant_linear(x, weight)  # one tile of 20: full
+    assert torch.equal(half, full[:12])
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
