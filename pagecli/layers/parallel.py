@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from pagecli.loader.shards import RankShard
+from pagecli.loader.shards import RankShard, even_share
 from pagecli_kernels.shm_collective import ShmCollective
 
 
@@ -92,11 +92,8 @@ class TensorParallel:
         self._count += 1
         if parts is None:
             return None
-        widths = [
-            vocab_size * (r + 1) // self.size - vocab_size * r // self.size
-            for r in range(self.size)
-        ]  # loader/shards.py's even cut
-        return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=1)  # [S, V]
+        shares = [even_share(vocab_size, self.size, r) for r in range(self.size)]
+        return torch.cat([p[:, : stop - start] for p, (start, stop) in zip(parts, shares)], 1)
 
     def min_over_ranks(self, value: int, device: torch.device) -> int:
         """The smallest of the ranks' `value`s, on every rank (`device`: the group's, NCCL

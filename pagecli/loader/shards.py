@@ -120,8 +120,8 @@ def _widest_block(block_values: Mapping[str, int], fragment: str) -> int:
     return max((v for k, v in block_values.items() if fragment in k), default=1)
 
 
-def _even(total: int, parts: int, index: int) -> Range:
-    """Part `index` of `total` units cut into `parts` as evenly as possible."""
+def even_share(total: int, parts: int, index: int) -> Range:
+    """Part `index` of `total` units cut into `parts` as evenly as possible: [start, stop)."""
     return total * index // parts, total * (index + 1) // parts
 
 
@@ -166,7 +166,7 @@ def _split_problem(hf_config, size: int, block_values: Mapping[str, int]) -> str
 def _q_kv_heads(heads: int, kv_heads: int, size: int, rank: int) -> tuple[Range, Range]:
     group = heads // kv_heads
     if size <= kv_heads:  # whole KV-head groups, as evenly as they go
-        kv = _even(kv_heads, size, rank)
+        kv = even_share(kv_heads, size, rank)
         return (kv[0] * group, kv[1] * group), kv
     replicas = size // kv_heads  # ranks per KV head, each with a share of its query heads
     kv_head, part = divmod(rank, replicas)
@@ -179,7 +179,7 @@ def _shard(hf_config, size: int, rank: int, block_values: Mapping[str, int]) -> 
     heads, kv_heads, head_dim, intermediate, vocab = _counts(hf_config)
     q, kv = _q_kv_heads(heads, kv_heads, size, rank)
     block = _widest_block(block_values, ".down_proj.")
-    units = _even(intermediate // block, size, rank)
+    units = even_share(intermediate // block, size, rank)
     return RankShard(
         rank=rank,
         size=size,
@@ -187,7 +187,7 @@ def _shard(hf_config, size: int, rank: int, block_values: Mapping[str, int]) -> 
         q_heads=q,
         kv_heads=kv,
         intermediate=(units[0] * block, units[1] * block),
-        vocab=_even(vocab, size, rank),
+        vocab=even_share(vocab, size, rank),
         vocab_rows=-(-vocab // size),
     )
 
