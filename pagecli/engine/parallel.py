@@ -230,7 +230,6 @@ class ParallelGroup:
             shm_collective.create(self.shm_file, size, slot_floats)
         self.processes: list = []
         self.conns: list = []
-        self.closing = False
         self.failure: WorkerFailed | None = None  # set once a worker is known to be gone
         self._callbacks: list[Callable[[WorkerFailed], None]] = []
         self._lock = threading.Lock()  # failed() runs on the engine and the watcher threads
@@ -303,11 +302,7 @@ class ParallelGroup:
         """Every shard is loaded: tell the workers to join the process group (they wait for
         this, so that no rank's join times out while another still loads)."""
         self._shared["joined"] = True
-        for rank, conn in enumerate(self.conns, start=1):
-            try:
-                conn.send(("join",))
-            except (BrokenPipeError, ConnectionResetError, OSError):
-                raise self.failed(rank) from None
+        self.send(("join",))
 
     def release_files(self) -> None:
         """Every rank has joined and mapped the shared memory: remove the files now, so that
@@ -325,11 +320,12 @@ class ParallelGroup:
         """Call `callback(error)` (from the watcher thread) when a worker dies."""
         self._callbacks.append(callback)
 
-    def send(self, step: StepInputs) -> None:
-        """Hand every worker this step's inputs."""
+    def send(self, message: StepInputs | tuple) -> None:
+        """Hand every worker a step's inputs (or a control message); WorkerFailed for a
+        worker whose pipe is gone."""
         for rank, conn in enumerate(self.conns, start=1):
             try:
-                conn.send(step)
+                conn.send(message)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 raise self.failed(rank) from None
 
@@ -358,7 +354,6 @@ class ParallelGroup:
 
     def close(self) -> None:
         """Stop every worker (then kill what is left) and leave the process group."""
-        self._shared["closing"] = True
         self._finalizer()
 
     # ---- inside ---------------------------------------------------------------------------
