@@ -609,48 +609,75 @@ TARGET_AVX2 static void wide_q6_K_avx2(const void *w, int64_t row_bytes, int64_t
  * h (sub-blocks 4h..4h+3) read as 32 words, whose four nibbles k = 0..3 are extracted as
  * words (q & 15, (q >> 4) & 15, ...). Word w of chunk c = 2h + (w >= 16) holds bytes 2w' and
  * 2w'+1 (w' = w % 16) of that chunk: nibble k is value 2w' + (k >> 1) of sub-block
- * 2c + (k & 1). */
+ * 2c + (k & 1): value 32 * (2c + (k & 1)) + 2w' + (k >> 1) of the super-block. */
 
 #define SPLIT_HALF_BITS 14 /* max|x| / s in [2^(BITS-1), 2^BITS) */
 
-static inline int32_t split_index(int h, int k, int w) {
-    const int c = 2 * h + (w >= 16), ww = w & 15;
-    return 32 * (2 * c + (k & 1)) + 2 * ww + (k >> 1);
-}
-
 /* The split of x (num_blocks super-blocks); nonzero where a value is not finite, or the
- * block's scale would leave float32's normal range. */
-static int split_x(const float *x, int64_t num_blocks, const struct int_split *out,
-                   int q4_order) {
+ * block's scale would leave float32's normal range. Sixteen values at a time: A = rint(v)
+ * and B = rint((v - A) * 2^15) for v = x / s (exact: s a power of two, v - A exact), with
+ * the rounding to nearest even that rintf gives. In the Q4_K order, each 32 words (half h,
+ * nibble k) are the even or odd values of two sub-blocks (above), taken from the
+ * natural order by one two-source word permute. */
+TARGET_AVX512 static int split_x(const float *x, int64_t num_blocks, const struct int_split *out,
+                                 int q4_order) {
+    const __m512 limit = _mm512_set1_ps(FLT_MAX);
+    __m512i pick[2]; /* Q4_K order: words of sub-blocks (c, c + 2) at even (k >> 1 = 0) or odd */
+    for (int odd = 0; odd < 2; odd++) {
+        int16_t idx[32];
+        for (int w = 0; w < 32; w++) idx[w] = (int16_t)((w < 16 ? 2 * w : 32 + 2 * (w - 16)) + odd);
+        pick[odd] = _mm512_loadu_si512((const void *)idx);
+    }
     for (int64_t s = 0; s < num_blocks; s++) {
         const float *xs = x + s * QK_K;
-        float most = 0.0f;
-        for (int i = 0; i < QK_K; i++) {
-            const float v = fabsf(xs[i]);
-            if (!(v <= FLT_MAX)) return -1; /* inf or NaN: the float kernels propagate it */
-            most = v > most ? v : most;
+        __m512 most = _mm512_setzero_ps();
+        for (int i = 0; i < QK_K; i += 16) {
+            const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(xs + i));
+            /* inf or NaN: the float kernels propagate it */
+            if (_mm512_cmp_ps_mask(v, limit, _CMP_LE_OQ) != 0xFFFF) return -1;
+            most = _mm512_max_ps(most, v);
         }
+        const float top = _mm512_reduce_max_ps(most);
         int e = 0;
-        if (most > 0.0f) frexpf(most, &e); /* most in [2^(e-1), 2^e) */
+        if (top > 0.0f) frexpf(top, &e); /* top in [2^(e-1), 2^e) */
         const int shift = e - SPLIT_HALF_BITS; /* s = 2^shift */
-        if (most > 0.0f && (shift < -100 || shift > 100)) return -1;
-        const float inv = ldexpf(1.0f, -shift);
+        if (top > 0.0f && (shift < -100 || shift > 100)) return -1;
+        const __m512 inv = _mm512_set1_ps(ldexpf(1.0f, -shift));
+        const __m512 wide = _mm512_set1_ps(32768.0f);
         out->scale[s] = ldexpf(1.0f, shift);
-        int16_t *a = out->a + s * QK_K, *b = out->b + s * QK_K;
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 4; k++)
-                for (int w = 0; w < 32; w++) {
-                    const int i = q4_order ? split_index(h, k, w) : 128 * h + 32 * k + w;
-                    const float v = xs[i] * inv; /* exact: a power of two */
-                    const float hi = rintf(v);
-                    a[128 * h + 32 * k + w] = (int16_t)hi;
-                    b[128 * h + 32 * k + w] = (int16_t)rintf((v - hi) * 32768.0f);
-                }
+        int16_t na[QK_K], nb[QK_K]; /* natural order */
+        int16_t *a = q4_order ? na : out->a + s * QK_K, *b = q4_order ? nb : out->b + s * QK_K;
         for (int j = 0; j < 8; j++) {
-            float sum = 0.0f;
-            for (int i = 0; i < 32; i++) sum += xs[32 * j + i];
-            out->sums[8 * s + j] = sum;
+            const __m512 x0 = _mm512_loadu_ps(xs + 32 * j), x1 = _mm512_loadu_ps(xs + 32 * j + 16);
+            out->sums[8 * s + j] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+            for (int half = 0; half < 2; half++) {
+                const __m512 v = _mm512_mul_ps(half ? x1 : x0, inv); /* exact: a power of two */
+                const __m512 hi = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT |
+                                                              _MM_FROUND_NO_EXC);
+                const __m512 lo = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, hi), wide),
+                                                       _MM_FROUND_TO_NEAREST_INT |
+                                                           _MM_FROUND_NO_EXC);
+                _mm256_storeu_si256((__m256i *)(a + 32 * j + 16 * half),
+                                    _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(hi)));
+                _mm256_storeu_si256((__m256i *)(b + 32 * j + 16 * half),
+                                    _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(lo)));
+            }
         }
+        if (!q4_order) continue;
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++) {
+                const int first = 32 * (4 * h + (k & 1)), second = first + 64, at = 128 * h + 32 * k;
+                _mm512_storeu_si512(
+                    (void *)(out->a + s * QK_K + at),
+                    _mm512_permutex2var_epi16(_mm512_loadu_si512((const void *)(na + first)),
+                                              pick[k >> 1],
+                                              _mm512_loadu_si512((const void *)(na + second))));
+                _mm512_storeu_si512(
+                    (void *)(out->b + s * QK_K + at),
+                    _mm512_permutex2var_epi16(_mm512_loadu_si512((const void *)(nb + first)),
+                                              pick[k >> 1],
+                                              _mm512_loadu_si512((const void *)(nb + second))));
+            }
     }
     return 0;
 }
