@@ -10,12 +10,15 @@ The files are written tensor by tensor (the writer never holds a whole file) and
 --dir; a file already there with the planned tensors and size is reused.
 
 Then, --rounds times, for each file: this machine's read bandwidth (benchmarks/decode_floor.py's
-probe), `llama-bench -p 512 -n 128 -r R` and `pagecli bench --scenario latency --pp 512
---tg 128 --repetitions R`, the two engines back to back, in turn first, so that a shared
+probe) and float32 FMA peak (benchmarks/fma_peak.py), `llama-bench -p 512 -n 128 -r R` and
+`pagecli bench --scenario latency --pp 512 --tg 128 --repetitions R`, the two engines back to back, in turn first, so that a shared
 machine's drift moves both sides of a ratio. The table gives the median round's figures, each
 ratio as the median of the rounds' own ratios (the rounds in brackets), and beside the decode
 figures the bandwidth floor: weight bytes one decode token reads (every layer tensor, the output
-projection and one embedding row) / the read bandwidth measured in that round. The llama.cpp
+projection and one embedding row) / the read bandwidth measured in that round, and beside the
+prefill figures their ceiling: the prefill's FLOPs (prefill_flops) / that round's FMA peak,
+which no product with float32 activations passes on a CPU without matrix tiles (llama.cpp
+rounds activations to 8 bits and is not bound by it). The llama.cpp
 binaries are the static builds in ../shared/peers/llama.cpp/bin. Quiet machines only.
 
     .venv/bin/python benchmarks/shaped_gguf.py [--shapes 1b,8b] [--mixes q4_0,q8_0,...]
@@ -42,6 +45,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from decode_floor import read_bandwidth
+from fma_peak import fma_peak
 from quant_vs_llamacpp import PAGECLI, PEERS, cpu_name, run
 
 Q = gguf.GGMLQuantizationType
@@ -296,6 +300,21 @@ def bytes_per_token(path: Path) -> int:
     return total + int(head.n_bytes) + int(embed.n_bytes) // VOCAB
 
 
+def prefill_flops(path: Path, pp: int) -> float:
+    """FLOPs of a `pp`-token prefill: every layer matrix once per token, causal attention
+    (scores and values: q width x (pp + 1) / 2 positions on average, twice) and the output
+    projection for the last token only, as both engines run it. Two FLOPs per multiply-add."""
+    reader = gguf.GGUFReader(str(path))
+    by_name = {t.name: t for t in reader.tensors}
+    matrices = [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    layers = len({t.name.split(".")[1] for t in matrices})
+    q_width = int(by_name["blk.0.attn_q.weight"].shape[1])  # gguf lists [in, out]
+    head = by_name.get("output.weight", by_name["token_embd.weight"])
+    macs = pp * sum(int(t.n_elements) for t in matrices)
+    macs += layers * q_width * pp * (pp + 1) + int(head.n_elements)
+    return 2.0 * macs
+
+
 def llama_bench(path: Path, threads: int, pp: int, tg: int, repetitions: int) -> dict:
     out = run(
         [str(PEERS / "bin" / "llama-bench"), "-m", str(path), "-t", str(threads),
@@ -331,21 +350,26 @@ def measure(engine: str, bench_fn, *args) -> dict | None:
         return None
 
 
-def one_round(args, files: list[Path], weight_bytes: dict, number: int) -> dict:
-    """Each file once: the bandwidth probe, then the two engines (pagecli first in even rounds)."""
+def one_round(args, files: list[Path], weight_bytes: dict, flops: dict, number: int) -> dict:
+    """Each file once: the bandwidth and FMA probes, then the two engines (pagecli first in even
+    rounds)."""
     found = {}
     for path in files:
         bandwidth = read_bandwidth(args.threads)
+        peak = fma_peak(args.threads)
         bench = (args.threads, args.pp, args.tg, args.repetitions)
         engines = [("pagecli", pagecli_bench), ("llama.cpp", llama_bench)]
         row = {"read_bandwidth_gb_s": bandwidth / 1e9,
-               "floor_ms": 1000 * weight_bytes[path.name] / bandwidth}  # fmt: skip
+               "floor_ms": 1000 * weight_bytes[path.name] / bandwidth,
+               "fma_peak_gflop_s": peak / 1e9,
+               "pp_ceiling_t_s": args.pp * peak / flops[path.name]}  # fmt: skip
         for engine, fn in engines if number % 2 == 0 else engines[::-1]:
             row[engine] = measure(engine, fn, path, *bench)
         ours, theirs = row["pagecli"], row["llama.cpp"]
         for engine, got in (("pagecli", ours), ("llama.cpp", theirs)):
             if got is not None:
                 row[f"{engine}_ms_over_floor"] = 1000 / got["tg"] / row["floor_ms"]
+                row[f"{engine}_pp_of_ceiling"] = got["pp"] / row["pp_ceiling_t_s"]
         if ours is not None and theirs is not None:
             row["pp_ratio"] = ours["pp"] / theirs["pp"]
             row["tg_ratio"] = ours["tg"] / theirs["tg"]
@@ -377,18 +401,24 @@ def report(args, files: list[Path], rounds: list[dict]) -> None:
     pp, tg = f"pp{args.pp}", f"tg{args.tg}"
     print(
         f"CPU: {cpu_line(args.threads)}; medians of {args.rounds} rounds (a ratio: the median "
-        "of the rounds' own ratios); floor = weight bytes per token / read bandwidth"
+        "of the rounds' own ratios); floor = weight bytes per token / read bandwidth; "
+        f"{pp} ceiling = the prefill's FLOPs / the float32 FMA peak (benchmarks/fma_peak.py), "
+        "the most a float32 product can do; 'of ceiling' = the engine's rate over it"
     )
     print(f"| file | size GB | {pp} pagecli t/s | {pp} llama.cpp t/s | {pp} ratio | "
+          f"{pp} ceiling t/s | pagecli of ceiling | llama.cpp of ceiling | "
           f"{tg} pagecli t/s | {tg} llama.cpp t/s | {tg} ratio | floor ms | pagecli ms/floor | "
           f"llama.cpp ms/floor |")  # fmt: skip
-    print("| --- " * 11 + "|")
+    print("| --- " * 14 + "|")
     for path in files:
         name = path.name
         floor = statistics.median(r[name]["floor_ms"] for r in rounds)
+        ceiling = statistics.median(r[name]["pp_ceiling_t_s"] for r in rounds)
         print(
             f"| {name} | {path.stat().st_size / 1e9:.2f} | {median(name, rate('pagecli', 'pp'))} | "
             f"{median(name, rate('llama.cpp', 'pp'))} | {ratio(name, 'pp_ratio')} | "
+            f"{ceiling:.1f} | {ratio(name, 'pagecli_pp_of_ceiling')} | "
+            f"{ratio(name, 'llama.cpp_pp_of_ceiling')} | "
             f"{median(name, rate('pagecli', 'tg'))} | {median(name, rate('llama.cpp', 'tg'))} | "
             f"{ratio(name, 'tg_ratio')} | {floor:.2f} | {ratio(name, 'pagecli_ms_over_floor')} | "
             f"{ratio(name, 'llama.cpp_ms_over_floor')} |"
@@ -421,7 +451,10 @@ def main() -> None:
     if args.write_only:
         return
     weight_bytes = {path.name: bytes_per_token(path) for path in files}
-    rounds = [one_round(args, files, weight_bytes, number) for number in range(args.rounds)]
+    flops = {path.name: prefill_flops(path, args.pp) for path in files}
+    rounds = [
+        one_round(args, files, weight_bytes, flops, number) for number in range(args.rounds)
+    ]
     if args.json is not None:
         result = {
             "cpu": cpu_line(args.threads),
@@ -430,7 +463,8 @@ def main() -> None:
             "tg": args.tg,
             "repetitions": args.repetitions,
             "files": {p.name: {"path": str(p), "bytes": p.stat().st_size,
-                               "weight_bytes_per_token": weight_bytes[p.name]} for p in files},
+                               "weight_bytes_per_token": weight_bytes[p.name],
+                               "prefill_flops": flops[p.name]} for p in files},
             "rounds": rounds,
         }  # fmt: skip
         args.json.write_text(json.dumps(result, indent=2))
