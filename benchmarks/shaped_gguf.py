@@ -11,15 +11,16 @@ The files are written tensor by tensor (the writer never holds a whole file) and
 
 Then, --rounds times, for each file: this machine's read bandwidth (benchmarks/decode_floor.py's
 probe) and float32 FMA peak (benchmarks/fma_peak.py), `llama-bench -p 512 -n 128 -r R` and
-`pagecli bench --scenario latency --pp 512 --tg 128 --repetitions R`, the two engines back to back, in turn first, so that a shared
-machine's drift moves both sides of a ratio. The table gives the median round's figures, each
-ratio as the median of the rounds' own ratios (the rounds in brackets), and beside the decode
-figures the bandwidth floor: weight bytes one decode token reads (every layer tensor, the output
-projection and one embedding row) / the read bandwidth measured in that round, and beside the
-prefill figures their ceiling: the prefill's FLOPs (prefill_flops) / that round's FMA peak,
-which no product with float32 activations passes on a CPU without matrix tiles (llama.cpp
-rounds activations to 8 bits and is not bound by it). The llama.cpp
-binaries are the static builds in ../shared/peers/llama.cpp/bin. Quiet machines only.
+`pagecli bench --scenario latency --pp 512 --tg 128 --repetitions R`, the two engines back to
+back, in turn first, so that a shared machine's drift moves both sides of a ratio. The table
+gives the median round's figures, each ratio as the median of the rounds' own ratios (the
+rounds in brackets). Beside the decode figures is the bandwidth floor: weight bytes one decode
+token reads (every layer tensor, the output projection and one embedding row) / the read
+bandwidth measured in that round. Beside the prefill figures is their ceiling: the prefill's
+FLOPs (prefill_flops) / that round's FMA peak, which no product with float32 activations
+passes on a CPU without matrix tiles (llama.cpp rounds activations to 8 bits and is not bound
+by it). The llama.cpp binaries are the static builds in ../shared/peers/llama.cpp/bin. Quiet
+machines only.
 
     .venv/bin/python benchmarks/shaped_gguf.py [--shapes 1b,8b] [--mixes q4_0,q8_0,...]
         [--threads 2] [--rounds 3] [--repetitions 1] [--dir /tmp/pagecli-shaped]
@@ -452,9 +453,7 @@ def main() -> None:
         return
     weight_bytes = {path.name: bytes_per_token(path) for path in files}
     flops = {path.name: prefill_flops(path, args.pp) for path in files}
-    rounds = [
-        one_round(args, files, weight_bytes, flops, number) for number in range(args.rounds)
-    ]
+    rounds = [one_round(args, files, weight_bytes, flops, number) for number in range(args.rounds)]
     if args.json is not None:
         result = {
             "cpu": cpu_line(args.threads),
