@@ -162,6 +162,16 @@ def set_int_dots(choice: str) -> None:
     _choose("pagecli_quant_set_int_dots", INT_DOTS, choice, "int_dots")
 
 
+ROWS_PIECES = ("auto", "off")  # pagecli_quant_set_rows_pieces's choices
+
+
+def set_rows_pieces(choice: str) -> None:
+    """Choose "auto" (the row kernels take x in pieces that stay in the L1 where a batch of
+    2-8 rows does not) or "off" (whole rows always; the same bits, slower). Tests and
+    benchmarks."""
+    _choose("pagecli_quant_set_rows_pieces", ROWS_PIECES, choice, "rows_pieces")
+
+
 BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
 
 
@@ -274,6 +284,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_int_dots.argtypes = [i32]
     lib.pagecli_quant_set_int_dots.restype = i32
     lib.pagecli_quant_int_dots.restype = i32
+    lib.pagecli_quant_set_rows_pieces.argtypes = [i32]
+    lib.pagecli_quant_set_rows_pieces.restype = i32
     lib.pagecli_bf16_linear.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_bf16_linear.restype = i32
     lib.pagecli_bf16_set_gemm.argtypes = [i32]

@@ -114,10 +114,18 @@ static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
 typedef void (*dequant_fn)(const void *blocks, float *out, int64_t num_blocks);
 
 /* out[i] = dot(dequant(row), x[i * ldx ...]) for i < m <= ROWS_MAX: one row of W against m
- * input rows, dequantized in registers (the fused decode kernel; optional per format). */
+ * input rows, dequantized in registers (the fused decode kernel; optional per format). A row
+ * may be taken in pieces of whole blocks (row, x and num_blocks then those of the piece), so
+ * that the piece of x stays in the L1: `phase` ROWS_FIRST starts the sums at zero (else they
+ * are loaded from `state`, ROWS_STATE floats, 64-byte aligned), ROWS_LAST reduces them into
+ * out (else they are stored back into state). The pieces of a row then add the same products
+ * in the same order as one call over the whole row, so both give the same bits. */
 #define ROWS_MAX 8
+#define ROWS_FIRST 1
+#define ROWS_LAST 2
+#define ROWS_STATE (ROWS_MAX * 2 * 16)
 typedef void (*rows_fn)(const void *row, int64_t num_blocks, const float *x, int64_t ldx, int m,
-                        float *out);
+                        float *out, float *state, int phase);
 
 /* out[r] = dot(dequant(W row r), x) for the WIDE_ROWS rows at w, w + row_bytes, ...: several
  * rows against one input row (decode at batch 1), their FMA chains interleaved so that none
@@ -167,27 +175,39 @@ struct quant_format {
         acc[i_][k] = _mm512_fmadd_ps((w), _mm512_loadu_ps(x + i_ * ldx + (off)), acc[i_][k]);
 #define ROWS_BEGIN                                                                             \
     __m512 acc[ROWS_MAX][2];                                                                   \
-    for (int i_ = 0; i_ < M; i_++) acc[i_][0] = acc[i_][1] = _mm512_setzero_ps();
+    for (int i_ = 0; i_ < M; i_++) {                                                           \
+        const int fresh_ = phase & ROWS_FIRST;                                                 \
+        acc[i_][0] = fresh_ ? _mm512_setzero_ps() : _mm512_load_ps(state + 32 * i_);           \
+        acc[i_][1] = fresh_ ? _mm512_setzero_ps() : _mm512_load_ps(state + 32 * i_ + 16);      \
+    }
 #define ROWS_END                                                                               \
-    for (int i_ = 0; i_ < M; i_++) out[i_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i_][0], acc[i_][1]));
+    for (int i_ = 0; i_ < M; i_++) {                                                           \
+        if (phase & ROWS_LAST) {                                                               \
+            out[i_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i_][0], acc[i_][1]));             \
+        } else {                                                                               \
+            _mm512_store_ps(state + 32 * i_, acc[i_][0]);                                      \
+            _mm512_store_ps(state + 32 * i_ + 16, acc[i_][1]);                                 \
+        }                                                                                      \
+    }
 /* The entry point of kernel NAME: dispatch m to a constant. */
 #define ROWS_DISPATCH(NAME)                                                                    \
     TARGET_AVX512 static void NAME(const void *row, int64_t nb, const float *x, int64_t ldx,   \
-                                   int m, float *out) {                                        \
+                                   int m, float *out, float *state, int phase) {               \
         switch (m) {                                                                           \
-        case 1: NAME##_m(row, nb, x, ldx, out, 1); break;                                      \
-        case 2: NAME##_m(row, nb, x, ldx, out, 2); break;                                      \
-        case 3: NAME##_m(row, nb, x, ldx, out, 3); break;                                      \
-        case 4: NAME##_m(row, nb, x, ldx, out, 4); break;                                      \
-        case 5: NAME##_m(row, nb, x, ldx, out, 5); break;                                      \
-        case 6: NAME##_m(row, nb, x, ldx, out, 6); break;                                      \
-        case 7: NAME##_m(row, nb, x, ldx, out, 7); break;                                      \
-        default: NAME##_m(row, nb, x, ldx, out, 8); break;                                     \
+        case 1: NAME##_m(row, nb, x, ldx, out, state, phase, 1); break;                        \
+        case 2: NAME##_m(row, nb, x, ldx, out, state, phase, 2); break;                        \
+        case 3: NAME##_m(row, nb, x, ldx, out, state, phase, 3); break;                        \
+        case 4: NAME##_m(row, nb, x, ldx, out, state, phase, 4); break;                        \
+        case 5: NAME##_m(row, nb, x, ldx, out, state, phase, 5); break;                        \
+        case 6: NAME##_m(row, nb, x, ldx, out, state, phase, 6); break;                        \
+        case 7: NAME##_m(row, nb, x, ldx, out, state, phase, 7); break;                        \
+        default: NAME##_m(row, nb, x, ldx, out, state, phase, 8); break;                       \
         }                                                                                      \
     }
 #define ROWS_KERNEL(NAME)                                                                      \
     TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_m(                 \
-        const void *row, int64_t nb, const float *x, int64_t ldx, float *out, const int M)
+        const void *row, int64_t nb, const float *x, int64_t ldx, float *out, float *state,    \
+        const int phase, const int M)
 
 /* Defined in quant_q4_q8.c and quant_k.c. */
 extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1;

@@ -284,6 +284,7 @@ TARGET_AVX512 static void dequant_q6_K_avx512(const void *blocks, float *out,
         for (int h = 0; h < 2; h++, out += 128) {
             __m512i v[2];
             q6_half_bytes(b[i].ql + 64 * h, b[i].qh + 32 * h, &v[0], &v[1]);
+#pragma GCC unroll 8 /* q6_lane's c a constant */
             for (int c = 0; c < 8; c++)
                 _mm512_storeu_ps(out + 16 * c,
                                  _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), q6_lane(v, c)));
@@ -371,6 +372,7 @@ ROWS_KERNEL(rows_q6_K_avx512) {
             __m512i v[2];
             q6_half_bytes(b[s].ql + 64 * h, b[s].qh + 32 * h, &v[0], &v[1]);
             const int64_t base = s * QK_K + 128 * h;
+#pragma GCC unroll 8 /* q6_lane's c a constant: else a switch, and v on the stack */
             for (int c = 0; c < 8; c++) /* 16 values each, in order */
                 ROWS_FMA16(c & 1, _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), q6_lane(v, c)),
                            base + 16 * c)
@@ -487,6 +489,7 @@ TARGET_AVX512 static void wide_q6_K_avx512(const void *w, int64_t row_bytes, int
             for (int h = 0; h < 2; h++) {
                 __m512i v[2];
                 q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
+#pragma GCC unroll 8 /* q6_lane's c a constant */
                 for (int c = 0; c < 8; c++) {
                     const __m512 wv = _mm512_mul_ps(_mm512_set1_ps(dsc[8 * h + c]), q6_lane(v, c));
                     acc[r][c & 1] =

@@ -50,6 +50,8 @@
 #define FUSED_MAX_ROWS 8      /* input rows the fused path takes at once */
 #define CHUNK_VALUES 4096     /* weights dequantized at once by the fused path: 16 KiB */
 #define PANEL_BYTES (1 << 20) /* float32 panel of the sgemm path, per thread: in L2 */
+#define ROWS_X_BYTES (16 << 10) /* a piece of x the rows kernels take at once: in the L1 */
+#define ROWS_GROUP 8 /* rows of W against each piece of x in turn */
 
 typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n,
                          const int *k, const float *alpha, const float *a, const int *lda,
@@ -327,6 +329,26 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
     return 1;
 }
 
+/* Blocks of a row that the rows kernels take at once against `m` input rows: all of them
+ * where those rows of x take at most twice ROWS_X_BYTES (the L1 holds them, or nearly), else
+ * a piece whose rows take ROWS_X_BYTES (whole blocks, at least one). At m = 8 over 2048 values
+ * x is 64 KiB: read again from the L2 for every row of W, it bounded the kernels. */
+static int rows_pieces = 1; /* pagecli_quant_set_rows_pieces: 0 takes whole rows always */
+
+/* 0 (auto: pieces where x does not fit) or 1 (whole rows: tests); -1 for another choice. */
+int pagecli_quant_set_rows_pieces(int choice) {
+    if (choice < 0 || choice > 1) return -1;
+    rows_pieces = !choice;
+    return 0;
+}
+
+static int64_t rows_piece_blocks(const struct quant_format *f, int64_t m, int64_t blocks) {
+    const int64_t block_x = min64(m, ROWS_MAX) * f->block_values * (int64_t)sizeof(float);
+    if (!rows_pieces || blocks * block_x <= 2 * ROWS_X_BYTES) return blocks;
+    const int64_t fit = ROWS_X_BYTES / block_x;
+    return fit > 0 ? fit : 1;
+}
+
 /* Fused dequantize-and-dot, for up to FUSED_MAX_ROWS input rows. */
 static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
                   int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
@@ -355,13 +377,50 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         n -= done;
     }
     if (rows) {
+        const int64_t piece = rows_piece_blocks(f, m, blocks_per_row);
+        if (piece >= blocks_per_row) {
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t row = 0; row < n; row++) {
-            float acc[ROWS_MAX];
+            for (int64_t row = 0; row < n; row++) {
+                float acc[ROWS_MAX];
+                for (int64_t i = 0; i < m; i += ROWS_MAX) {
+                    const int count = (int)min64(ROWS_MAX, m - i);
+                    rows(w + row * row_bytes, blocks_per_row, x + i * ldx, ldx, count, acc, NULL,
+                         ROWS_FIRST | ROWS_LAST);
+                    for (int r = 0; r < count; r++) y[(i + r) * ldy + row] = acc[r];
+                }
+            }
+            return;
+        }
+        /* x in pieces that stay in the L1, each against ROWS_GROUP rows of W in turn (their
+         * sums kept in `state` between pieces); the next group's rows prefetched meanwhile */
+        const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
+        const int64_t pieces = (blocks_per_row + piece - 1) / piece;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            float state[ROWS_GROUP][ROWS_STATE] __attribute__((aligned(64)));
+            const int64_t r0 = g * ROWS_GROUP, count_rows = min64(ROWS_GROUP, n - r0);
+            const uint8_t *next = w + (r0 + ROWS_GROUP) * row_bytes;
+            const int64_t next_bytes = min64(ROWS_GROUP, n - r0 - ROWS_GROUP) * row_bytes;
+            const int64_t lines = next_bytes > 0 ? (next_bytes + 63) / 64 : 0;
+            const int64_t steps = pieces * count_rows * ((m + ROWS_MAX - 1) / ROWS_MAX);
+            const int64_t per_step = (lines + steps - 1) / steps;
+            int64_t line = 0;
             for (int64_t i = 0; i < m; i += ROWS_MAX) {
                 const int count = (int)min64(ROWS_MAX, m - i);
-                rows(w + row * row_bytes, blocks_per_row, x + i * ldx, ldx, count, acc);
-                for (int r = 0; r < count; r++) y[(i + r) * ldy + row] = acc[r];
+                for (int64_t b0 = 0; b0 < blocks_per_row; b0 += piece) {
+                    const int64_t nb = min64(piece, blocks_per_row - b0);
+                    const int phase = (b0 == 0 ? ROWS_FIRST : 0) |
+                                      (b0 + nb == blocks_per_row ? ROWS_LAST : 0);
+                    for (int64_t r = 0; r < count_rows; r++) {
+                        for (int64_t e = 0; e < per_step && line < lines; e++, line++)
+                            __builtin_prefetch(next + 64 * line, 0, 2);
+                        float acc[ROWS_MAX];
+                        rows(w + (r0 + r) * row_bytes + b0 * f->block_bytes, nb,
+                             x + i * ldx + b0 * f->block_values, ldx, count, acc, state[r], phase);
+                        if (phase & ROWS_LAST)
+                            for (int t = 0; t < count; t++) y[(i + t) * ldy + r0 + r] = acc[t];
+                    }
+                }
             }
         }
         return;

@@ -104,6 +104,31 @@ def test_quant_linear_matches_float64(isa, fmt, rows):
     assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
 
 
+@pytest.mark.parametrize("rows", [3, 8])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
+    """A batch of 3-8 input rows too long for the L1 goes through the row kernels piece by
+    piece, each row's sums kept between pieces (17 super-blocks or 137 blocks: the last piece
+    shorter; 37 outputs: the last group of weight rows shorter). The result is the float64
+    product's within the tolerance, and bit for bit that of whole rows."""
+    cols = 17 * 256 if FORMATS[fmt].block_values == 256 else 137 * 32
+    weight = random_weight(fmt, 37, cols, seed=rows)
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+    pieces = quant_cpu.quant_linear(x, weight)
+    quant_cpu.set_rows_pieces("off")
+    try:
+        whole = quant_cpu.quant_linear(x, weight)
+    finally:
+        quant_cpu.set_rows_pieces("auto")
+    assert_within(pieces, x, weight, fmt)
+    assert torch.equal(pieces.view(torch.int32), whole.view(torch.int32))
+
+
+def test_rows_pieces_choices():
+    with pytest.raises(ValueError, match="rows_pieces"):
+        quant_cpu.set_rows_pieces("on")
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(fmt):
     """One input row: the wide kernels (several weight rows at a time, AVX-512) sum each row in
