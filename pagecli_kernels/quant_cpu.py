@@ -162,14 +162,15 @@ def set_int_dots(choice: str) -> None:
     _choose("pagecli_quant_set_int_dots", INT_DOTS, choice, "int_dots")
 
 
-ROWS_PIECES = ("auto", "off")  # pagecli_quant_set_rows_pieces's choices
+SMALL_BATCHES = ("auto", "off")  # pagecli_quant_set_small_batches's choices
 
 
-def set_rows_pieces(choice: str) -> None:
-    """Choose "auto" (the row kernels take x in pieces that stay in the L1 where a batch of
-    2-8 rows does not) or "off" (whole rows always; the same bits, slower). Tests and
-    benchmarks."""
-    _choose("pagecli_quant_set_rows_pieces", ROWS_PIECES, choice, "rows_pieces")
+def set_small_batches(choice: str) -> None:
+    """Choose "auto" (AVX-512: 2-4 input rows take the tile kernels, R weight rows at a time
+    sharing each load of x; longer batches of up to 8 rows take the row kernels over pieces of
+    x that stay in the L1) or "off" (the row kernels over whole rows: the same bits, slower).
+    Tests and benchmarks."""
+    _choose("pagecli_quant_set_small_batches", SMALL_BATCHES, choice, "small_batches")
 
 
 BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
@@ -284,8 +285,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_int_dots.argtypes = [i32]
     lib.pagecli_quant_set_int_dots.restype = i32
     lib.pagecli_quant_int_dots.restype = i32
-    lib.pagecli_quant_set_rows_pieces.argtypes = [i32]
-    lib.pagecli_quant_set_rows_pieces.restype = i32
+    lib.pagecli_quant_set_small_batches.argtypes = [i32]
+    lib.pagecli_quant_set_small_batches.restype = i32
     lib.pagecli_bf16_linear.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_bf16_linear.restype = i32
     lib.pagecli_bf16_set_gemm.argtypes = [i32]

@@ -149,6 +149,15 @@ typedef int (*int_split_fn)(const float *x, int64_t num_blocks, const struct int
 typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, int rows,
                             const struct int_split *x, float *out);
 
+/* out[i * R + r] = dot(dequant(W row r), x[i * ldx ...]) for the R = TILE_ROWS(m) rows at w,
+ * w + row_bytes, ... and m = 2..TILE_MAX_M input rows: a small batch's decode, the weights
+ * dequantized once for all m inputs and each load of x shared by the R rows, with the wide
+ * kernels' prefetch. Each (row, input) sums in the order of the rows kernel: the same bits. */
+#define TILE_MAX_M 4
+#define TILE_ROWS(m) ((m) == 2 ? 4 : 2)
+typedef void (*tile_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
+                        int64_t ldx, int m, float *out);
+
 struct quant_format {
     int type;
     int block_values; /* values per block */
@@ -159,6 +168,7 @@ struct quant_format {
     int wide_rows;         /* rows a wide kernel takes at once; 0: WIDE_ROWS */
     int_split_fn split;        /* the integer batch-1 path (AVX-512 VNNI); NULL: none */
     int_wide_fn int_wide;
+    tile_fn tile;              /* 2-4 input rows, AVX-512 (below); NULL: the rows kernel */
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough
@@ -271,6 +281,51 @@ static inline void prefetch_w(int l2, const void *p) {
 #define WIDE_END                                                                               \
     for (int r_ = 0; r_ < WIDE_ROWS; r_++)                                                     \
         out[r_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r_][0], acc[r_][1]));
+
+/* The tile kernels (tile_fn): acc[r][i][0..2) for R weight rows and M input rows (R * M <= 8:
+ * 16 registers), the body one copy per constant (R, M). TILE_FMA32(w0, w1, off): the 32
+ * weights of a block of each row (w0[r], w1[r]) against x[i][off..off+32) for every input. */
+#define TILE_BEGIN                                                                             \
+    const int64_t ahead = wide_prefetch_distance(row_bytes, R);                                \
+    const int l2 = pagecli_quant_prefetch_l2;                                                  \
+    __m512 acc[4][TILE_MAX_M][2];                                                              \
+    for (int r_ = 0; r_ < R; r_++)                                                             \
+        for (int i_ = 0; i_ < M; i_++) acc[r_][i_][0] = acc[r_][i_][1] = _mm512_setzero_ps();
+#define TILE_FMA32(w0, w1, off)                                                                \
+    for (int i_ = 0; i_ < M; i_++) {                                                           \
+        const __m512 x0_ = _mm512_loadu_ps(x + i_ * ldx + (off));                              \
+        const __m512 x1_ = _mm512_loadu_ps(x + i_ * ldx + (off) + 16);                         \
+        for (int r_ = 0; r_ < R; r_++) {                                                       \
+            acc[r_][i_][0] = _mm512_fmadd_ps((w0)[r_], x0_, acc[r_][i_][0]);                   \
+            acc[r_][i_][1] = _mm512_fmadd_ps((w1)[r_], x1_, acc[r_][i_][1]);                   \
+        }                                                                                      \
+    }
+#define TILE_END                                                                               \
+    for (int r_ = 0; r_ < R; r_++)                                                             \
+        for (int i_ = 0; i_ < M; i_++)                                                         \
+            out[i_ * R + r_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r_][i_][0], acc[r_][i_][1]));
+/* prefetch_w written out: GCC 12 dropped it from the tile kernels' inlined loops (the wide
+ * kernels kept it), so that the tiles ran without prefetch. */
+#define TILE_PREFETCH(b)                                                                       \
+    do {                                                                                       \
+        if (l2)                                                                                \
+            _mm_prefetch((const char *)(b) + ahead, _MM_HINT_T1);                              \
+        else                                                                                   \
+            _mm_prefetch((const char *)(b) + ahead, _MM_HINT_T0);                              \
+    } while (0)
+#define TILE_KERNEL(NAME)                                                                      \
+    TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_t(                 \
+        const void *w, int64_t row_bytes, int64_t nb, const float *x, int64_t ldx, float *out,  \
+        const int R, const int M)
+#define TILE_DISPATCH(NAME)                                                                    \
+    TARGET_AVX512 static void NAME(const void *w, int64_t row_bytes, int64_t nb, const float *x, \
+                                   int64_t ldx, int m, float *out) {                           \
+        switch (m) {                                                                           \
+        case 2: NAME##_t(w, row_bytes, nb, x, ldx, out, TILE_ROWS(2), 2); break;               \
+        case 3: NAME##_t(w, row_bytes, nb, x, ldx, out, TILE_ROWS(3), 3); break;               \
+        default: NAME##_t(w, row_bytes, nb, x, ldx, out, TILE_ROWS(4), 4); break;              \
+        }                                                                                      \
+    }
 
 /* The sum of v's 8 lanes, always in this order (halves, then pairs, then the last two). */
 TARGET_AVX2 static inline float hsum256(__m256 v) {

@@ -329,19 +329,21 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
     return 1;
 }
 
+/* pagecli_quant_set_small_batches: 0 leaves batches of 2-8 rows to rows() over whole rows */
+static int rows_pieces = 1, tiles_on = 1;
+
+/* 0 (auto: tiles for 2-4 input rows, pieces where x does not fit the L1) or 1 (neither: the
+ * rows kernel over whole rows, the same bits; tests); -1 for another choice. */
+int pagecli_quant_set_small_batches(int choice) {
+    if (choice < 0 || choice > 1) return -1;
+    rows_pieces = tiles_on = !choice;
+    return 0;
+}
+
 /* Blocks of a row that the rows kernels take at once against `m` input rows: all of them
  * where those rows of x take at most twice ROWS_X_BYTES (the L1 holds them, or nearly), else
  * a piece whose rows take ROWS_X_BYTES (whole blocks, at least one). At m = 8 over 2048 values
  * x is 64 KiB: read again from the L2 for every row of W, it bounded the kernels. */
-static int rows_pieces = 1; /* pagecli_quant_set_rows_pieces: 0 takes whole rows always */
-
-/* 0 (auto: pieces where x does not fit) or 1 (whole rows: tests); -1 for another choice. */
-int pagecli_quant_set_rows_pieces(int choice) {
-    if (choice < 0 || choice > 1) return -1;
-    rows_pieces = !choice;
-    return 0;
-}
-
 static int64_t rows_piece_blocks(const struct quant_format *f, int64_t m, int64_t blocks) {
     const int64_t block_x = min64(m, ROWS_MAX) * f->block_values * (int64_t)sizeof(float);
     if (!rows_pieces || blocks * block_x <= 2 * ROWS_X_BYTES) return blocks;
@@ -373,6 +375,22 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         const int64_t done = groups * group;
         if (done == n) return;
         w += done * row_bytes; /* the last rows, fewer than a group, take the paths below */
+        y += done;
+        n -= done;
+    }
+    if (f->tile && isa == ISA_AVX512 && m >= 2 && m <= TILE_MAX_M && tiles_on &&
+        n >= TILE_ROWS(m)) {
+        const int64_t group = TILE_ROWS(m), groups = n / group;
+#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
+        for (int64_t g = 0; g < groups; g++) {
+            float out[8];
+            f->tile(w + g * group * row_bytes, row_bytes, blocks_per_row, x, ldx, (int)m, out);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t r = 0; r < group; r++) y[i * ldy + g * group + r] = out[i * group + r];
+        }
+        const int64_t done = groups * group;
+        if (done == n) return;
+        w += done * row_bytes; /* the last rows, fewer than a group: the rows kernel, same bits */
         y += done;
         n -= done;
     }

@@ -205,6 +205,66 @@ ROWS_KERNEL(rows_q4_1_avx512) {
 }
 ROWS_DISPATCH(rows_q4_1_avx512)
 
+/* ---- tiles: R rows against 2-4 input rows (AVX-512; TILE_*: quant_blocks.h) --------------
+ * Each row's block dequantized as its rows kernel does it, then multiplied with every input. */
+
+TILE_KERNEL(tile_q8_0_avx512) {
+    TILE_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        __m512 w0[4], w1[4];
+        for (int r = 0; r < R; r++) {
+            const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + r * row_bytes) + j;
+            TILE_PREFETCH(b);
+            const __m512 d = SCALE(b->d);
+            const __m128i q0 = _mm_loadu_si128((const __m128i *)b->qs);
+            const __m128i q1 = _mm_loadu_si128((const __m128i *)(b->qs + 16));
+            w0[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+            w1[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+        }
+        TILE_FMA32(w0, w1, 32 * j)
+    }
+    TILE_END
+}
+TILE_DISPATCH(tile_q8_0_avx512)
+
+TILE_KERNEL(tile_q4_0_avx512) {
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    TILE_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        __m512 w0[4], w1[4];
+        for (int r = 0; r < R; r++) {
+            const block_q4_0 *b = (const block_q4_0 *)((const uint8_t *)w + r * row_bytes) + j;
+            TILE_PREFETCH(b);
+            const __m512 table = _mm512_mul_ps(SCALE(b->d), levels);
+            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+            w0[r] = _mm512_permutexvar_ps(q, table);
+            w1[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+        }
+        TILE_FMA32(w0, w1, 32 * j)
+    }
+    TILE_END
+}
+TILE_DISPATCH(tile_q4_0_avx512)
+
+TILE_KERNEL(tile_q4_1_avx512) {
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    TILE_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        __m512 w0[4], w1[4];
+        for (int r = 0; r < R; r++) {
+            const block_q4_1 *b = (const block_q4_1 *)((const uint8_t *)w + r * row_bytes) + j;
+            TILE_PREFETCH(b);
+            const __m512 table = _mm512_fmadd_ps(levels, SCALE(b->d), SCALE(b->m));
+            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+            w0[r] = _mm512_permutexvar_ps(q, table);
+            w1[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+        }
+        TILE_FMA32(w0, w1, 32 * j)
+    }
+    TILE_END
+}
+TILE_DISPATCH(tile_q4_1_avx512)
+
 /* ---- WIDE_ROWS rows against one input row (AVX-512) ----------------------------------------
  * Batch-1 decode: four rows at a time, so that eight FMA chains run side by side, and each
  * 32 values of x are loaded once for the four. */
@@ -335,7 +395,7 @@ TARGET_AVX2 static void wide_q8_0_avx2(const void *w, int64_t row_bytes, int64_t
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, NULL, rows_##name##_avx512}
-#define WIDE(name) , {NULL, wide_##name##_avx2, wide_##name##_avx512}
+#define WIDE(name) , {NULL, wide_##name##_avx2, wide_##name##_avx512}, 0, NULL, NULL, tile_##name##_avx512
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #define WIDE(name)

@@ -115,18 +115,36 @@ def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
     weight = random_weight(fmt, 37, cols, seed=rows)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
     pieces = quant_cpu.quant_linear(x, weight)
-    quant_cpu.set_rows_pieces("off")
+    quant_cpu.set_small_batches("off")
     try:
         whole = quant_cpu.quant_linear(x, weight)
     finally:
-        quant_cpu.set_rows_pieces("auto")
+        quant_cpu.set_small_batches("auto")
     assert_within(pieces, x, weight, fmt)
     assert torch.equal(pieces.view(torch.int32), whole.view(torch.int32))
 
 
-def test_rows_pieces_choices():
-    with pytest.raises(ValueError, match="rows_pieces"):
-        quant_cpu.set_rows_pieces("on")
+@pytest.mark.parametrize("rows", [2, 3, 4])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_small_batch_tiles_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
+    """2-4 input rows: the tile kernels (AVX-512; R weight rows sharing each load of x) sum each
+    (row, input) as the rows kernel does; 37 outputs leave a last group shorter than R."""
+    cols = _cols(fmt)
+    weight = random_weight(fmt, 37, cols, seed=rows + 10)
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + 10))
+    tiles = quant_cpu.quant_linear(x, weight)
+    quant_cpu.set_small_batches("off")
+    try:
+        whole = quant_cpu.quant_linear(x, weight)
+    finally:
+        quant_cpu.set_small_batches("auto")
+    assert_within(tiles, x, weight, fmt)
+    assert torch.equal(tiles.view(torch.int32), whole.view(torch.int32))
+
+
+def test_small_batches_choices():
+    with pytest.raises(ValueError, match="small_batches"):
+        quant_cpu.set_small_batches("on")
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
