@@ -284,7 +284,8 @@ static inline void prefetch_w(int l2, const void *p) {
 
 /* The tile kernels (tile_fn): acc[r][i][0..2) for R weight rows and M input rows (R * M <= 8:
  * 16 registers), the body one copy per constant (R, M). TILE_FMA32(w0, w1, off): the 32
- * weights of a block of each row (w0[r], w1[r]) against x[i][off..off+32) for every input. */
+ * weights of a block of each row (w0[r], w1[r]) against x[i][off..off+32) for every input;
+ * TILE_FMA16(k, w, off): 16 weights of each row into the rows' accumulators k. */
 #define TILE_BEGIN                                                                             \
     const int64_t ahead = wide_prefetch_distance(row_bytes, R);                                \
     const int l2 = pagecli_quant_prefetch_l2;                                                  \
@@ -299,6 +300,12 @@ static inline void prefetch_w(int l2, const void *p) {
             acc[r_][i_][0] = _mm512_fmadd_ps((w0)[r_], x0_, acc[r_][i_][0]);                   \
             acc[r_][i_][1] = _mm512_fmadd_ps((w1)[r_], x1_, acc[r_][i_][1]);                   \
         }                                                                                      \
+    }
+#define TILE_FMA16(k, w, off)                                                                  \
+    for (int i_ = 0; i_ < M; i_++) {                                                           \
+        const __m512 x_ = _mm512_loadu_ps(x + i_ * ldx + (off));                               \
+        for (int r_ = 0; r_ < R; r_++)                                                         \
+            acc[r_][i_][k] = _mm512_fmadd_ps((w)[r_], x_, acc[r_][i_][k]);                     \
     }
 #define TILE_END                                                                               \
     for (int r_ = 0; r_ < R; r_++)                                                             \
