@@ -104,6 +104,19 @@ def test_quant_linear_matches_float64(isa, fmt, rows):
     assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
 
 
+def assert_bits_of_whole_rows(x: torch.Tensor, weight: QuantWeight, fmt: str) -> None:
+    """x @ W.T as the small-batch paths take it (tiles, pieces of x): within the float64
+    tolerance, and bit for bit the rows kernel's over whole rows (set_small_batches("off"))."""
+    got = quant_cpu.quant_linear(x, weight)
+    quant_cpu.set_small_batches("off")
+    try:
+        whole = quant_cpu.quant_linear(x, weight)
+    finally:
+        quant_cpu.set_small_batches("auto")
+    assert_within(got, x, weight, fmt)
+    assert torch.equal(got.view(torch.int32), whole.view(torch.int32))
+
+
 @pytest.mark.parametrize("rows", [3, 8])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
@@ -114,14 +127,7 @@ def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
     cols = 17 * 256 if FORMATS[fmt].block_values == 256 else 137 * 32
     weight = random_weight(fmt, 37, cols, seed=rows)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
-    pieces = quant_cpu.quant_linear(x, weight)
-    quant_cpu.set_small_batches("off")
-    try:
-        whole = quant_cpu.quant_linear(x, weight)
-    finally:
-        quant_cpu.set_small_batches("auto")
-    assert_within(pieces, x, weight, fmt)
-    assert torch.equal(pieces.view(torch.int32), whole.view(torch.int32))
+    assert_bits_of_whole_rows(x, weight, fmt)
 
 
 @pytest.mark.parametrize("rows", [2, 3, 4])
@@ -132,14 +138,7 @@ def test_small_batch_tiles_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
     cols = _cols(fmt)
     weight = random_weight(fmt, 37, cols, seed=rows + 10)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + 10))
-    tiles = quant_cpu.quant_linear(x, weight)
-    quant_cpu.set_small_batches("off")
-    try:
-        whole = quant_cpu.quant_linear(x, weight)
-    finally:
-        quant_cpu.set_small_batches("auto")
-    assert_within(tiles, x, weight, fmt)
-    assert torch.equal(tiles.view(torch.int32), whole.view(torch.int32))
+    assert_bits_of_whole_rows(x, weight, fmt)
 
 
 def test_small_batches_choices():

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pagecli.engine.dtype_choice import cpu_flags
+
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
@@ -45,17 +47,9 @@ def test_prefill_flops_count_the_shape(bench_modules, tmp_path, mix):
     assert shaped_gguf.prefill_flops(path, pp) == want
 
 
-def _cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def test_fma_peak_takes_the_widest_vectors(bench_modules):
     _, fma_peak = bench_modules
-    flags = _cpu_flags()
+    flags = cpu_flags()
     want = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 1
     assert fma_peak._library().pagecli_fma_lanes() == want
     assert fma_peak.fma_peak(1, passes=1, iters=100_000) > 0
