@@ -7,12 +7,15 @@
  *   - m <= FUSED_MAX_ROWS (decode): each thread takes contiguous ranges of W's output rows
  *     (one range each; for m == 1, guided chunks) and streams them once. For m == 1, a
  *     format's wide kernel (where it has one for the path) takes WIDE_ROWS rows of W at a
- *     time (one for the float formats), with software prefetch; the last rows, and every
- *     other m, go row by row. Where the format has a register-fused row kernel for the path
- *     (AVX-512: quant_q4_q8.c, quant_k.c), a row is dequantized in registers and dotted with
- *     up to ROWS_MAX input rows at a time; otherwise a chunk of the row is dequantized into
- *     an L1 buffer and dotted with the m input rows. Decode is bound by the bytes of W read, so W
- *     is read once, packed.
+ *     time (one for the float formats), with software prefetch. For m = 2..TILE_MAX_M, a
+ *     format's tile kernel (AVX-512: Q8_0, Q4_0, Q4_1, Q6_K) takes TILE_ROWS(m) rows of W
+ *     against all m, sharing each load of x. The last rows, and every other m, go row by row:
+ *     where the format has a register-fused row kernel for the path (AVX-512: quant_q4_q8.c,
+ *     quant_k.c), a row is dequantized in registers and dotted with up to ROWS_MAX input rows
+ *     at a time (x in L1-sized pieces where its rows are long: rows_piece_blocks); otherwise
+ *     a chunk of the row is dequantized into an L1 buffer and dotted with the m input rows.
+ *     The tiles and the pieces sum each (row, input) in the row kernel's order: the bits of
+ *     whole rows through it. Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
  *     that Python hands over (torch's MKL, run single-threaded inside the thread), or through
@@ -417,9 +420,9 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         for (int64_t g = 0; g < groups; g++) {
             float state[ROWS_GROUP][ROWS_STATE] __attribute__((aligned(64)));
             const int64_t r0 = g * ROWS_GROUP, count_rows = min64(ROWS_GROUP, n - r0);
-            const uint8_t *next = w + (r0 + ROWS_GROUP) * row_bytes;
-            const int64_t next_bytes = min64(ROWS_GROUP, n - r0 - ROWS_GROUP) * row_bytes;
-            const int64_t lines = next_bytes > 0 ? (next_bytes + 63) / 64 : 0;
+            const int64_t next_rows = min64(ROWS_GROUP, n - r0 - ROWS_GROUP);
+            const uint8_t *next = next_rows > 0 ? w + (r0 + ROWS_GROUP) * row_bytes : w;
+            const int64_t lines = next_rows > 0 ? (next_rows * row_bytes + 63) / 64 : 0;
             const int64_t steps = pieces * count_rows * ((m + ROWS_MAX - 1) / ROWS_MAX);
             const int64_t per_step = (lines + steps - 1) / steps;
             int64_t line = 0;
