@@ -7,9 +7,10 @@
  *   - m <= FUSED_MAX_ROWS (decode): each thread takes contiguous ranges of W's output rows
  *     (one range each; for m == 1, guided chunks) and streams them once. For m == 1, a
  *     format's wide kernel (where it has one for the path) takes WIDE_ROWS rows of W at a
- *     time (one for the float formats), with software prefetch. For m = 2..TILE_MAX_M, a
- *     format's tile kernel (AVX-512: Q8_0, Q4_0, Q4_1, Q6_K) takes TILE_ROWS(m) rows of W
- *     against all m, sharing each load of x. The last rows, and every other m, go row by row:
+ *     time (one for the float formats), with software prefetch. For m = 2..8, a format's
+ *     tile kernel (AVX-512: Q8_0, Q4_0, Q4_1, Q6_K) takes TILE_ROWS(m) rows of W against up
+ *     to TILE_MAX_M inputs (5-8 in two passes), sharing each load of x. The last rows, and
+ *     every other format, go row by row:
  *     where the format has a register-fused row kernel for the path (AVX-512: quant_q4_q8.c,
  *     quant_k.c), a row is dequantized in registers and dotted with up to ROWS_MAX input rows
  *     at a time (x in L1-sized pieces where its rows are long: rows_piece_blocks); otherwise
@@ -354,6 +355,28 @@ static int64_t rows_piece_blocks(const struct quant_format *f, int64_t m, int64_
     return fit > 0 ? fit : 1;
 }
 
+/* y = x @ W.T for m = 2..TILE_MAX_M input rows through the format's tile kernel, TILE_ROWS(m)
+ * rows of W at a time; the last rows, fewer than that, through its rows kernel (the same
+ * order of sums, so the same bits). */
+static void tiles(const struct quant_format *f, const uint8_t *w, int64_t row_bytes, int64_t n,
+                  int64_t blocks, const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
+                  int num_threads) {
+    const int64_t group = TILE_ROWS(m), groups = n / group;
+#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
+    for (int64_t g = 0; g < groups; g++) {
+        float out[8];
+        f->tile(w + g * group * row_bytes, row_bytes, blocks, x, ldx, (int)m, out);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t r = 0; r < group; r++) y[i * ldy + g * group + r] = out[i * group + r];
+    }
+    for (int64_t row = groups * group; row < n; row++) {
+        float acc[ROWS_MAX];
+        f->rows[ISA_AVX512](w + row * row_bytes, blocks, x, ldx, (int)m, acc, NULL,
+                            ROWS_FIRST | ROWS_LAST);
+        for (int64_t i = 0; i < m; i++) y[i * ldy + row] = acc[i];
+    }
+}
+
 /* Fused dequantize-and-dot, for up to FUSED_MAX_ROWS input rows. */
 static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
                   int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
@@ -381,21 +404,16 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         y += done;
         n -= done;
     }
-    if (f->tile && isa == ISA_AVX512 && m >= 2 && m <= TILE_MAX_M && tiles_on &&
-        n >= TILE_ROWS(m)) {
-        const int64_t group = TILE_ROWS(m), groups = n / group;
-#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
-        for (int64_t g = 0; g < groups; g++) {
-            float out[8];
-            f->tile(w + g * group * row_bytes, row_bytes, blocks_per_row, x, ldx, (int)m, out);
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t r = 0; r < group; r++) y[i * ldy + g * group + r] = out[i * group + r];
+    if (f->tile && isa == ISA_AVX512 && m >= 2 && tiles_on) {
+        /* 5-8 rows: two passes of 2-4 (5 = 3 + 2, ..., 8 = 4 + 4) */
+        const int64_t passes = (m + TILE_MAX_M - 1) / TILE_MAX_M;
+        for (int64_t i0 = 0, p = 0; p < passes; p++) {
+            const int64_t count = (m - i0) / (passes - p);
+            tiles(f, w, row_bytes, n, blocks_per_row, x + i0 * ldx, ldx, count, y + i0 * ldy,
+                  ldy, num_threads);
+            i0 += count;
         }
-        const int64_t done = groups * group;
-        if (done == n) return;
-        w += done * row_bytes; /* the last rows, fewer than a group: the rows kernel, same bits */
-        y += done;
-        n -= done;
+        return;
     }
     if (rows) {
         const int64_t piece = rows_piece_blocks(f, m, blocks_per_row);

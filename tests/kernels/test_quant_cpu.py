@@ -130,11 +130,12 @@ def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
     assert_bits_of_whole_rows(x, weight, fmt)
 
 
-@pytest.mark.parametrize("rows", [2, 3, 4])
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_small_batch_tiles_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
-    """2-4 input rows: the tile kernels (AVX-512; R weight rows sharing each load of x) sum each
-    (row, input) as the rows kernel does; 37 outputs leave a last group shorter than R."""
+    """2-8 input rows: the tile kernels (AVX-512; R weight rows sharing each load of x; 5-8 rows
+    in two passes, 3 + 2 and 4 + 4 here) sum each (row, input) as the rows kernel does; 37
+    outputs leave a last group shorter than R."""
     cols = _cols(fmt)
     weight = random_weight(fmt, 37, cols, seed=rows + 10)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + 10))
