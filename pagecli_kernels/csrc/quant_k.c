@@ -395,7 +395,8 @@ TILE_KERNEL(tile_q6_K_avx512) {
         float dsc[4][16];
         for (int r = 0; r < R; r++) {
             b[r] = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
-            for (int o = 0; o < (int)sizeof(block_q6_K); o += 64) TILE_PREFETCH((const char *)b[r] + o);
+            for (int o = 0; o < (int)sizeof(block_q6_K); o += 64)
+                TILE_PREFETCH((const char *)b[r] + o);
             q6_scales(b[r], dsc[r]);
         }
         for (int h = 0; h < 2; h++) {
@@ -703,7 +704,8 @@ TARGET_AVX512 static int split_x(const float *x, int64_t num_blocks, const struc
         if (!q4_order) continue;
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < 4; k++) {
-                const int first = 32 * (4 * h + (k & 1)), second = first + 64, at = 128 * h + 32 * k;
+                const int first = 32 * (4 * h + (k & 1)), second = first + 64;
+                const int at = 128 * h + 32 * k;
                 _mm512_storeu_si512(
                     (void *)(out->a + s * QK_K + at),
                     _mm512_permutex2var_epi16(_mm512_loadu_si512((const void *)(na + first)),

@@ -395,7 +395,8 @@ TARGET_AVX2 static void wide_q8_0_avx2(const void *w, int64_t row_bytes, int64_t
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, NULL, rows_##name##_avx512}
-#define WIDE(name) , {NULL, wide_##name##_avx2, wide_##name##_avx512}, 0, NULL, NULL, tile_##name##_avx512
+#define WIDE(name)                                                                             \
+    , {NULL, wide_##name##_avx2, wide_##name##_avx512}, 0, NULL, NULL, tile_##name##_avx512
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #define WIDE(name)
