@@ -152,7 +152,8 @@ typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks
 /* out[i * R + r] = dot(dequant(W row r), x[i * ldx ...]) for the R = TILE_ROWS(m) rows at w,
  * w + row_bytes, ... and m = 2..TILE_MAX_M input rows: a small batch's decode, the weights
  * dequantized once for all m inputs and each load of x shared by the R rows, with the wide
- * kernels' prefetch. Each (row, input) sums in the order of the rows kernel: the same bits. */
+ * kernels' prefetch (WIDE_PREFETCH). Each (row, input) sums in the order of the rows kernel:
+ * the same bits. */
 #define TILE_MAX_M 4
 #define TILE_ROWS(m) ((m) == 2 ? 4 : 2)
 typedef void (*tile_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
@@ -259,8 +260,9 @@ static inline int64_t wide_prefetch_distance(int64_t row_bytes, int rows) {
 #if QUANT_X86
 #include <immintrin.h>
 
-/* Prefetch the line at p into the L2 (l2 nonzero) or the L1; a hint must be a constant. */
-static inline void prefetch_w(int l2, const void *p) {
+/* Prefetch the line at p into the L2 (l2 nonzero) or the L1; a hint must be a constant.
+ * Always inlined: GCC 12 otherwise left both prefetches out of the tile kernels' loops. */
+static inline __attribute__((always_inline)) void prefetch_w(int l2, const void *p) {
     if (l2)
         _mm_prefetch((const char *)p, _MM_HINT_T1);
     else
@@ -311,15 +313,6 @@ static inline void prefetch_w(int l2, const void *p) {
     for (int r_ = 0; r_ < R; r_++)                                                             \
         for (int i_ = 0; i_ < M; i_++)                                                         \
             out[i_ * R + r_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r_][i_][0], acc[r_][i_][1]));
-/* prefetch_w written out: GCC 12 dropped it from the tile kernels' inlined loops (the wide
- * kernels kept it), so that the tiles ran without prefetch. */
-#define TILE_PREFETCH(b)                                                                       \
-    do {                                                                                       \
-        if (l2)                                                                                \
-            _mm_prefetch((const char *)(b) + ahead, _MM_HINT_T1);                              \
-        else                                                                                   \
-            _mm_prefetch((const char *)(b) + ahead, _MM_HINT_T0);                              \
-    } while (0)
 #define TILE_KERNEL(NAME)                                                                      \
     TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_t(                 \
         const void *w, int64_t row_bytes, int64_t nb, const float *x, int64_t ldx, float *out,  \

@@ -395,8 +395,7 @@ TILE_KERNEL(tile_q6_K_avx512) {
         float dsc[4][16];
         for (int r = 0; r < R; r++) {
             b[r] = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
-            for (int o = 0; o < (int)sizeof(block_q6_K); o += 64)
-                TILE_PREFETCH((const char *)b[r] + o);
+            WIDE_PREFETCH_BLOCK(b[r], (int)sizeof(block_q6_K))
             q6_scales(b[r], dsc[r]);
         }
         for (int h = 0; h < 2; h++) {

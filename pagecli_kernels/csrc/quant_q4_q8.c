@@ -214,7 +214,7 @@ TILE_KERNEL(tile_q8_0_avx512) {
         __m512 w0[4], w1[4];
         for (int r = 0; r < R; r++) {
             const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            TILE_PREFETCH(b);
+            WIDE_PREFETCH(b);
             const __m512 d = SCALE(b->d);
             const __m128i q0 = _mm_loadu_si128((const __m128i *)b->qs);
             const __m128i q1 = _mm_loadu_si128((const __m128i *)(b->qs + 16));
@@ -234,7 +234,7 @@ TILE_KERNEL(tile_q4_0_avx512) {
         __m512 w0[4], w1[4];
         for (int r = 0; r < R; r++) {
             const block_q4_0 *b = (const block_q4_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            TILE_PREFETCH(b);
+            WIDE_PREFETCH(b);
             const __m512 table = _mm512_mul_ps(SCALE(b->d), levels);
             const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
             w0[r] = _mm512_permutexvar_ps(q, table);
@@ -253,7 +253,7 @@ TILE_KERNEL(tile_q4_1_avx512) {
         __m512 w0[4], w1[4];
         for (int r = 0; r < R; r++) {
             const block_q4_1 *b = (const block_q4_1 *)((const uint8_t *)w + r * row_bytes) + j;
-            TILE_PREFETCH(b);
+            WIDE_PREFETCH(b);
             const __m512 table = _mm512_fmadd_ps(levels, SCALE(b->d), SCALE(b->m));
             const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
             w0[r] = _mm512_permutexvar_ps(q, table);
