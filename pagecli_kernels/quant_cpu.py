@@ -166,9 +166,9 @@ SMALL_BATCHES = ("auto", "off")  # pagecli_quant_set_small_batches's choices
 
 
 def set_small_batches(choice: str) -> None:
-    """Choose "auto" (AVX-512: 2-4 input rows take the tile kernels, R weight rows at a time
-    sharing each load of x; longer batches of up to 8 rows take the row kernels over pieces of
-    x that stay in the L1) or "off" (the row kernels over whole rows: the same bits, slower).
+    """Choose "auto" (AVX-512: 2-8 input rows take the tile kernels, R weight rows at a time
+    sharing each load of x, where the format has one; the others' row kernels take pieces of x
+    that stay in the L1) or "off" (the row kernels over whole rows: the same bits, slower).
     Tests and benchmarks."""
     _choose("pagecli_quant_set_small_batches", SMALL_BATCHES, choice, "small_batches")
 

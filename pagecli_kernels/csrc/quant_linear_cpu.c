@@ -334,13 +334,13 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
 }
 
 /* pagecli_quant_set_small_batches: 0 leaves batches of 2-8 rows to rows() over whole rows */
-static int rows_pieces = 1, tiles_on = 1;
+static int small_batches = 1;
 
-/* 0 (auto: tiles for 2-4 input rows, pieces where x does not fit the L1) or 1 (neither: the
- * rows kernel over whole rows, the same bits; tests); -1 for another choice. */
+/* 0 (auto: tiles for 2-8 input rows, pieces of x where it does not fit the L1) or 1 (neither:
+ * the rows kernel over whole rows, the same bits; tests); -1 for another choice. */
 int pagecli_quant_set_small_batches(int choice) {
     if (choice < 0 || choice > 1) return -1;
-    rows_pieces = tiles_on = !choice;
+    small_batches = !choice;
     return 0;
 }
 
@@ -350,7 +350,7 @@ int pagecli_quant_set_small_batches(int choice) {
  * x is 64 KiB: read again from the L2 for every row of W, it bounded the kernels. */
 static int64_t rows_piece_blocks(const struct quant_format *f, int64_t m, int64_t blocks) {
     const int64_t block_x = min64(m, ROWS_MAX) * f->block_values * (int64_t)sizeof(float);
-    if (!rows_pieces || blocks * block_x <= 2 * ROWS_X_BYTES) return blocks;
+    if (!small_batches || blocks * block_x <= 2 * ROWS_X_BYTES) return blocks;
     const int64_t fit = ROWS_X_BYTES / block_x;
     return fit > 0 ? fit : 1;
 }
@@ -404,7 +404,7 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         y += done;
         n -= done;
     }
-    if (f->tile && isa == ISA_AVX512 && m >= 2 && tiles_on) {
+    if (f->tile && isa == ISA_AVX512 && m >= 2 && small_batches) {
         /* 5-8 rows: two passes of 2-4 (5 = 3 + 2, ..., 8 = 4 + 4) */
         const int64_t passes = (m + TILE_MAX_M - 1) / TILE_MAX_M;
         for (int64_t i0 = 0, p = 0; p < passes; p++) {
@@ -416,29 +416,17 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         return;
     }
     if (rows) {
+        /* ROWS_GROUP rows of W in turn against each piece of x (one piece: whole rows), their
+         * sums kept in `state` between pieces; with pieces, the next group's rows are
+         * prefetched meanwhile (their reads no longer run in order) */
         const int64_t piece = rows_piece_blocks(f, m, blocks_per_row);
-        if (piece >= blocks_per_row) {
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-            for (int64_t row = 0; row < n; row++) {
-                float acc[ROWS_MAX];
-                for (int64_t i = 0; i < m; i += ROWS_MAX) {
-                    const int count = (int)min64(ROWS_MAX, m - i);
-                    rows(w + row * row_bytes, blocks_per_row, x + i * ldx, ldx, count, acc, NULL,
-                         ROWS_FIRST | ROWS_LAST);
-                    for (int r = 0; r < count; r++) y[(i + r) * ldy + row] = acc[r];
-                }
-            }
-            return;
-        }
-        /* x in pieces that stay in the L1, each against ROWS_GROUP rows of W in turn (their
-         * sums kept in `state` between pieces); the next group's rows prefetched meanwhile */
         const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
         const int64_t pieces = (blocks_per_row + piece - 1) / piece;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
         for (int64_t g = 0; g < groups; g++) {
             float state[ROWS_GROUP][ROWS_STATE] __attribute__((aligned(64)));
             const int64_t r0 = g * ROWS_GROUP, count_rows = min64(ROWS_GROUP, n - r0);
-            const int64_t next_rows = min64(ROWS_GROUP, n - r0 - ROWS_GROUP);
+            const int64_t next_rows = pieces > 1 ? min64(ROWS_GROUP, n - r0 - ROWS_GROUP) : 0;
             const uint8_t *next = next_rows > 0 ? w + (r0 + ROWS_GROUP) * row_bytes : w;
             const int64_t lines = next_rows > 0 ? (next_rows * row_bytes + 63) / 64 : 0;
             const int64_t steps = pieces * count_rows * ((m + ROWS_MAX - 1) / ROWS_MAX);
