@@ -21,10 +21,11 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
-import gguf
 from fma_peak import fma_peak
 from quant_vs_llamacpp import PEERS, cpu_name, run
+from shaped_gguf import decode_macs
 
 from pagecli import LLM, SamplingParams
 
@@ -55,16 +56,6 @@ def pagecli_decode(llm: LLM, prompt: int, tokens: int, batch: int) -> float:
     return batch * tokens / (seconds(tokens + 1) - seconds(1))
 
 
-def weights_per_token(model: str) -> int:
-    """Multiply-adds of one token through the layer matrices and the output projection."""
-    reader = gguf.GGUFReader(model)
-    by_name = {t.name: t for t in reader.tensors}
-    head = by_name.get("output.weight", by_name["token_embd.weight"])
-    layers = sum(int(t.n_elements) for t in reader.tensors if t.name.startswith("blk.")
-                 and len(t.shape) == 2)  # fmt: skip
-    return layers + int(head.n_elements)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -77,7 +68,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     llm = LLM(args.model, num_threads=args.threads)
     pagecli_decode(llm, args.prompt, 2, 2)  # warm the kernels and the allocator
-    macs = weights_per_token(args.model)
+    macs = decode_macs(Path(args.model))
     found: dict[int, list[dict]] = {b: [] for b in batches}
     for number in range(args.rounds):
         peak = fma_peak(args.threads)

@@ -290,15 +290,32 @@ def ensure_file(folder: Path, shape_name: str, mix: str, layers: int | None) -> 
     return path
 
 
+def output_projection(reader: gguf.GGUFReader):
+    """output.weight, or the token embedding where the file ties them."""
+    by_name = {t.name: t for t in reader.tensors}
+    return by_name.get("output.weight", by_name["token_embd.weight"])
+
+
+def layer_matrices(reader: gguf.GGUFReader) -> list:
+    """The layers' 2-D tensors: the projections (norms are 1-D)."""
+    return [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+
+
 def bytes_per_token(path: Path) -> int:
     """Weight bytes one decode token reads: every layer tensor, the output projection (the
     whole token embedding when tied) and one row of the embedding."""
     reader = gguf.GGUFReader(str(path))
-    by_name = {t.name: t for t in reader.tensors}
     total = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk."))
-    embed = by_name["token_embd.weight"]
-    head = by_name.get("output.weight", embed)
-    return total + int(head.n_bytes) + int(embed.n_bytes) // VOCAB
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return total + int(output_projection(reader).n_bytes) + int(embed.n_bytes) // VOCAB
+
+
+def decode_macs(path: Path) -> int:
+    """Multiply-adds of one token through the layer matrices and the output projection."""
+    reader = gguf.GGUFReader(str(path))
+    return sum(int(t.n_elements) for t in layer_matrices(reader)) + int(
+        output_projection(reader).n_elements
+    )
 
 
 def prefill_flops(path: Path, pp: int) -> float:
@@ -306,13 +323,11 @@ def prefill_flops(path: Path, pp: int) -> float:
     (scores and values: q width x (pp + 1) / 2 positions on average, twice) and the output
     projection for the last token only, as both engines run it. Two FLOPs per multiply-add."""
     reader = gguf.GGUFReader(str(path))
-    by_name = {t.name: t for t in reader.tensors}
-    matrices = [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    matrices = layer_matrices(reader)
     layers = len({t.name.split(".")[1] for t in matrices})
-    q_width = int(by_name["blk.0.attn_q.weight"].shape[1])  # gguf lists [in, out]
-    head = by_name.get("output.weight", by_name["token_embd.weight"])
-    macs = pp * sum(int(t.n_elements) for t in matrices)
-    macs += layers * q_width * pp * (pp + 1) + int(head.n_elements)
+    q_width = next(int(t.shape[1]) for t in matrices if t.name == "blk.0.attn_q.weight")
+    macs = pp * sum(int(t.n_elements) for t in matrices)  # gguf lists shapes [in, out]
+    macs += layers * q_width * pp * (pp + 1) + int(output_projection(reader).n_elements)
     return 2.0 * macs
 
 

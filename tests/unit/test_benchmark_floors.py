@@ -1,8 +1,9 @@
 """The floors that benchmarks/shaped_gguf.py prints beside its figures.
 
-- prefill_flops counts a prefill's work from the file's own tensors: it must equal the count
-  by hand from the shape the file was written at (a reversed gguf shape, a norm counted as a
-  matrix, or the output projection run for every token would each change it).
+- prefill_flops and decode_macs count a prefill's and a decode token's work from the file's own
+  tensors: they must equal the count by hand from the shape the file was written at (a
+  reversed gguf shape, a norm counted as a matrix, or the output projection run for every
+  prompt token would each change it).
 - benchmarks/fma_peak.c takes the widest FMA vectors the CPU has.
 """
 
@@ -45,6 +46,7 @@ def test_prefill_flops_count_the_shape(bench_modules, tmp_path, mix):
     head = shaped_gguf.VOCAB * shape.hidden  # the last token only
     want = 2 * (shape.layers * (pp * per_token + attention) + head)
     assert shaped_gguf.prefill_flops(path, pp) == want
+    assert shaped_gguf.decode_macs(path) == shape.layers * per_token + head
 
 
 def test_fma_peak_takes_the_widest_vectors(bench_modules):
