@@ -156,179 +156,97 @@ __attribute__((constructor)) static void fill_f16_table(void) {
 
 #define SCALE(h) _mm512_set1_ps(f16_table[(h)]) /* a broadcast load */
 
-/* ---- register-fused decode rows (AVX-512) -------------------------------------------------
- * 4-bit formats take their weights from a 16-entry table per block, table[q] = d * q + m (or
- * d * (q - 8)), bit for bit gguf's values: a permute replaces the int-to-float conversion and
- * the scaling of every weight. */
+/* ---- one block's 32 weights in registers (AVX-512) -----------------------------------------
+ * As two vectors, values 0..15 and 16..31, bit for bit gguf's; the rows, tile and wide
+ * kernels below all take their weights from these. The 4-bit formats read a 16-entry table
+ * per block, table[q] = d * (q - 8) or d * q + m: a permute replaces the int-to-float
+ * conversion and the scaling of every weight. */
 
-ROWS_KERNEL(rows_q8_0_avx512) {
-    const block_q8_0 *b = row;
-    ROWS_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        const __m512 d = SCALE(b[j].d);
-        const __m128i q0 = _mm_loadu_si128((const __m128i *)b[j].qs);
-        const __m128i q1 = _mm_loadu_si128((const __m128i *)(b[j].qs + 16));
-        const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
-        const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
-        ROWS_FMA16(0, w0, 32 * j)
-        ROWS_FMA16(1, w1, 32 * j + 16)
-    }
-    ROWS_END
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+weights_q8_0(const block_q8_0 *b, __m512 *w0, __m512 *w1) {
+    const __m512 d = SCALE(b->d);
+    const __m128i q0 = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m128i q1 = _mm_loadu_si128((const __m128i *)(b->qs + 16));
+    *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+    *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
 }
-ROWS_DISPATCH(rows_q8_0_avx512)
 
-ROWS_KERNEL(rows_q4_0_avx512) {
-    const block_q4_0 *b = row;
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+weights_q4_0(const block_q4_0 *b, __m512 *w0, __m512 *w1) {
     const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    ROWS_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        const __m512 table = _mm512_mul_ps(SCALE(b[j].d), levels);
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[j].qs));
-        ROWS_FMA16(0, _mm512_permutexvar_ps(q, table), 32 * j) /* low nibbles: index bits */
-        ROWS_FMA16(1, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table), 32 * j + 16)
-    }
-    ROWS_END
+    const __m512 table = _mm512_mul_ps(SCALE(b->d), levels);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+    *w0 = _mm512_permutexvar_ps(q, table); /* low nibbles: index bits */
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
 }
-ROWS_DISPATCH(rows_q4_0_avx512)
 
-ROWS_KERNEL(rows_q4_1_avx512) {
-    const block_q4_1 *b = row;
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
     const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    ROWS_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        const __m512 table = _mm512_fmadd_ps(levels, SCALE(b[j].d), SCALE(b[j].m));
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b[j].qs));
-        ROWS_FMA16(0, _mm512_permutexvar_ps(q, table), 32 * j)
-        ROWS_FMA16(1, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table), 32 * j + 16)
-    }
-    ROWS_END
-}
-ROWS_DISPATCH(rows_q4_1_avx512)
-
-/* ---- tiles: R rows against 2-4 input rows (AVX-512; TILE_*: quant_blocks.h) --------------
- * Each row's block dequantized as its rows kernel does it, then multiplied with every input. */
-
-TILE_KERNEL(tile_q8_0_avx512) {
-    TILE_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        __m512 w0[4], w1[4];
-        for (int r = 0; r < R; r++) {
-            const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m512 d = SCALE(b->d);
-            const __m128i q0 = _mm_loadu_si128((const __m128i *)b->qs);
-            const __m128i q1 = _mm_loadu_si128((const __m128i *)(b->qs + 16));
-            w0[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
-            w1[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
-        }
-        TILE_FMA32(w0, w1, 32 * j)
-    }
-    TILE_END
-}
-TILE_DISPATCH(tile_q8_0_avx512)
-
-TILE_KERNEL(tile_q4_0_avx512) {
-    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    TILE_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        __m512 w0[4], w1[4];
-        for (int r = 0; r < R; r++) {
-            const block_q4_0 *b = (const block_q4_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m512 table = _mm512_mul_ps(SCALE(b->d), levels);
-            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
-            w0[r] = _mm512_permutexvar_ps(q, table);
-            w1[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
-        }
-        TILE_FMA32(w0, w1, 32 * j)
-    }
-    TILE_END
-}
-TILE_DISPATCH(tile_q4_0_avx512)
-
-TILE_KERNEL(tile_q4_1_avx512) {
-    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    TILE_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        __m512 w0[4], w1[4];
-        for (int r = 0; r < R; r++) {
-            const block_q4_1 *b = (const block_q4_1 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m512 table = _mm512_fmadd_ps(levels, SCALE(b->d), SCALE(b->m));
-            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
-            w0[r] = _mm512_permutexvar_ps(q, table);
-            w1[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
-        }
-        TILE_FMA32(w0, w1, 32 * j)
-    }
-    TILE_END
-}
-TILE_DISPATCH(tile_q4_1_avx512)
-
-/* ---- WIDE_ROWS rows against one input row (AVX-512) ----------------------------------------
- * Batch-1 decode: four rows at a time, so that eight FMA chains run side by side, and each
- * 32 values of x are loaded once for the four. */
-
-/* WIDE_BEGIN, WIDE_END and WIDE_PREFETCH: quant_blocks.h. */
-
-TARGET_AVX512 static void wide_q4_1_avx512(const void *w, int64_t row_bytes, int64_t nb,
-                                           const float *x, float *out) {
-    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    WIDE_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        const __m512 x0 = _mm512_loadu_ps(x + 32 * j), x1 = _mm512_loadu_ps(x + 32 * j + 16);
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q4_1 *b = (const block_q4_1 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            /* d * q is exact, so one rounding of d * q + m is gguf's two */
-            const __m512 table = _mm512_fmadd_ps(levels, SCALE(b->d), SCALE(b->m));
-            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
-            acc[r][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q, table), x0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table),
-                                        x1, acc[r][1]);
-        }
-    }
-    WIDE_END
+    /* d * q is exact, so one rounding of d * q + m is gguf's two */
+    const __m512 table = _mm512_fmadd_ps(levels, SCALE(b->d), SCALE(b->m));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+    *w0 = _mm512_permutexvar_ps(q, table);
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
 }
 
-TARGET_AVX512 static void wide_q4_0_avx512(const void *w, int64_t row_bytes, int64_t nb,
-                                           const float *x, float *out) {
-    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    WIDE_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        const __m512 x0 = _mm512_loadu_ps(x + 32 * j), x1 = _mm512_loadu_ps(x + 32 * j + 16);
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q4_0 *b = (const block_q4_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m512 table = _mm512_mul_ps(SCALE(b->d), levels);
-            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
-            acc[r][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(q, table), x0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table),
-                                        x1, acc[r][1]);
-        }
-    }
-    WIDE_END
-}
+/* ---- register-fused decode rows, tiles and wide kernels, per format (AVX-512) --------------
+ * rows: one weight row against up to ROWS_MAX inputs; tiles: R rows against 2-4 inputs (TILE_*:
+ * quant_blocks.h); wide: WIDE_ROWS rows against one input, so that eight FMA chains run side
+ * by side and each 32 values of x are loaded once for the four (WIDE_*: quant_blocks.h). */
 
-TARGET_AVX512 static void wide_q8_0_avx512(const void *w, int64_t row_bytes, int64_t nb,
-                                           const float *x, float *out) {
-    WIDE_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        const __m512 x0 = _mm512_loadu_ps(x + 32 * j), x1 = _mm512_loadu_ps(x + 32 * j + 16);
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m512 d = SCALE(b->d);
-            const __m128i q0 = _mm_loadu_si128((const __m128i *)b->qs);
-            const __m128i q1 = _mm_loadu_si128((const __m128i *)(b->qs + 16));
-            const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
-            const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
-            acc[r][0] = _mm512_fmadd_ps(w0, x0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(w1, x1, acc[r][1]);
-        }
+#define BLOCK_KERNELS(name)                                                                    \
+    ROWS_KERNEL(rows_##name##_avx512) {                                                        \
+        const block_##name *b = row;                                                           \
+        ROWS_BEGIN                                                                             \
+        for (int64_t j = 0; j < nb; j++) {                                                     \
+            __m512 w0, w1;                                                                     \
+            weights_##name(&b[j], &w0, &w1);                                                   \
+            ROWS_FMA16(0, w0, 32 * j)                                                          \
+            ROWS_FMA16(1, w1, 32 * j + 16)                                                     \
+        }                                                                                      \
+        ROWS_END                                                                               \
+    }                                                                                          \
+    ROWS_DISPATCH(rows_##name##_avx512)                                                        \
+                                                                                               \
+    TILE_KERNEL(tile_##name##_avx512) {                                                        \
+        TILE_BEGIN                                                                             \
+        for (int64_t j = 0; j < nb; j++) {                                                     \
+            __m512 w0[4], w1[4];                                                               \
+            for (int r = 0; r < R; r++) {                                                      \
+                const block_##name *b =                                                        \
+                    (const block_##name *)((const uint8_t *)w + r * row_bytes) + j;            \
+                WIDE_PREFETCH(b);                                                              \
+                weights_##name(b, &w0[r], &w1[r]);                                             \
+            }                                                                                  \
+            TILE_FMA32(w0, w1, 32 * j)                                                         \
+        }                                                                                      \
+        TILE_END                                                                               \
+    }                                                                                          \
+    TILE_DISPATCH(tile_##name##_avx512)                                                        \
+                                                                                               \
+    TARGET_AVX512 static void wide_##name##_avx512(const void *w, int64_t row_bytes, int64_t nb, \
+                                                   const float *x, float *out) {               \
+        WIDE_BEGIN                                                                             \
+        for (int64_t j = 0; j < nb; j++) {                                                     \
+            const __m512 x0 = _mm512_loadu_ps(x + 32 * j);                                     \
+            const __m512 x1 = _mm512_loadu_ps(x + 32 * j + 16);                                \
+            for (int r = 0; r < WIDE_ROWS; r++) {                                              \
+                const block_##name *b =                                                        \
+                    (const block_##name *)((const uint8_t *)w + r * row_bytes) + j;            \
+                WIDE_PREFETCH(b);                                                              \
+                __m512 w0, w1;                                                                 \
+                weights_##name(b, &w0, &w1);                                                   \
+                acc[r][0] = _mm512_fmadd_ps(w0, x0, acc[r][0]);                                \
+                acc[r][1] = _mm512_fmadd_ps(w1, x1, acc[r][1]);                                \
+            }                                                                                  \
+        }                                                                                      \
+        WIDE_END                                                                               \
     }
-    WIDE_END
-}
+
+BLOCK_KERNELS(q8_0)
+BLOCK_KERNELS(q4_0)
+BLOCK_KERNELS(q4_1)
 
 /* AVX2 (WIDE2_BEGIN, WIDE2_END, WIDE2_FMA8: quant_blocks.h): no 16-entry permute, so each 8
  * weights are converted and scaled: fma(q, d, m), exact as above (d * q is exact). */
