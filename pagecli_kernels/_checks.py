@@ -177,3 +177,27 @@ def check_lengths_host(
                 "need 1 <= new tokens <= seq_len"
             )
     return lens, query_lens
+
+
+def check_window_sinks(
+    window: int | None, sinks: torch.Tensor | None, num_heads: int, device: torch.device
+) -> None:
+    """Check the sliding window and attention sinks of an attention call.
+
+    `window`: the most recent positions a query attends to, itself included (transformers'
+    `sliding_window`); None: every earlier position. `sinks`: [num_heads] float, one logit
+    per query head that joins each softmax's denominator (gpt-oss); None: no sinks.
+    """
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+        raise ValueError(f"window must be an int or None, got {window!r}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 token, got {window}")
+    if sinks is None:
+        return
+    if sinks.dim() != 1 or sinks.shape[0] != num_heads or not sinks.is_floating_point():
+        raise ValueError(
+            f"sinks must be a float tensor of [num_heads] = [{num_heads}], got {sinks.dtype} "
+            f"of shape {tuple(sinks.shape)}"
+        )
+    if sinks.device != device:
+        raise ValueError(f"sinks is on {sinks.device}, the cache on {device}")

@@ -215,12 +215,16 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over all seq_lens[i] cached tokens.
 
     num_splits overrides the split-K heuristic (a power of two up to 32; tests use it).
     """
+    if window is not None or sinks is not None:
+        raise NotImplementedError("the Triton decode kernel takes no window or sinks yet")
     cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens)
     check_triton_support(cache.head_dim, cache.block_size, query, k_cache, v_cache)
     num_seqs, num_heads, head_dim = query.shape

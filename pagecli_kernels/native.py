@@ -196,7 +196,7 @@ def _load() -> ctypes.CDLL:
     i64, i32 = ctypes.c_int64, ctypes.c_int
     ptr = ctypes.c_void_p
     fn.argtypes = [i32, i32, ptr, ptr, ptr, i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr]
-    fn.argtypes += [i32, i32, i32, i32, i32, ctypes.c_float, i32, i32]
+    fn.argtypes += [i32, i32, i32, i32, i32, ctypes.c_float, i32, ptr, i32, i32]
     fn.restype = i32
     lib.pagecli_isa_supported.argtypes = [i32]
     lib.pagecli_isa_supported.restype = i32
@@ -239,11 +239,14 @@ def paged_attention(
     *,
     max_seq_len: int,
     split_tokens: int | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention through the C kernel (decodes are 1-token queries); inputs
     already checked, `supports()` true. query [num_tokens, num_heads, D] -> same shape.
 
-    split_tokens None lets `choose_split_tokens` decide; 0 turns split-K off.
+    split_tokens None lets `choose_split_tokens` decide; 0 turns split-K off. `window` and
+    `sinks` as pagecli_kernels.ops describes them (checked).
     """
     lib = library()
     assert lib is not None
@@ -252,7 +255,9 @@ def paged_attention(
     num_seqs = seq_lens.shape[0]
     threads = torch.get_num_threads()
     if split_tokens is None:
-        split_tokens = choose_split_tokens(num_seqs * num_kv_heads, max_seq_len, threads)
+        context = max_seq_len if window is None else min(max_seq_len, window)
+        split_tokens = choose_split_tokens(num_seqs * num_kv_heads, context, threads)
+    sinks32 = None if sinks is None else sinks.to(torch.float32).contiguous()  # [H]
     query32 = query.to(torch.float32).contiguous()  # [T, H, D], converted once (small)
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
@@ -280,6 +285,8 @@ def paged_attention(
         head_dim,
         block_size,
         scale,
+        window or 0,
+        None if sinks32 is None else sinks32.data_ptr(),
         split_tokens,
         threads,
     )

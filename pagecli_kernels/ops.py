@@ -82,6 +82,8 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
     impl: Impl = "auto",
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its seq_lens[i] cached tokens.
@@ -89,13 +91,16 @@ def paged_decode_attention(
     query and the result are `[num_seqs, num_heads, head_dim]`; caches
     `[num_blocks, block_size, num_kv_heads, head_dim]`; block_tables
     `[num_seqs, max_blocks_per_seq]` int32; seq_lens `[num_seqs]` int32.
+    `window`: the query sees only the last `window` positions, itself included (a sliding
+    window as transformers counts it); `sinks` `[num_heads]` float: one logit per head that
+    joins the softmax's denominator and weighs no value (gpt-oss).
     """
     impl = _resolve(impl, query.device)
     if impl == "triton":
         fn = _triton_launcher("decode_attention", "paged_decode_attention")
     else:
         fn = cpu.paged_decode_attention if impl == "cpu" else reference.paged_decode_attention
-    return fn(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    return fn(query, k_cache, v_cache, block_tables, seq_lens, scale, window=window, sinks=sinks)
 
 
 def paged_prefill_attention(
@@ -107,6 +112,8 @@ def paged_prefill_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
     impl: Impl = "auto",
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and themselves.
@@ -114,6 +121,7 @@ def paged_prefill_attention(
     query and the result are `[num_tokens, num_heads, head_dim]`, sequences back to back as
     delimited by query_start_loc `[num_seqs + 1]` int32. A sequence's new tokens are the last
     ones of its seq_lens (K/V already stored), so the causal mask is bottom-right aligned.
+    `window` and `sinks` as for paged_decode_attention.
     """
     impl = _resolve(impl, query.device)
     if impl == "triton":
@@ -122,7 +130,17 @@ def paged_prefill_attention(
         fn = cpu.paged_prefill_attention
     else:
         fn = reference.paged_prefill_attention
-    return fn(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return fn(
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        window=window,
+        sinks=sinks,
+    )
 
 
 def _check_token_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> None:

@@ -153,8 +153,13 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens, the last of its seq_lens, over its cache."""
+    if window is not None or sinks is not None:
+        raise NotImplementedError("the Triton prefill kernel takes no window or sinks yet")
     cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     check_triton_support(cache.head_dim, cache.block_size, query, k_cache, v_cache)
     num_tokens, num_heads, head_dim = query.shape

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from pagecli_kernels._checks import check_attention, check_lengths_host, check_store_kv
+from pagecli_kernels._checks import (
+    check_attention,
+    check_lengths_host,
+    check_store_kv,
+    check_window_sinks,
+)
 from pagecli_kernels.quant_formats import QuantWeight
 
 
@@ -43,18 +48,33 @@ def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
 
 
 def _attend(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention of one query token over keys/values, in float64.
 
     query [num_heads, D]; keys, values [num_ctx, num_kv_heads, D]; returns [num_heads, D].
+    `sinks` [num_heads]: a logit per head that joins the softmax's denominator and weighs no
+    value (gpt-oss's attention sinks).
     """
     group = query.shape[0] // keys.shape[1]
     keys = keys.repeat_interleave(group, dim=1)  # [num_ctx, num_heads, D]
     values = values.repeat_interleave(group, dim=1)
     scores = torch.einsum("hd,thd->ht", query.to(torch.float64), keys) * scale  # [H, num_ctx]
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.to(torch.float64)[:, None]], dim=-1)  # [H, ctx + 1]
+        probs = torch.softmax(scores, dim=-1)[:, :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     return torch.einsum("ht,thd->hd", probs, values)
+
+
+def _visible(pos: int, window: int | None) -> int:
+    """The first context position a query at `pos` sees: pos - window + 1, or 0."""
+    return 0 if window is None else max(0, pos - window + 1)
 
 
 def paged_decode_attention(
@@ -64,15 +84,21 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence over all seq_lens[i] cached tokens."""
+    """Attention of one new token per sequence over its seq_lens[i] cached tokens (the last
+    `window` of them when a window is given)."""
     cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens)
+    check_window_sinks(window, sinks, query.shape[1], query.device)
     lens, _ = check_lengths_host(query, block_tables, seq_lens, cache.block_size)
     out = torch.empty_like(query)  # [num_seqs, num_heads, D]
     for i, seq_len in enumerate(lens):
         keys = _gather_context(k_cache, block_tables[i], seq_len)
         values = _gather_context(v_cache, block_tables[i], seq_len)
-        out[i] = _attend(query[i], keys, values, scale).to(query.dtype)
+        first = _visible(seq_len - 1, window)
+        out[i] = _attend(query[i], keys[first:], values[first:], scale, sinks).to(query.dtype)
     return out
 
 
@@ -84,13 +110,18 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens, the last of its seq_lens, over its cache.
 
-    New token j of a sequence with n new tokens sits at position seq_len - n + j and attends to
-    positions 0..seq_len - n + j (bottom-right aligned causal mask).
+    New token j of a sequence with n new tokens sits at position p = seq_len - n + j and
+    attends to positions 0..p (bottom-right aligned causal mask), or with a window to
+    p - window + 1..p only.
     """
     cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    check_window_sinks(window, sinks, query.shape[1], query.device)
     lens, query_lens = check_lengths_host(
         query, block_tables, seq_lens, cache.block_size, query_start_loc
     )
@@ -102,9 +133,10 @@ def paged_prefill_attention(
         for j in range(query_len):
             pos = seq_len - query_len + j
             token = starts[i] + j
-            out[token] = _attend(query[token], keys[: pos + 1], values[: pos + 1], scale).to(
-                query.dtype
-            )
+            first = _visible(pos, window)
+            out[token] = _attend(
+                query[token], keys[first : pos + 1], values[first : pos + 1], scale, sinks
+            ).to(query.dtype)
     return out
 
 

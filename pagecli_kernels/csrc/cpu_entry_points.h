@@ -47,7 +47,8 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
                             int64_t table_stride, const int32_t *seq_lens,
                             const int32_t *query_start_loc, float *out, int num_seqs,
                             int num_heads, int num_kv_heads, int head_dim, int block_size,
-                            float scale, int split_tokens, int num_threads);
+                            float scale, int window, const float *sinks, int split_tokens,
+                            int num_threads);
 
 /* cpu_ops.c */
 int pagecli_store_kv(const void *key, const void *value, int64_t stride_key, int64_t stride_value,

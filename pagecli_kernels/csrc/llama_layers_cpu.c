@@ -244,7 +244,7 @@ int pagecli_llama_layers(const int64_t *layers, int num_layers, void *hidden, in
                 stride_block, stride_slot, stride_head, PTR(grp[G_BLOCK_TABLES]),
                 grp[G_TABLE_STRIDE], PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]),
                 attn + first * Q, (int)grp[G_NUM_SEQS], num_heads, num_kv_heads, head_dim,
-                block_size, scale, (int)grp[G_SPLIT_TOKENS], num_threads);
+                block_size, scale, 0, NULL, (int)grp[G_SPLIT_TOKENS], num_threads);
             if (a) status = a == -1 ? LAYERS_E_BLOCK : LAYERS_E_MEMORY;
         }
         if (timings) timings[1] += omp_get_wtime() - attention_start;

@@ -6,7 +6,11 @@
  * One entry point serves both phases: sequence s has q_len = query_start_loc[s + 1] -
  * query_start_loc[s] new tokens, the last of its seq_lens[s] cached ones, so new token j sits
  * at position seq_len - q_len + j and attends to positions 0..that one (bottom-right aligned
- * causal mask). A decode is the q_len == 1 case.
+ * causal mask). A decode is the q_len == 1 case. With a sliding window of w tokens, that token
+ * attends to positions max(0, pos - w + 1)..pos only (transformers' `sliding_window`: the
+ * window counts the token itself). With attention sinks, head h's softmax has one more term in
+ * its denominator, e^(sinks[h] - max), which weighs no value (gpt-oss): the running sum of an
+ * item starts at 1 with the sink as its maximum, or the combine of the splits adds it once.
  *
  * Work is cut into items: (sequence, tile of query tokens, kv heads, context split); a decode's
  * item takes all of its sequence's kv heads (item_heads). For each of its kv heads, an item's
@@ -27,6 +31,8 @@
  *   block_tables   [num_seqs, table_stride] int32
  *   seq_lens       [num_seqs] int32, 1 <= seq_lens[s] <= table width * block_size
  *   query_start_loc [num_seqs + 1] int32, 1 <= q_len <= seq_len
+ *   window          tokens a query sees, itself included; 0: every earlier token
+ *   sinks           NULL, or [num_heads] float32 logits (already in the scores' units)
  * Returns 0, -1 when a block id is outside [0, num_blocks), -2 when out of memory.
  */
 #include <math.h>
@@ -57,10 +63,12 @@ typedef struct {
     const int32_t *block_tables;
     int64_t table_stride;
     const int32_t *seq_lens, *query_start_loc;
+    const float *sinks; /* NULL or [num_heads] */
     float *out;
     float *partial; /* split-K: [num_tokens, num_heads, max_splits, dp + 2] */
     int num_heads, num_kv_heads, head_dim, dp, block_size, group, kv_dtype, elem_size;
     int tile_tokens, split_tokens, max_splits;
+    int window; /* 0: none */
     float scale;
 } Problem;
 
@@ -140,6 +148,21 @@ INLINE void prefetch_rows(const Problem *p, const int32_t *table, int64_t head_o
             }
         }
     }
+}
+
+/* The first context position a query at `pos` sees (its window's start, or 0). */
+INLINE int visible_from(const Problem *p, int pos) {
+    const int lo = p->window > 0 ? pos - p->window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+/* The context positions sequence s's new tokens see, [*lo, seq_len), and its splits. */
+static int seq_splits(const Problem *p, int s, int *lo) {
+    const int seq_len = p->seq_lens[s];
+    const int q_len = p->query_start_loc[s + 1] - p->query_start_loc[s];
+    *lo = visible_from(p, seq_len - q_len);
+    const int span = seq_len - *lo;
+    return p->split_tokens > 0 ? (span + p->split_tokens - 1) / p->split_tokens : 1;
 }
 
 /* kv heads per item for a tile of `tokens` query tokens: as many as MAX_ROWS rows hold, at
@@ -227,14 +250,15 @@ static void combine_splits(const Problem *p, int num_tokens, const int *token_sp
     for (int64_t th = 0; th < (int64_t)num_tokens * p->num_heads; ++th) {
         const float *part = p->partial + th * p->max_splits * (p->dp + 2);
         const int splits = token_splits[th / p->num_heads];
-        float big = -INFINITY;
+        const float sink = p->sinks ? p->sinks[th % p->num_heads] : -INFINITY;
+        float big = sink;
         for (int k = 0; k < splits; ++k) {
             const float m = part[k * (p->dp + 2)];
             big = m > big ? m : big;
         }
         float *o = p->out + th * p->head_dim;
         for (int d = 0; d < p->head_dim; ++d) o[d] = 0.0f;
-        float sum = 0.0f;
+        float sum = p->sinks ? exp_nonpositive(sink - big) : 0.0f;
         for (int k = 0; k < splits; ++k) {
             const float *pk = part + k * (p->dp + 2);
             if (pk[0] == -INFINITY) continue; /* a split wholly past this token's position */
@@ -253,7 +277,8 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
                             int64_t table_stride, const int32_t *seq_lens,
                             const int32_t *query_start_loc, float *out, int num_seqs,
                             int num_heads, int num_kv_heads, int head_dim, int block_size,
-                            float scale, int split_tokens, int num_threads) {
+                            float scale, int window, const float *sinks, int split_tokens,
+                            int num_threads) {
     Problem p = {0};
     p.query = query;
     p.k_cache = k_cache;
@@ -266,6 +291,8 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
     p.table_stride = table_stride;
     p.seq_lens = seq_lens;
     p.query_start_loc = query_start_loc;
+    p.sinks = sinks;
+    p.window = window > 0 ? window : 0;
     p.out = out;
     p.num_heads = num_heads;
     p.num_kv_heads = num_kv_heads;
@@ -289,10 +316,11 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
     int max_splits = 1;
     for (int s = 0; s < num_seqs; ++s) {
         const int32_t *table = block_tables + (int64_t)s * table_stride;
-        for (int b = 0; b < (seq_lens[s] + block_size - 1) / block_size; ++b)
+        int lo;
+        const int splits = seq_splits(&p, s, &lo);
+        for (int b = lo / block_size; b < (seq_lens[s] + block_size - 1) / block_size; ++b)
             if (table[b] < 0 || table[b] >= num_blocks) return -1;
         const int q_len = query_start_loc[s + 1] - query_start_loc[s];
-        const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
         if (splits > max_splits) max_splits = splits;
         num_items += seq_items(&p, s, q_len, splits, NULL);
     }
@@ -313,7 +341,8 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
     int64_t i = 0;
     for (int s = 0; s < num_seqs; ++s) {
         const int q_len = query_start_loc[s + 1] - query_start_loc[s];
-        const int splits = split_tokens > 0 ? (seq_lens[s] + split_tokens - 1) / split_tokens : 1;
+        int lo;
+        const int splits = seq_splits(&p, s, &lo);
         for (int q = query_start_loc[s]; token_splits && q < query_start_loc[s + 1]; ++q)
             token_splits[q] = splits;
         i += seq_items(&p, s, q_len, splits, items + i);

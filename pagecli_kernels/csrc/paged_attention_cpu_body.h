@@ -365,16 +365,23 @@ PA_FN void PA_NAME(item_dp)(const Problem *p, const Item *it, const Scratch *w, 
         float *dst = w->q + (int64_t)r * dp;
         for (int d = 0; d < p->head_dim; ++d) dst[d] = src[d] * p->scale;
         for (int d = p->head_dim; d < dp; ++d) dst[d] = 0.0f;
-        w->m[r] = -INFINITY;
-        w->l[r] = 0.0f;
+        /* a sink is one more softmax term that weighs no value: the running maximum starts
+         * at it and the running sum at e^0 = 1 (split-K: the combine adds it, once) */
+        const int sink = p->sinks != NULL && p->split_tokens == 0;
+        w->m[r] = sink ? p->sinks[head] : -INFINITY;
+        w->l[r] = sink ? 1.0f : 0.0f;
     }
     memset(w->acc, 0, sizeof(float) * (size_t)num_rows * (size_t)dp);
 
-    /* context of this item: its split, cut at the last row's causal limit */
-    int c_begin = 0, c_end = first_pos + it->q_end; /* last token's position + 1 */
+    /* context of this item: its split, from the first row's window start (0 without a
+     * window) to the last row's causal limit */
+    int c_begin = visible_from(p, first_pos + it->q_begin);
+    int c_end = first_pos + it->q_end; /* last token's position + 1 */
     if (p->split_tokens > 0) {
-        c_begin = it->split * p->split_tokens;
-        if (c_begin + p->split_tokens < c_end) c_end = c_begin + p->split_tokens;
+        const int split_begin = visible_from(p, first_pos) + it->split * p->split_tokens;
+        const int split_end = split_begin + p->split_tokens;
+        c_begin = split_begin > c_begin ? split_begin : c_begin;
+        c_end = split_end < c_end ? split_end : c_end;
     }
 
     const int64_t head_off0 = (int64_t)it->kv_head * p->stride_head;
@@ -425,17 +432,20 @@ PA_FN void PA_NAME(item_dp)(const Problem *p, const Item *it, const Scratch *w, 
                 PA_NAME(scores_dot)(q, krow, sc, block_rows, n, dp);
 #endif
 
-            /* causal mask, online softmax; masked and past-the-chunk scores become 0 */
+            /* causal mask and window, online softmax; masked and past-the-chunk scores
+             * become 0: row r sees chunk tokens lo <= j < nv */
             for (int r = 0; r < block_rows; ++r) {
                 float *s = sc + r * TC;
-                const int valid_end = first_pos + it->q_begin + r / group - t0 + 1; /* j < this */
+                const int pos = first_pos + it->q_begin + r / group; /* the row's position */
+                const int valid_end = pos - t0 + 1;                  /* j < this */
                 const int nv = valid_end < n ? valid_end : n;
-                if (nv <= 0) {
+                const int lo = visible_from(p, pos) > t0 ? visible_from(p, pos) - t0 : 0;
+                if (nv <= lo) {
                     for (int j = 0; j < TC; ++j) s[j] = 0.0f;
                     continue;
                 }
                 float cm = -INFINITY;
-                for (int j = 0; j < nv; ++j) cm = s[j] > cm ? s[j] : cm;
+                for (int j = lo; j < nv; ++j) cm = s[j] > cm ? s[j] : cm;
                 const float m_old = m[r];
                 const float m_new = cm > m_old ? cm : m_old;
                 if (m_new > m_old && m_old != -INFINITY) {
@@ -446,7 +456,8 @@ PA_FN void PA_NAME(item_dp)(const Problem *p, const Item *it, const Scratch *w, 
                 }
                 m[r] = m_new;
 #if PA_W == 16
-                const __mmask16 live = nv >= TC ? 0xFFFF : (__mmask16)((1u << nv) - 1);
+                const __mmask16 live = (__mmask16)((nv >= TC ? 0xFFFFu : (1u << nv) - 1) &
+                                                   ~((1u << lo) - 1));
                 const __m512 e = _mm512_maskz_mov_ps(
                     live,
                     PA_NAME(exp16)(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(m_new))));
@@ -456,7 +467,7 @@ PA_FN void PA_NAME(item_dp)(const Problem *p, const Item *it, const Scratch *w, 
                 float sum = 0.0f;
                 for (int j = 0; j < TC; ++j) {
                     const float e = exp_nonpositive(s[j] - m_new);
-                    s[j] = j < nv ? e : 0.0f;
+                    s[j] = j >= lo && j < nv ? e : 0.0f;
                     sum += s[j];
                 }
                 l[r] += sum;

@@ -92,3 +92,18 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert not torch.isnan(actual).any(), "NaN in the result: an unowned slot was read"
     atol, rtol = TOLERANCES[actual.dtype]
     torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+def poison_before_window(case: PagedCase, window: int) -> None:
+    """Write NaN into every cached position that no new token of its sequence sees through
+    a `window`: a kernel that reads outside the window then returns NaN."""
+    block_size = case.k_cache.shape[1]
+    lens = case.seq_lens.tolist()
+    starts = case.query_start_loc.tolist()
+    for i, seq_len in enumerate(lens):
+        query_len = starts[i + 1] - starts[i]
+        first_seen = max(0, seq_len - query_len - window + 1)
+        for pos in range(first_seen):
+            block = int(case.block_tables[i, pos // block_size])
+            case.k_cache[block, pos % block_size] = float("nan")
+            case.v_cache[block, pos % block_size] = float("nan")

@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from paged_cases import TOLERANCES, assert_close, make_case
+from paged_cases import TOLERANCES, assert_close, make_case, poison_before_window
 
 import pagecli_kernels
 from pagecli_kernels import cpu, native, reference
@@ -101,6 +101,95 @@ def test_prefill_matches_reference(dtype, group, seed, cpu_backend):
     expected = reference.paged_prefill_attention(*args)
     assert_close(cpu.paged_prefill_attention(*args), expected)
     assert_close(pagecli_kernels.paged_prefill_attention(*args, impl="cpu"), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [1, 3, 4, 9, None])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_window_and_sinks_match_reference(dtype, window, with_sinks, cpu_backend):
+    # decodes and prefill chunks over prefixes longer than the window; every position no new
+    # token sees is NaN, so reading outside the window fails
+    rng = random.Random((window or 0) * 10 + with_sinks)
+    seq_lens = [1, 4, 13, 23, 40, 17]
+    query_lens = [1, 1, 13, 6, 1, 2]
+    case = make_case(
+        seq_lens, query_lens, block_size=4, num_kv_heads=2, group=3, head_dim=16, dtype=dtype
+    )
+    if window is not None:
+        poison_before_window(case, window)
+    sinks = None
+    if with_sinks:  # large and small against the scores, so that a misplaced sink shows
+        sinks = torch.tensor([rng.uniform(-3.0, 3.0) for _ in range(6)], dtype=torch.float32)
+    extra = {"window": window, "sinks": sinks}
+    prefill = (case.block_tables, case.seq_lens, case.query_start_loc, case.scale)
+    expected = reference.paged_prefill_attention(
+        case.query, case.k_cache, case.v_cache, *prefill, **extra
+    )
+    assert_close(
+        cpu.paged_prefill_attention(case.query, case.k_cache, case.v_cache, *prefill, **extra),
+        expected,
+    )
+    decodes = [i for i, n in enumerate(query_lens) if n == 1]
+    rows = torch.tensor(decodes)
+    tokens = case.query_start_loc[rows].long()
+    args = (case.query[tokens], case.k_cache, case.v_cache, case.block_tables[rows])
+    args += (case.seq_lens[rows], case.scale)
+    expected = reference.paged_decode_attention(*args, **extra)
+    assert_close(cpu.paged_decode_attention(*args, **extra), expected)
+    assert_close(pagecli_kernels.paged_decode_attention(*args, **extra), expected)
+
+
+@pytest.mark.parametrize("window", [5, 40, None])
+@pytest.mark.parametrize("split_tokens", [4, 16])
+def test_native_split_k_with_window_and_sinks(window, split_tokens, native_isa):
+    # split-K: the splits cover the window only, and the sink enters the combine once
+    case = make_case(
+        [133, 60, 1, 97],
+        [1, 20, 1, 7],
+        block_size=4,
+        num_kv_heads=2,
+        group=4,
+        head_dim=32,
+        dtype=torch.float32,
+        seed=split_tokens,
+    )
+    if window is not None:
+        poison_before_window(case, window)
+    sinks = torch.linspace(-2.0, 2.0, 8)
+    args = (
+        case.query,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+    )
+    expected = reference.paged_prefill_attention(*args, window=window, sinks=sinks)
+    got = native.paged_attention(
+        *args, max_seq_len=133, split_tokens=split_tokens, window=window, sinks=sinks
+    )
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("window", [0, -2, 2.5, True])
+def test_bad_window_raises(window):
+    case = make_case(
+        [3], [1], block_size=4, num_kv_heads=1, group=1, head_dim=8, dtype=torch.float32
+    )
+    args = (case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
+    with pytest.raises(ValueError, match="window"):
+        pagecli_kernels.paged_decode_attention(*args, window=window)
+
+
+def test_sinks_of_the_wrong_shape_raise():
+    case = make_case(
+        [3], [1], block_size=4, num_kv_heads=1, group=2, head_dim=8, dtype=torch.float32
+    )
+    args = (case.query, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
+    for impl in ("cpu", "reference"):
+        with pytest.raises(ValueError, match="sinks must be"):
+            pagecli_kernels.paged_decode_attention(*args, sinks=torch.zeros(3), impl=impl)
 
 
 def test_prefill_mixed_batch_with_prefix_and_decodes(cpu_backend):
