@@ -43,6 +43,7 @@ EXTRA_SOURCES = [
         "cpu_ops.c",
         "quant_linear_cpu.c",
         "quant_q4_q8.c",
+        "quant_q5.c",
         "quant_k.c",
         "quant_f32.c",
         "quant_bf16.c",

@@ -128,7 +128,8 @@ def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> No
 
 
 TILES = ("auto", "off", "on")  # pagecli_quant_set_tiles's choices
-TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k")  # a scale per 32 values
+# a scale per 32 values, and a split in csrc/gemm_quant_amx.c (Q5_0 and Q5_1 have none)
+TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k")
 
 
 def tiles() -> bool:

@@ -35,6 +35,8 @@ FORMATS = {
         QuantFormat("q8_0", 8, 32, 34),
         QuantFormat("q4_0", 2, 32, 18),
         QuantFormat("q4_1", 3, 32, 20),
+        QuantFormat("q5_0", 6, 32, 22),
+        QuantFormat("q5_1", 7, 32, 24),
         QuantFormat("q4_k", 12, 256, 144),
         QuantFormat("q5_k", 13, 256, 176),
         QuantFormat("q6_k", 14, 256, 210),

@@ -1,13 +1,13 @@
 """Tiny random-weight Llama checkpoints written as GGUF files, one per supported block format.
 
 The gguf package's writer lays them out as llama.cpp's converter does (Q/K rows permuted for
-its rope layout, norms in F32). Weights are drawn in float32 and quantized: Q8_0, Q4_0, Q4_1
-with gguf.quants.quantize, Q4_K with pagecli's port of ggml's quantizer, Q5_K and Q6_K with
-the plain min/max quantizers below (any valid blocks do: both transformers and pagecli read
-the same file). "q4_k_m" is laid out as llama.cpp's Q4_K_M with a tied embedding: Q4_K with
-Q6_K v and down projections and a Q6_K embedding, so the fused q/k/v layer mixes two block
-formats. "mixed" is the same with an untied Q6_K output and its up projection left F32, so
-gate/up mixes blocks and floats. No tokenizer: tests pass token ids.
+its rope layout, norms in F32). Weights are drawn in float32 and quantized: Q8_0, Q4_0, Q4_1,
+Q5_0 and Q5_1 with gguf.quants.quantize, Q4_K with pagecli's port of ggml's quantizer, Q5_K
+and Q6_K with the plain min/max quantizers below (any valid blocks do: both transformers and
+pagecli read the same file). "q4_k_m" is laid out as llama.cpp's Q4_K_M with a tied
+embedding: Q4_K with Q6_K v and down projections and a Q6_K embedding, so the fused q/k/v
+layer mixes two block formats. "mixed" is the same with an untied Q6_K output and its up
+projection left F32, so gate/up mixes blocks and floats. No tokenizer: tests pass token ids.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 384
 QK_STD = 0.3  # sharp attention, so that positions (and a wrong Q/K row order) matter
-FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
+FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:

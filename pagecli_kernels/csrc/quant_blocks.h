@@ -20,6 +20,8 @@
 
 #define QK4_0 32
 #define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
 #define QK8_0 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
@@ -40,6 +42,20 @@ typedef struct __attribute__((packed)) {
     f16_bits d, m;         /* value j: d * (qs[j] & 15) + m; j + 16: d * (qs[j] >> 4) + m */
     uint8_t qs[QK4_1 / 2];
 } block_q4_1;              /* 20 bytes */
+
+/* The 5-bit formats: value j's low 4 bits as in Q4_0/Q4_1 (qs[j] & 15 for j < 16, else
+ * qs[j - 16] >> 4), its fifth bit bit j of qh (a little-endian uint32). */
+typedef struct __attribute__((packed)) {
+    f16_bits d;
+    uint8_t qh[4];
+    uint8_t qs[QK5_0 / 2]; /* value j: d * (q_j - 16) */
+} block_q5_0;              /* 22 bytes */
+
+typedef struct __attribute__((packed)) {
+    f16_bits d, m;
+    uint8_t qh[4];
+    uint8_t qs[QK5_1 / 2]; /* value j: d * q_j + m */
+} block_q5_1;              /* 24 bytes */
 
 typedef struct __attribute__((packed)) {
     f16_bits d, dmin;             /* super-block scales of the 6-bit sub-block scales/mins */
@@ -66,6 +82,8 @@ enum quant_type {
     QT_F32 = 0, /* float32 rows taken as 32-value blocks (quant_f32.c) */
     QT_Q4_0 = 2,
     QT_Q4_1 = 3,
+    QT_Q5_0 = 6,
+    QT_Q5_1 = 7,
     QT_Q8_0 = 8,
     QT_Q4_K = 12,
     QT_Q5_K = 13,
@@ -220,8 +238,9 @@ struct quant_format {
         const void *row, int64_t nb, const float *x, int64_t ldx, float *out, float *state,    \
         const int phase, const int M)
 
-/* Defined in quant_q4_q8.c and quant_k.c. */
+/* Defined in quant_q4_q8.c, quant_q5.c and quant_k.c. */
 extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1;
+extern const struct quant_format FORMAT_Q5_0, FORMAT_Q5_1;
 extern const struct quant_format FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K;
 extern const struct quant_format FORMAT_F32;  /* quant_f32.c */
 extern const struct quant_format FORMAT_BF16; /* quant_bf16.c */
@@ -259,6 +278,11 @@ static inline int64_t wide_prefetch_distance(int64_t row_bytes, int rows) {
 
 #if QUANT_X86
 #include <immintrin.h>
+
+/* f16 -> f32 for every bit pattern (256 KiB, filled once from the exact portable conversion,
+ * quant_q4_q8.c): a scale then costs two loads, and no shuffle-port work (a vector conversion
+ * and broadcast per block would cost as much of that port as the weights themselves). */
+extern float pagecli_f16_table[1 << 16];
 
 /* Prefetch the line at p into the L2 (l2 nonzero) or the L1; a hint must be a constant.
  * Always inlined: GCC 12 otherwise left both prefetches out of the tile kernels' loops. */
@@ -346,6 +370,51 @@ TARGET_AVX2 static inline float hsum256(__m256 v) {
 #define WIDE2_FMA8(k, v, d, m, off)                                                            \
     acc[r][(k) & 1] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m),          \
                                       _mm256_loadu_ps(x + (off)), acc[r][(k) & 1]);
+
+/* The rows kernels' frame for AVX2 (rows_fn; quant_q5.c): acc[i][0..2) of 8 lanes per input
+ * row, 16 floats of `state` each, the 8 weights k of a block into acc[i][k & 1] (the order of
+ * the AVX2 wide kernels, so that a row's batch-1 sum is the same in a group or alone). Past 4
+ * inputs the accumulators no longer all fit the 16 registers, but one pass over the row was
+ * still 5-25% faster than two passes of at most 4 inputs at 5-7 inputs, and as fast at 8
+ * (Q5_0 rows in the L2, AMD EPYC Zen 3). */
+#define ROWS2_BEGIN                                                                            \
+    __m256 acc[ROWS_MAX][2];                                                                   \
+    for (int i_ = 0; i_ < M; i_++) {                                                           \
+        const int fresh_ = phase & ROWS_FIRST;                                                 \
+        acc[i_][0] = fresh_ ? _mm256_setzero_ps() : _mm256_load_ps(state + 16 * i_);           \
+        acc[i_][1] = fresh_ ? _mm256_setzero_ps() : _mm256_load_ps(state + 16 * i_ + 8);       \
+    }
+#define ROWS2_FMA8(k, w, off)                                                                  \
+    for (int i_ = 0; i_ < M; i_++)                                                             \
+        acc[i_][(k) & 1] =                                                                     \
+            _mm256_fmadd_ps((w), _mm256_loadu_ps(x + i_ * ldx + (off)), acc[i_][(k) & 1]);
+#define ROWS2_END                                                                              \
+    for (int i_ = 0; i_ < M; i_++) {                                                           \
+        if (phase & ROWS_LAST) {                                                               \
+            out[i_] = hsum256(_mm256_add_ps(acc[i_][0], acc[i_][1]));                          \
+        } else {                                                                               \
+            _mm256_store_ps(state + 16 * i_, acc[i_][0]);                                      \
+            _mm256_store_ps(state + 16 * i_ + 8, acc[i_][1]);                                  \
+        }                                                                                      \
+    }
+#define ROWS2_KERNEL(NAME)                                                                     \
+    TARGET_AVX2 static inline __attribute__((always_inline)) void NAME##_m(                   \
+        const void *row, int64_t nb, const float *x, int64_t ldx, float *out, float *state,    \
+        const int phase, const int M)
+#define ROWS2_DISPATCH(NAME)                                                                   \
+    TARGET_AVX2 static void NAME(const void *row, int64_t nb, const float *x, int64_t ldx,     \
+                                 int m, float *out, float *state, int phase) {                 \
+        switch (m) {                                                                           \
+        case 1: NAME##_m(row, nb, x, ldx, out, state, phase, 1); break;                        \
+        case 2: NAME##_m(row, nb, x, ldx, out, state, phase, 2); break;                        \
+        case 3: NAME##_m(row, nb, x, ldx, out, state, phase, 3); break;                        \
+        case 4: NAME##_m(row, nb, x, ldx, out, state, phase, 4); break;                        \
+        case 5: NAME##_m(row, nb, x, ldx, out, state, phase, 5); break;                        \
+        case 6: NAME##_m(row, nb, x, ldx, out, state, phase, 6); break;                        \
+        case 7: NAME##_m(row, nb, x, ldx, out, state, phase, 7); break;                        \
+        default: NAME##_m(row, nb, x, ldx, out, state, phase, 8); break;                       \
+        }                                                                                      \
+    }
 
 #endif
 

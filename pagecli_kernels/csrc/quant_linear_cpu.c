@@ -1,7 +1,7 @@
 /*
  * Quantized linear layers for the CPU: y = x @ dequant(W).T with float32 activations and
- * float32 sums, W in a GGUF block format (quant_blocks.h; the formats are quant_q4_q8.c and
- * quant_k.c) or float32 rows taken as blocks (quant_f32.c).
+ * float32 sums, W in a GGUF block format (quant_blocks.h; the formats are quant_q4_q8.c,
+ * quant_q5.c and quant_k.c) or float32 rows taken as blocks (quant_f32.c).
  *
  * Paths, chosen by the number of input rows m:
  *   - m <= FUSED_MAX_ROWS (decode): each thread takes contiguous ranges of W's output rows
@@ -10,11 +10,11 @@
  *     time (one for the float formats), with software prefetch. For m = 2..8, a format's
  *     tile kernel (AVX-512: Q8_0, Q4_0, Q4_1, Q6_K) takes TILE_ROWS(m) rows of W against up
  *     to TILE_MAX_M inputs (5-8 in two passes), sharing each load of x. The last rows, and
- *     every other format, go row by row:
- *     where the format has a register-fused row kernel for the path (AVX-512: quant_q4_q8.c,
- *     quant_k.c), a row is dequantized in registers and dotted with up to ROWS_MAX input rows
- *     at a time (x in L1-sized pieces where its rows are long: rows_piece_blocks); otherwise
- *     a chunk of the row is dequantized into an L1 buffer and dotted with the m input rows.
+ *     every other format, go row by row: where the format has a register-fused row kernel
+ *     for the path (AVX-512: quant_q4_q8.c, quant_k.c; AVX2 and AVX-512: quant_q5.c), a row
+ *     is dequantized in registers and dotted with up to ROWS_MAX input rows at a time (x in
+ *     L1-sized pieces where its rows are long: rows_piece_blocks); otherwise a chunk of the
+ *     row is dequantized into an L1 buffer and dotted with the m input rows.
  *     The tiles and the pieces sum each (row, input) in the row kernel's order: the bits of
  *     whole rows through it. Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
@@ -22,8 +22,9 @@
  *     that Python hands over (torch's MKL, run single-threaded inside the thread), or through
  *     gemm_f32.c's kernel where MKL would not run its AVX-512 code (pagecli_quant_gemm), or,
  *     with neither, through the fused path;
- *   - larger m, on CPUs with AMX (pagecli_quant_tiles) and formats with a scale per 32 values:
- *     AMX's tiles instead of the panels (gemm_quant_amx.c), BLAS or not.
+ *   - larger m, on CPUs with AMX (pagecli_quant_tiles) and formats with a scale per 32 values
+ *     that gemm_quant_amx.c splits (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K): AMX's tiles instead of the
+ *     panels, BLAS or not.
  *
  * Runtime dispatch: the instruction-set path (portable, AVX2+FMA, AVX-512) is the best one the
  * CPU reports, unless pagecli_quant_set_isa() chose a lower one (tests run every path). The
@@ -246,6 +247,8 @@ static const struct quant_format *format_of(int type) {
     case QT_Q8_0: return &FORMAT_Q8_0;
     case QT_Q4_0: return &FORMAT_Q4_0;
     case QT_Q4_1: return &FORMAT_Q4_1;
+    case QT_Q5_0: return &FORMAT_Q5_0;
+    case QT_Q5_1: return &FORMAT_Q5_1;
     case QT_Q4_K: return &FORMAT_Q4_K;
     case QT_Q5_K: return &FORMAT_Q5_K;
     case QT_Q6_K: return &FORMAT_Q6_K;

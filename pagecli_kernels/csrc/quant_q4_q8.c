@@ -145,16 +145,14 @@ TARGET_AVX512 static void dequant_q4_1_avx512(const void *blocks, float *out,
     }
 }
 
-/* f16 -> f32 for every bit pattern (256 KiB, filled once from the exact portable conversion):
- * a scale then costs two loads, and no shuffle-port work (a vector conversion and broadcast
- * per block would cost as much of that port as the weights themselves). */
-static float f16_table[1 << 16];
+/* f16 -> f32 for every bit pattern (quant_blocks.h), filled once when the library loads. */
+float pagecli_f16_table[1 << 16];
 
 __attribute__((constructor)) static void fill_f16_table(void) {
-    for (uint32_t h = 0; h < (1u << 16); h++) f16_table[h] = f16_to_f32((f16_bits)h);
+    for (uint32_t h = 0; h < (1u << 16); h++) pagecli_f16_table[h] = f16_to_f32((f16_bits)h);
 }
 
-#define SCALE(h) _mm512_set1_ps(f16_table[(h)]) /* a broadcast load */
+#define SCALE(h) _mm512_set1_ps(pagecli_f16_table[(h)]) /* a broadcast load */
 
 /* ---- one block's 32 weights in registers (AVX-512) -----------------------------------------
  * As two vectors, values 0..15 and 16..31, bit for bit gguf's; the rows, tile and wide
@@ -258,7 +256,8 @@ TARGET_AVX2 static void wide_q4_1_avx2(const void *w, int64_t row_bytes, int64_t
         for (int r = 0; r < WIDE_ROWS; r++) {
             const block_q4_1 *b = (const block_q4_1 *)((const uint8_t *)w + r * row_bytes) + j;
             WIDE_PREFETCH(b);
-            const __m256 d = _mm256_set1_ps(f16_table[b->d]), m = _mm256_set1_ps(f16_table[b->m]);
+            const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
+            const __m256 m = _mm256_set1_ps(pagecli_f16_table[b->m]);
             const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
             const __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
             WIDE2_FMA8(0, _mm256_cvtepu8_epi32(lo), d, m, 32 * j)
@@ -279,7 +278,7 @@ TARGET_AVX2 static void wide_q4_0_avx2(const void *w, int64_t row_bytes, int64_t
         for (int r = 0; r < WIDE_ROWS; r++) {
             const block_q4_0 *b = (const block_q4_0 *)((const uint8_t *)w + r * row_bytes) + j;
             WIDE_PREFETCH(b);
-            const __m256 d = _mm256_set1_ps(f16_table[b->d]);
+            const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
             const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
             const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
             const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
@@ -300,7 +299,7 @@ TARGET_AVX2 static void wide_q8_0_avx2(const void *w, int64_t row_bytes, int64_t
         for (int r = 0; r < WIDE_ROWS; r++) {
             const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + r * row_bytes) + j;
             WIDE_PREFETCH(b);
-            const __m256 d = _mm256_set1_ps(f16_table[b->d]);
+            const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
             for (int k = 0; k < 4; k++) {
                 const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + 8 * k));
                 WIDE2_FMA8(k, _mm256_cvtepi8_epi32(q), d, zero, 32 * j + 8 * k)

@@ -27,12 +27,14 @@ from pagecli_kernels.quant_formats import FORMATS, QuantWeight, float_rows
 # in practice, K * 2^-24 at worst; cols here are at most 768. AMX's tiles sum each block's
 # exact products and then scale the block's sum (one more float32 rounding per block, in
 # another order); they are held to the same tolerance.
-TOLERANCES = {"q8_0": 2e-6, "q4_0": 2e-6, "q4_1": 2e-6, "q4_k": 2e-6, "q5_k": 2e-6, "q6_k": 2e-6}
+TOLERANCES = {fmt: 2e-6 for fmt in FORMATS}
 # Byte offsets of each block's f16 scales (random bytes there could be inf or NaN).
 SCALE_OFFSETS = {
     "q8_0": [0],
     "q4_0": [0],
     "q4_1": [0, 2],
+    "q5_0": [0],
+    "q5_1": [0, 2],
     "q4_k": [0, 2],
     "q5_k": [0, 2],
     "q6_k": [208],
@@ -84,6 +86,29 @@ def test_dequantize_equals_gguf_bit_for_bit(isa, fmt):
     got = quant_cpu.dequantize(weight)  # [13, K]
     want = reference.dequantize(weight)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", ["q5_0", "q5_1"])
+def test_q5_blocks_by_hand(isa, fmt):
+    """The 5-bit layout, written out: value j's low four bits in the low nibble of qs[j]
+    (j < 16) or the high one of qs[j - 16], its fifth bit bit j of qh (little-endian). Block
+    b holds q_j = (j + b) % 32, so every q sits at every position once."""
+    f = FORMATS[fmt]
+    q = (np.arange(32)[None, :] + np.arange(32)[:, None]) % 32  # [blocks, 32]
+    qs = (q[:, :16] & 15) | (q[:, 16:] & 15) << 4  # [blocks, 16]
+    qh = ((q >> 4) << np.arange(32)).sum(axis=1).astype("<u4")  # [blocks]
+    scales = [np.float16(0.375)] + ([np.float16(-1.5)] if fmt == "q5_1" else [])
+    head = np.concatenate([np.frombuffer(s.tobytes(), dtype=np.uint8) for s in scales])
+    data = np.concatenate(
+        [np.tile(head, (32, 1)), qh.view(np.uint8).reshape(32, 4), qs.astype(np.uint8)], axis=1
+    )  # [blocks, block_bytes]
+    weight = QuantWeight(f, torch.from_numpy(data.reshape(1, -1).copy()), 32 * 32)
+    want = 0.375 * q - 1.5 if fmt == "q5_1" else 0.375 * (q - 16)  # exact in float32
+    want = torch.from_numpy(want.reshape(1, -1)).float()
+    assert torch.equal(reference.dequantize(weight), want)
+    assert torch.equal(quant_cpu.dequantize(weight), want)
+    x = torch.randn(3, 32 * 32, generator=torch.Generator().manual_seed(4))
+    assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -147,13 +172,22 @@ def test_small_batches_choices():
         quant_cpu.set_small_batches("on")
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
-def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(fmt):
-    """One input row: the wide kernels (several weight rows at a time, AVX-512) sum each row in
-    the order of its row kernel, so a row's output does not depend on its neighbours."""
-    if "avx512" not in quant_cpu.supported_isas():
-        pytest.skip("this CPU does not run the avx512 path")
-    quant_cpu.set_isa("avx512")
+# Formats whose AVX2 path has a rows kernel that sums as its wide kernel does; their AVX2
+# functions are also their AVX-512 ones (csrc/quant_q5.c).
+AVX2_ROWS_FORMATS = ["q5_0", "q5_1"]
+
+
+@pytest.mark.parametrize(
+    ("path", "fmt"),
+    [("avx512", fmt) for fmt in FORMATS] + [("avx2", fmt) for fmt in AVX2_ROWS_FORMATS],
+)
+def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(path, fmt):
+    """One input row: the wide kernels (several weight rows at a time; AVX-512, and AVX2 for
+    AVX2_ROWS_FORMATS) sum each row in the order of its row kernel, so a row's output does
+    not depend on its neighbours."""
+    if path not in quant_cpu.supported_isas():
+        pytest.skip(f"this CPU does not run the {path} path")
+    quant_cpu.set_isa(path)
     try:
         cols = _cols(fmt)
         weight = random_weight(fmt, 9, cols, seed=5)  # two groups of four, then one row
@@ -167,6 +201,27 @@ def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(fmt):
         quant_cpu.set_isa(None)
     assert_within(together, x, weight, fmt)
     assert torch.equal(together.view(torch.int32), torch.cat(alone, dim=1).view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", AVX2_ROWS_FORMATS)
+def test_avx512_path_runs_the_avx2_kernels(fmt):
+    """Q5_0 and Q5_1 have no AVX-512 code: that path runs their AVX2 functions, so the fused
+    paths (1-8 input rows) and the dequantization give the AVX2 path's bits there."""
+    if "avx512" not in quant_cpu.supported_isas():
+        pytest.skip("this CPU does not run the avx512 path")
+    cols = 137 * 32  # long enough for pieces of x at 3-8 rows
+    weight = random_weight(fmt, 37, cols, seed=8)
+    inputs = [torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) for m in ROWS]
+    got = {}
+    try:
+        for path in ("avx2", "avx512"):
+            quant_cpu.set_isa(path)
+            fused = [quant_cpu.quant_linear(x, weight) for x in inputs if x.shape[0] <= 8]
+            got[path] = [quant_cpu.dequantize(weight), *fused]
+    finally:
+        quant_cpu.set_isa(None)
+    for a, b in zip(got["avx2"], got["avx512"], strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 @pytest.mark.parametrize("rows", [3, 64])
@@ -207,7 +262,7 @@ def _tiles_run() -> bool:
     return quant_cpu.bf16_tiles() and "avx512" in quant_cpu.supported_isas()
 
 
-TILES_FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k"]  # a scale per 32 values
+TILES_FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k"]  # a scale per 32 values; not Q5_0/1
 
 
 def _tiles_and_panels(x: torch.Tensor, weight: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,8 +388,8 @@ def test_tiles_auto_follows_the_cpu():
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_tiles_take_the_formats_with_32_value_scales(fmt):
     """With the tiles on, those formats' batches sum in another order than the float32 panels
-    (so some output differs in its last bits: the tiles ran); Q6_K's do not change. 800
-    outputs: several panels per thread."""
+    (so some output differs in its last bits: the tiles ran); Q6_K's, Q5_0's and Q5_1's (no
+    split for the tiles) do not change. 800 outputs: several panels per thread."""
     if not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     cols = _cols(fmt)
