@@ -30,13 +30,16 @@ def _lib() -> ctypes.CDLL:
         lib.pagecli_store_kv.restype = i32
         lib.pagecli_argmax_f32.argtypes = [ptr, i64, i64, i64, ptr, i32]
         lib.pagecli_argmax_f32.restype = None
-        lib.pagecli_rms_norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, f32]
-        lib.pagecli_rms_norm.argtypes += [i32, i32]
+        lib.pagecli_rms_norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32]
+        lib.pagecli_rms_norm.argtypes += [i32, i32, i32]
         lib.pagecli_rms_norm.restype = None
-        lib.pagecli_rotary.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i32, i32]
+        lib.pagecli_rotary.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64]
+        lib.pagecli_rotary.argtypes += [i32, i32]
         lib.pagecli_rotary.restype = None
-        lib.pagecli_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32, i32]
-        lib.pagecli_silu_mul.restype = None
+        lib.pagecli_act_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32, i32, i32]
+        lib.pagecli_act_mul.restype = None
+        lib.pagecli_add_scaled.argtypes = [ptr, ptr, i64, i64, i64, i64, f32, i32, i32, i32]
+        lib.pagecli_add_scaled.restype = None
         lib.pagecli_apply_token_bitmask_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
         lib.pagecli_apply_token_bitmask_f32.restype = None
         _bound["lib"] = lib
@@ -114,12 +117,21 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual_delta: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual_delta: torch.Tensor | None = None,
+    weight_mode: int = 0,
 ) -> torch.Tensor:
-    """RMSNorm of `x` `[N, H]` as transformers computes it; with `residual_delta`, first
-    `x += residual_delta` in place (the decoder's residual add), then the norm of the sum."""
-    num_rows, hidden = x.shape
-    out = torch.empty_like(x)  # [N, H]
+    """RMSNorm of `x` as transformers computes it: rows `[N, W]`, or `[N, heads, W]` with each
+    head normed on its own (heads back to back in a row: q/k norms on a projection's view).
+    With `residual_delta` (rows only), first `x += residual_delta` in place (the decoder's
+    residual add), then the norm of the sum. `weight_mode` 0: `weight` of x's dtype times the
+    rounded product; 1: `weight` float32 times the float32 product, then rounded
+    (layers/norm.py's styles). Returns a new contiguous tensor of x's shape."""
+    num_rows = x.shape[0]
+    heads, width = (1, x.shape[1]) if x.dim() == 2 else (x.shape[1], x.shape[2])
+    out = torch.empty(x.shape, dtype=x.dtype)  # [N, W] or [N, heads, W]
     delta_ptr, delta_stride = None, 0
     if residual_delta is not None:
         delta_ptr, delta_stride = residual_delta.data_ptr(), residual_delta.stride(0)
@@ -129,12 +141,14 @@ def rms_norm(
         weight.data_ptr(),
         out.data_ptr(),
         num_rows,
-        hidden,
+        heads,
+        width,
         x.stride(0),
         delta_stride,
         out.stride(0),
         eps,
         _DTYPES[x.dtype],
+        weight_mode,
         torch.get_num_threads(),
     )
     return out
@@ -143,8 +157,9 @@ def rms_norm(
 def rotary_(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: bool = False
 ) -> None:
-    """Rotate q `[T, Hq, D]` and k `[T, Hk, D]` in place by cos/sin `[T, D]` (contiguous).
-    `pairs`: the heads come in llama.cpp's interleaved order and leave in transformers'."""
+    """Rotate q `[T, Hq, D]` and k `[T, Hk, D]` in place by cos/sin `[T, R]` (contiguous): the
+    first R <= D values of each head (R < D: partial rotary). `pairs` (R == D): the heads come
+    in llama.cpp's interleaved order and leave in transformers'."""
     num_tokens, num_q_heads, head_dim = q.shape
     _lib().pagecli_rotary(
         q.data_ptr(),
@@ -155,6 +170,7 @@ def rotary_(
         num_q_heads,
         k.shape[1],
         head_dim,
+        cos.shape[-1],
         q.stride(0),
         k.stride(0),
         _DTYPES[q.dtype],
@@ -172,12 +188,16 @@ def rotary_supported(q: torch.Tensor, k: torch.Tensor) -> bool:
     )
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gate_up `[N, 2 * I]` (gate first) -> `[N, I]`."""
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # csrc/cpu_ops.c: pagecli_act_mul's act
+
+
+def act_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """act(gate) * up for gate_up `[N, 2 * I]` (gate first) -> `[N, I]`; act "silu" or
+    "gelu_tanh" (gelu with the tanh approximation, transformers' gelu_pytorch_tanh)."""
     num_rows, width = gate_up.shape
     inter = width // 2
     out = torch.empty(num_rows, inter, dtype=gate_up.dtype)  # [N, I]
-    _lib().pagecli_silu_mul(
+    _lib().pagecli_act_mul(
         gate_up.data_ptr(),
         out.data_ptr(),
         num_rows,
@@ -185,9 +205,33 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate_up.stride(0),
         out.stride(0),
         _DTYPES[gate_up.dtype],
+        ACTIVATIONS[activation],
         torch.get_num_threads(),
     )
     return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up `[N, 2 * I]` (gate first) -> `[N, I]`."""
+    return act_mul(gate_up, "silu")
+
+
+def add_scaled_(x: torch.Tensor, y: torch.Tensor, scale: float | None = None) -> None:
+    """`x += y` in place, or `x += y * scale` with the product rounded to x's dtype first
+    (torch's `x + y * scale`); x, y `[N, W]` with unit column stride."""
+    num_rows, width = x.shape
+    _lib().pagecli_add_scaled(
+        x.data_ptr(),
+        y.data_ptr(),
+        num_rows,
+        width,
+        x.stride(0),
+        y.stride(0),
+        1.0 if scale is None else scale,
+        int(scale is not None),
+        _DTYPES[x.dtype],
+        torch.get_num_threads(),
+    )
 
 
 def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> None:

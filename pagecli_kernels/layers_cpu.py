@@ -1,40 +1,57 @@
-"""A Llama-family model's decoder layers in one native call (csrc/llama_layers_cpu.c).
+"""A model's decoder layers as one native call: its layer program (csrc/layer_program_cpu.c).
 
-The per-layer Python loop of pagecli/models/llama.py costs, at decode sizes, more in dispatch
-than the layers cost in arithmetic: 30 layers x 11 kernel calls, each wrapped in checks and
-tensor allocations. `DecoderLayers` binds every layer's weights and caches once (a table of
-pointers) and runs the whole stack in C with the same kernels, arguments, order and thread
-count, so its results are bit-for-bit the loop's (tests/kernels/test_layers_cpu.py).
+The per-layer Python loop of pagecli/models/blocks.py costs, at decode sizes, more in
+dispatch than the layers cost in arithmetic: 30 layers x a dozen kernel calls, each wrapped in
+checks and tensor allocations. A model lists its layers' ops (pagecli_kernels/layer_ops.py);
+`LayerProgram` checks every size, dtype and layout the C loop will read, binds the list once
+(a table of ops and pointers) and runs the whole stack in C with the same kernels, arguments,
+order and thread count as the loop, so its results are bit-for-bit the loop's
+(tests/kernels/test_layers_cpu.py).
 
 It takes float32 activations and caches with projections of block-format (or float32 rows)
 buffers, one to three parts each (stacked by rows, as `QuantLinear`'s parts), or bfloat16
 activations and caches with bfloat16 or block-format projections (rounding where the loop's
-bfloat16 tensors round), with or without a float32 bias, and no q/k norm (the model decides:
-`pagecli.models.llama.LlamaForCausalLM.native_layers`).
-`set_enabled(False)` turns it off for this process (tests and benchmarks compare both).
+bfloat16 tensors round), with or without a float32 bias. `set_enabled(False)` turns it off for
+this process (tests and benchmarks compare both).
 """
 
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass
 
 import torch
 
 from pagecli_kernels import native, quant_cpu
 from pagecli_kernels._checks import check_lengths_host
+from pagecli_kernels.layer_ops import (
+    BUFFERS,
+    ActMul,
+    Add,
+    AllReduce,
+    Attention,
+    Linear,
+    Norm,
+    Op,
+    Rotary,
+)
 from pagecli_kernels.quant_formats import QuantWeight
 from pagecli_kernels.shm_collective import CollectiveError, ShmCollective
 
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/llama_layers_cpu.c: dtype
-MAX_PARTS = 3  # csrc/llama_layers_cpu.c: parts of one projection
-LAYER_FIELDS = 4 + 4 * (2 + 3 * MAX_PARTS)  # F_* per layer: norms, projections, caches
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/layer_program_cpu.c: dtype
+MAX_PARTS = 3  # csrc/layer_program_cpu.c: parts of one projection
+OP_FIELDS = 16  # int64 fields of one op
+PROJECTION_FIELDS = 2 + 3 * MAX_PARTS
 GROUP_FIELDS = 8  # G_* per attention group
+_OPCODES = {Norm: 1, Linear: 2, Rotary: 3, Attention: 4, ActMul: 5, Add: 6, AllReduce: 7}
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _ERRORS = {
     -1: "block_tables holds a block id outside the cache",
     -3: "slot_mapping has a slot past the cache",
     -4: "a weight format the kernels do not know",
     -5: "a projection's parts are not 1 to MAX_PARTS or their rows do not add up",
+    -7: "an op the interpreter does not know, or a buffer out of range",
 }
 COLLECTIVE_ERROR = -6  # a tensor-parallel all-reduce timed out or was aborted
 
@@ -70,38 +87,16 @@ def _library() -> ctypes.CDLL | None:
     lib = quant_cpu.library()  # binds the quantized kernels and torch's sgemm they use
     if lib is not None and not _state["bound"]:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-        lib.pagecli_llama_layers.argtypes = [ptr, i32, ptr, i64, i64, i32, i32, i32, i64, f32]
-        lib.pagecli_llama_layers.argtypes += [ptr, ptr, ptr, i64, i32, i64, i64, i64, ptr, i32]
-        lib.pagecli_llama_layers.argtypes += [f32, i32, i32, ptr, f32, ptr, i32, i32, ptr, ptr]
-        lib.pagecli_llama_layers.restype = i32
+        fn = lib.pagecli_layer_program
+        fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, i64, i32, i64, i64, i64, ptr]
+        fn.argtypes += [i32, i32, i32, ptr, f32, i32, ptr, i32, ptr, ptr]
+        fn.restype = i32
         _state["bound"] = True
     return lib
 
 
-Projection = QuantWeight | tuple[QuantWeight, ...]
-
-
-def _parts(projection: Projection) -> tuple[QuantWeight, ...]:
-    return projection if isinstance(projection, tuple) else (projection,)
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """One decoder layer's tensors as the C loop reads them (norms in the activations' dtype,
-    packed blocks)."""
-
-    input_norm: torch.Tensor  # [H] float32 or bfloat16, as the caches
-    post_norm: torch.Tensor  # [H]
-    # each projection one buffer, or up to MAX_PARTS of them stacked by rows (their formats
-    # may differ: Q4_K_M files keep some v projections in Q6_K)
-    qkv: Projection  # [Q + 2 KV, H]
-    o: Projection  # [H, Q]
-    gate_up: Projection  # [2 I, H]
-    down: Projection  # [H, I]
-    k_cache: torch.Tensor  # [num_blocks, block_size, KVH, D] float32 or bfloat16
-    v_cache: torch.Tensor
-    # float32 biases of qkv, o, gate_up, down (None: no bias)
-    biases: tuple[torch.Tensor | None, ...] = (None, None, None, None)
+def _float_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
 @dataclass(frozen=True)
@@ -116,119 +111,274 @@ class AttentionGroup:
     query_start_loc: torch.Tensor | None  # [S + 1] int32; None: one token per sequence
 
 
-class DecoderLayers:
-    """Every decoder layer of one model, bound once; `__call__` runs them over a step."""
+class LayerProgram:
+    """A model's decoder layers as ops, bound once; `__call__` runs them over a step."""
 
     def __init__(
         self,
-        layers: list[LayerWeights],
+        ops: list[Op],
+        widths: dict[str, int],
+        rotary_dims: list[int],
+        dtype: torch.dtype,
         *,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        intermediate_size: int,
-        eps: float,
-        scale: float,
         final_norm: torch.Tensor | None = None,
         final_eps: float = 0.0,
-        qk_pairs: bool = False,
+        final_mode: int = 0,
     ) -> None:
-        """`final_norm` ([H] in the caches' dtype, with its `final_eps`): the model's last
-        RMSNorm, which each call then also computes into the tensor it returns. The caches'
-        dtype, float32 or bfloat16, is the activations' (`dtype`). `qk_pairs`: the q/k
-        projections' rows are in llama.cpp's order (`LlamaAttention.qk_pairs`)."""
+        """`widths`: each buffer's values per token (layer_ops.BUFFERS); `rotary_dims`: the
+        width of each rope table the Rotary ops name; `dtype`: the activations' and caches'
+        (float32 or bfloat16). `final_norm` ([H], with its eps and weight mode): the model's
+        last RMSNorm, which each call then also computes into the tensor it returns.
+        ValueError for anything the C loop would read wrong."""
         lib = _library()
         if lib is None:
             raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
-        self._fn = lib.pagecli_llama_layers
-        self.num_layers = len(layers)
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.intermediate_size, self.eps, self.scale = intermediate_size, eps, scale
-        first = layers[0].k_cache
-        self._cache = first  # shape and strides, the same in every layer (checked)
-        self.dtype = dtype = first.dtype
-        self.hidden_size = hidden = layers[0].input_norm.shape[0]
-        q, kv, inter = num_heads * head_dim, num_kv_heads * head_dim, intermediate_size
-        shapes = ((q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter))
-        rows = []
-        for layer in layers:  # the C loop trusts these: check every size it reads by
-            for cache in (layer.k_cache, layer.v_cache):
-                if cache.shape != first.shape or cache.stride() != first.stride():
-                    raise ValueError("every layer's K/V cache must have one shape and strides")
+        if dtype not in _DTYPES:
+            raise ValueError(f"activations must be float32 or bfloat16, not {dtype}")
+        if set(widths) != set(BUFFERS) or any(w < 1 for w in widths.values()):
+            raise ValueError(f"widths must give every buffer of {BUFFERS} a positive size")
+        self._fn = lib.pagecli_layer_program
+        self.dtype = dtype
+        self.widths = dict(widths)
+        self.hidden_size = widths["hidden"]
+        self.rotary_dims = list(rotary_dims)
+        self.ops = list(ops)
+        self._keep: list = []  # tensors the tables point into
+        self._projections: list[torch.Tensor] = []  # each Linear's [PROJECTION_FIELDS]
+        self._cache: torch.Tensor | None = None  # shape and strides, one for every layer
+        self._num_kv_heads = 1
+        rows = [self._row(op) for op in ops]
+        self._table = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), OP_FIELDS)
+        if self._cache is None:
+            raise ValueError("a layer program needs at least one attention op")
+        if final_norm is not None:
+            wanted = dtype if final_mode == 0 else torch.float32
             if (
-                dtype not in _DTYPES
-                or tuple(first.shape[2:]) != (num_kv_heads, head_dim)
-                or first.stride(-1) != 1
-                or first.stride(-2) != head_dim
+                final_norm.shape != (self.hidden_size,)
+                or final_norm.dtype != wanted
+                or final_norm.stride(0) != 1
+            ):
+                raise ValueError(f"the final norm weight must be {wanted} [{self.hidden_size}]")
+        self._final = (final_norm, float(final_eps), int(final_mode))
+
+    # ---- binding -------------------------------------------------------------------------
+
+    def _buffer(self, name: str | None, col: int = 0, count: int = 0) -> int:
+        if name not in BUFFERS:
+            raise ValueError(f"unknown buffer {name!r}")
+        if col < 0 or count < 0 or col + count > self.widths[name]:
+            raise ValueError(
+                f"columns {col}..{col + count} are outside buffer {name!r} of {self.widths[name]}"
+            )
+        return BUFFERS.index(name)
+
+    def _row(self, op: Op) -> list[int]:
+        fields = [_OPCODES[type(op)]]
+        if isinstance(op, Norm):
+            span = op.heads * op.width
+            wanted = self.dtype if op.weight_mode == 0 else torch.float32
+            if (
+                op.weight.shape != (op.width,)
+                or op.weight.dtype != wanted
+                or op.weight.stride(0) != 1
+                or op.weight_mode not in (0, 1)
+                or op.heads < 1
+            ):
+                raise ValueError(f"a norm weight must be {wanted} [{op.width}]")
+            if op.delta is not None and (op.heads != 1 or self.widths[op.delta] != span):
+                raise ValueError("a norm's residual delta must be whole rows of its width")
+            fields += [
+                self._buffer(op.src, op.src_col, span),
+                op.src_col,
+                int(op.delta is not None),
+                0 if op.delta is None else self._buffer(op.delta, 0, span),
+                self._buffer(op.dst, op.dst_col, span),
+                op.dst_col,
+                op.heads,
+                op.width,
+                op.weight.data_ptr(),
+                _float_bits(op.eps),
+                op.weight_mode,
+            ]
+            self._keep.append(op.weight)
+        elif isinstance(op, Linear):
+            if self.widths[op.src] != op.in_features or self.widths[op.dst] != op.out_features:
+                raise ValueError(
+                    f"a projection of [{op.out_features}, {op.in_features}] must read and "
+                    f"write whole rows ({op.src} has {self.widths[op.src]}, {op.dst} has "
+                    f"{self.widths[op.dst]})"
+                )
+            if op.src == op.dst:
+                raise ValueError("a projection cannot write the buffer it reads")
+            table = self._projection(op)
+            fields += [
+                self._buffer(op.src, 0, op.in_features),
+                self._buffer(op.dst, 0, op.out_features),
+                op.in_features,
+                op.out_features,
+                table.data_ptr(),
+            ]
+        elif isinstance(op, Rotary):
+            if not 0 <= op.rope < len(self.rotary_dims):
+                raise ValueError(f"rope table {op.rope} of {len(self.rotary_dims)}")
+            rd = self.rotary_dims[op.rope]
+            if rd > op.head_dim or rd % 2 or rd > 512 or (op.pairs and rd != op.head_dim):
+                raise ValueError(f"a rotary width of {rd} for heads of {op.head_dim}")
+            fields += [
+                self._buffer(op.buf, op.q_col, op.q_heads * op.head_dim),
+                op.q_col,
+                op.k_col,
+                op.q_heads,
+                op.k_heads,
+                op.head_dim,
+                rd,
+                int(op.pairs),
+                op.rope,
+            ]
+            self._buffer(op.buf, op.k_col, op.k_heads * op.head_dim)
+        elif isinstance(op, Attention):
+            fields += self._attention(op)
+        elif isinstance(op, ActMul):
+            if op.activation not in _ACTIVATIONS:
+                raise ValueError(f"unknown activation {op.activation!r}")
+            fields += [
+                self._buffer(op.src, 0, 2 * op.inter),
+                self._buffer(op.dst, 0, op.inter),
+                op.inter,
+                _ACTIVATIONS[op.activation],
+            ]
+        elif isinstance(op, Add):
+            width = self.widths[op.dst]
+            if self.widths[op.src] != width:
+                raise ValueError(f"cannot add {op.src!r} to {op.dst!r}: widths differ")
+            fields += [
+                self._buffer(op.dst, 0, width),
+                self._buffer(op.src, 0, width),
+                width,
+                int(op.scale is not None),
+                _float_bits(0.0 if op.scale is None else op.scale),
+            ]
+        elif isinstance(op, AllReduce):
+            fields += [self._buffer(op.buf), self.widths[op.buf]]
+        else:
+            raise ValueError(f"not a layer op: {op!r}")
+        return fields + [0] * (OP_FIELDS - len(fields))
+
+    def _projection(self, op: Linear) -> torch.Tensor:
+        parts = op.parts
+        if (
+            not 1 <= len(parts) <= MAX_PARTS
+            or not all(isinstance(p, QuantWeight) and p.data.device.type == "cpu" for p in parts)
+            or any(p.cols != op.in_features for p in parts)
+            or sum(p.rows for p in parts) != op.out_features
+        ):
+            raise ValueError(
+                f"projection parts must be 1 to {MAX_PARTS} CPU block buffers of "
+                f"{op.in_features} columns and {op.out_features} rows in all"
+            )
+        bias = op.bias
+        if bias is not None and (
+            bias.dtype != torch.float32
+            or not bias.is_contiguous()
+            or bias.shape != (op.out_features,)
+        ):
+            raise ValueError(f"a bias must be float32 [{op.out_features}], contiguous")
+        row = [0 if bias is None else bias.data_ptr(), len(parts)]
+        for part in parts:
+            row += [part.format.ggml_type, part.data.data_ptr(), part.rows]
+        row += [0, 0, 0] * (MAX_PARTS - len(parts))
+        table = torch.tensor(row, dtype=torch.int64)  # [PROJECTION_FIELDS]
+        self._projections.append(table)
+        self._keep += [*parts, bias]
+        return table
+
+    def _attention(self, op: Attention) -> list[int]:
+        d = op.head_dim
+        q, kv = op.num_heads * d, op.num_kv_heads * d
+        for cache in (op.k_cache, op.v_cache):
+            if self._cache is None:
+                self._cache = cache
+            first = self._cache
+            if (
+                cache.shape != first.shape
+                or cache.stride() != first.stride()
+                or cache.dtype != self.dtype
+                or tuple(cache.shape[2:]) != (op.num_kv_heads, d)
+                or cache.stride(-1) != 1
+                or cache.stride(-2) != d
+                or cache.device.type != "cpu"
             ):
                 raise ValueError(
-                    f"the caches must be float32 or bfloat16 [*, *, {num_kv_heads}, {head_dim}]"
+                    f"every layer's K/V cache must be {self.dtype} [*, *, {op.num_kv_heads}, "
+                    f"{d}] with one shape and strides"
                 )
-            for norm in (layer.input_norm, layer.post_norm):
-                if norm.shape != (hidden,) or norm.dtype != dtype or norm.stride(0) != 1:
-                    raise ValueError(f"a norm weight must be {dtype} [{hidden}]")
-            projections = [_parts(p) for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-            for parts, (rows_out, cols) in zip(projections, shapes, strict=True):
-                if (
-                    not 1 <= len(parts) <= MAX_PARTS
-                    or any(part.cols != cols for part in parts)
-                    or sum(part.rows for part in parts) != rows_out
-                ):
-                    raise ValueError(
-                        f"projection shapes must be {shapes}, in 1 to {MAX_PARTS} parts"
-                    )
-            row = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
-            for parts, bias, (rows_out, _) in zip(projections, layer.biases, shapes, strict=True):
-                if bias is not None and (
-                    bias.dtype != torch.float32
-                    or not bias.is_contiguous()
-                    or bias.shape != (rows_out,)
-                ):
-                    raise ValueError(f"a bias must be float32 [{rows_out}], contiguous")
-                row += [0 if bias is None else bias.data_ptr(), len(parts)]
-                for part in parts:
-                    row += [part.format.ggml_type, part.data.data_ptr(), part.rows]
-                row += [0, 0, 0] * (MAX_PARTS - len(parts))
-            rows.append(row + [layer.k_cache.data_ptr(), layer.v_cache.data_ptr()])
-        if final_norm is not None and (
-            final_norm.shape != (hidden,) or final_norm.dtype != dtype or final_norm.stride(0) != 1
+        if op.num_kv_heads < 1 or op.num_heads % op.num_kv_heads or d > 512:
+            raise ValueError(f"{op.num_heads} query heads over {op.num_kv_heads} KV heads of {d}")
+        if self.widths[op.dst] != q or self.widths["attn"] < q:
+            raise ValueError(f"attention writes whole rows of {q} values")
+        if op.window is not None and op.window < 1:
+            raise ValueError(f"a window of {op.window} tokens")
+        sinks = op.sinks
+        if sinks is not None and (
+            sinks.dtype != torch.float32
+            or sinks.shape != (op.num_heads,)
+            or not sinks.is_contiguous()
         ):
-            raise ValueError(f"the final norm weight must be {dtype} [{hidden}]")
-        self._final = (final_norm, float(final_eps))
-        self.qk_pairs = bool(qk_pairs)
-        self._table = torch.tensor(rows, dtype=torch.int64)  # [L, LAYER_FIELDS]
-        if self._table.shape[1] != LAYER_FIELDS:  # the layout csrc/llama_layers_cpu.c reads
-            raise RuntimeError(f"layer table of {self._table.shape[1]} fields, not {LAYER_FIELDS}")
-        self._keep = layers  # the table points into these tensors
+            raise ValueError(f"sinks must be float32 [{op.num_heads}], contiguous")
+        self._buffer(op.src, op.k_col, kv)
+        self._buffer(op.src, op.v_col, kv)
+        self._num_kv_heads = op.num_kv_heads
+        self._keep += [op.k_cache, op.v_cache, sinks]
+        return [
+            self._buffer(op.src, op.q_col, q),
+            op.q_col,
+            op.k_col,
+            op.v_col,
+            self._buffer(op.dst, 0, q),
+            op.k_cache.data_ptr(),
+            op.v_cache.data_ptr(),
+            op.num_heads,
+            op.num_kv_heads,
+            d,
+            op.window or 0,
+            0 if sinks is None else sinks.data_ptr(),
+            _float_bits(op.scale),
+        ]
+
+    # ---- running -------------------------------------------------------------------------
 
     def __call__(
         self,
         hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        ropes: list[tuple[torch.Tensor, torch.Tensor]],
         slot_mapping: torch.Tensor,
         groups: list[AttentionGroup],
         collective: ShmCollective | None = None,
     ) -> torch.Tensor | None:
-        """Run every layer over `hidden` [T, H] (the caches' dtype, contiguous) in place;
-        cos/sin [T, D] of that dtype, contiguous; slot_mapping [T] int64. Checks the step's
-        lengths once. Returns the final norm of the result ([T, H]) when bound with
-        `final_norm`, else None. `collective`: a tensor-parallel rank's shared-memory
-        all-reduce (float32 steps whose [T, H] fit its slot), which sums o_proj's and down's
-        outputs over the ranks."""
+        """Run every op over `hidden` [T, H] (the program's dtype, contiguous) in place;
+        `ropes`: (cos, sin) [T, R] of that dtype, contiguous, per rope table; slot_mapping [T]
+        int64. Checks the step's lengths once. Returns the final norm of the result ([T, H])
+        when bound with `final_norm`, else None. `collective`: a tensor-parallel rank's
+        shared-memory all-reduce (float32 steps whose [T, H] fit its slot), which the
+        AllReduce ops sum through."""
         num_tokens, hidden_size = hidden.shape
-        rope_shape = (num_tokens, self.head_dim)
         if (
             hidden_size != self.hidden_size
             or hidden.dtype != self.dtype
             or not hidden.is_contiguous()
-            or any(t.shape != rope_shape or t.dtype != self.dtype for t in (cos, sin))
-            or not (cos.is_contiguous() and sin.is_contiguous())
         ):
-            raise ValueError(
-                f"hidden must be {self.dtype} [T, {self.hidden_size}] and cos/sin [T, "
-                f"{self.head_dim}], contiguous"
-            )
+            raise ValueError(f"hidden must be {self.dtype} [T, {self.hidden_size}], contiguous")
+        if len(ropes) != len(self.rotary_dims):
+            raise ValueError(f"{len(ropes)} rope tables for {len(self.rotary_dims)}")
+        rope_rows = []
+        for (cos, sin), rd in zip(ropes, self.rotary_dims):
+            if any(
+                t.shape != (num_tokens, rd) or t.dtype != self.dtype or not t.is_contiguous()
+                for t in (cos, sin)
+            ):
+                raise ValueError(f"cos/sin must be {self.dtype} [T, {rd}], contiguous")
+            rope_rows.append([cos.data_ptr(), sin.data_ptr(), rd])
+        ropes_table = torch.tensor(rope_rows or [[0, 0, 0]], dtype=torch.int64)
         cache = self._cache
         num_blocks, block_size = cache.shape[:2]
         threads = torch.get_num_threads()
@@ -258,29 +408,25 @@ class DecoderLayers:
             starts = starts.contiguous()
             part = hidden[g.token_start : g.token_start + g.num_tokens]
             lens, _ = check_lengths_host(part, tables, seq_lens, block_size, starts)
-            split = native.choose_split_tokens(num_seqs * self.num_kv_heads, max(lens), threads)
+            split = native.choose_split_tokens(num_seqs * self._num_kv_heads, max(lens), threads)
             rows.append(
                 [g.token_start, g.num_tokens, num_seqs, tables.data_ptr(), tables.stride(0)]
                 + [seq_lens.data_ptr(), starts.data_ptr(), split]
             )
             keep += [tables, seq_lens, starts]
         table = torch.tensor(rows, dtype=torch.int64)  # [G, GROUP_FIELDS]
+        widths = torch.tensor([self.widths[b] for b in BUFFERS], dtype=torch.int64)
         tp = None if collective is None else collective.layer_fields()  # [TP_FIELDS]
-        final_norm, final_eps = self._final
+        final_norm, final_eps, final_mode = self._final
         normed = None if final_norm is None else torch.empty_like(hidden)  # [T, H]
         status = self._fn(
             self._table.data_ptr(),
-            self.num_layers,
+            self._table.shape[0],
             hidden.data_ptr(),
             num_tokens,
-            hidden_size,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.intermediate_size,
-            self.eps,
-            cos.data_ptr(),
-            sin.data_ptr(),
+            widths.data_ptr(),
+            ropes_table.data_ptr(),
+            len(rope_rows),
             slot_mapping.data_ptr(),
             num_blocks,
             block_size,
@@ -289,14 +435,13 @@ class DecoderLayers:
             cache.stride(2),
             table.data_ptr(),
             len(rows),
-            self.scale,
             native.ISAS.index(native.isa()),
             threads,
             None if final_norm is None else final_norm.data_ptr(),
             final_eps,
+            final_mode,
             None if normed is None else normed.data_ptr(),
             _DTYPES[self.dtype],
-            int(self.qk_pairs),
             None if _timings["buffer"] is None else _timings["buffer"].data_ptr(),
             None if tp is None else tp.data_ptr(),
         )
@@ -309,3 +454,7 @@ class DecoderLayers:
         if status:
             raise ValueError(f"decoder layers: {_ERRORS.get(status, f'status {status}')}")
         return normed
+
+    @property
+    def num_ops(self) -> int:
+        return self._table.shape[0]

@@ -50,7 +50,7 @@ EXTRA_SOURCES = [
         "gemm_f32.c",
         "gemm_bf16.c",
         "gemm_quant_amx.c",
-        "llama_layers_cpu.c",
+        "layer_program_cpu.c",
         "quantize_cpu.c",
         "shm_collective.c",
     )

@@ -101,7 +101,7 @@ class ShmCollective:
         return out
 
     def layer_fields(self) -> torch.Tensor:
-        """This collective as the one-call decoder layers take it (csrc/llama_layers_cpu.c's
+        """This collective as the one-call decoder layers take it (csrc/layer_program_cpu.c's
         TP_FIELDS: base, slot floats, rank, size, last number, time limit in ms, nanoseconds
         spent); hand the tensor back to `after_layers` once they ran."""
         timeout_ms = int(self.timeout_s * 1000)

@@ -6,8 +6,9 @@ A block is in exactly one state:
   cached-free  ref_count 0, hash still findable     (in `_cached_free`, least recent first)
   in use       ref_count >= 1                       (held by that many block tables)
 Only full blocks whose K/V have been computed get a hash. A hash chains the parent block's hash
-with the block's token ids (and the model's identity), so equal hashes mean equal prefixes; a
-hit is still verified against the stored parent hash and token ids.
+with the block's token ids (and the model's identity, and the sequence's cache salt), so equal
+hashes mean equal prefixes; a hit is still verified against the stored parent hash and token
+ids.
 """
 
 from __future__ import annotations
@@ -95,8 +96,12 @@ class BlockManager:
 
     # ---- prefix cache --------------------------------------------------------------------
 
-    def chain_hash(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-        return hash((self._root_hash if parent_hash is None else parent_hash, token_ids))
+    def chain_hash(self, parent_hash: int | None, token_ids: tuple[int, ...], salt: int = 0) -> int:
+        """A full block's hash: its parent's (the model's root, salted, for the first block)
+        chained with its token ids."""
+        if parent_hash is None:
+            parent_hash = self._root_hash if not salt else hash((self._root_hash, salt))
+        return hash((parent_hash, token_ids))
 
     def match_prefix(self, seq: Sequence) -> int:
         """Give a sequence without blocks the longest run of cached blocks of its tokens.
@@ -115,7 +120,7 @@ class BlockManager:
         parent = None
         for i in range(num_full):
             ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = hashes[i] if i < len(hashes) else self.chain_hash(parent, ids)
+            h = hashes[i] if i < len(hashes) else self.chain_hash(parent, ids, seq.cache_salt)
             block_id = self._hash_to_block.get(h)
             if block_id is None:
                 break
@@ -143,7 +148,8 @@ class BlockManager:
         hashes = list(seq.block_hashes[: num_tokens // bs])
         for i in range(len(hashes), num_tokens // bs):
             parent = hashes[i - 1] if i else None
-            hashes.append(self.chain_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+            ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            hashes.append(self.chain_hash(parent, ids, seq.cache_salt))
         return hashes
 
     def num_in_flight_blocks(self, seq: Sequence, in_flight: set[int]) -> int:
@@ -170,7 +176,7 @@ class BlockManager:
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else None
             ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = self.chain_hash(parent, ids)
+            h = self.chain_hash(parent, ids, seq.cache_salt)
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self._hash_to_block:

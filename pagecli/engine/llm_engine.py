@@ -18,7 +18,7 @@ from pagecli.engine.structured import CompiledGrammar, GrammarCompiler, Structur
 from pagecli.loader.resolve import ModelLoadError, resolve_model
 from pagecli.loader.weight_plan import quantizes
 from pagecli.loader.weights import load_hf_config
-from pagecli.models.registry import model_class
+from pagecli.models.registry import UnsupportedModelError, model_class
 from pagecli.outputs import CompletionOutput, RequestOutput
 from pagecli.sampling_params import SamplingParams, StructuredOutputs
 from pagecli.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -61,7 +61,10 @@ class LLMEngine:
         self.config = config
         self.source = resolve_model(config.model)
         self.hf_config = load_hf_config(self.source)
-        model_class(self.hf_config)  # an unsupported architecture fails before any loading
+        try:  # an unsupported architecture or config fails before any loading
+            model_class(self.hf_config)
+        except UnsupportedModelError as exc:
+            raise ModelLoadError(f"{self.source.name}: {exc}") from None
         self.device = resolve_device(config.device)
         quantized = quantizes(self.source, config.quantization, self.device, config.load_format)
         self.dtype_choice = choose_dtype(config.dtype, self.device, quantized)  # and why
@@ -97,14 +100,7 @@ class LLMEngine:
     # ---- set-up --------------------------------------------------------------------------
 
     def _max_model_len(self) -> int:
-        hf = self.hf_config
-        limit = getattr(hf, "max_position_embeddings", None) or 4096
-        window = getattr(hf, "sliding_window", None)
-        uses_window = window and (
-            hf.model_type == "mistral" or getattr(hf, "use_sliding_window", False)
-        )
-        if uses_window:
-            limit = min(limit, window)  # past the window the model attends differently
+        limit = getattr(self.hf_config, "max_position_embeddings", None) or 4096
         if self.config.max_model_len is not None:
             if self.config.max_model_len > limit:
                 raise ValueError(
@@ -167,6 +163,7 @@ class LLMEngine:
             generators=generators,
             forked=params.n == 1,
             matcher=grammar.new_matcher() if grammar is not None else None,
+            cache_salt=self.runner.cache_salt(num_prompt),
         )
         self._requests[request_id] = _Request(
             request_id, prompt, list(prompt_token_ids), params, [seq], time.perf_counter()

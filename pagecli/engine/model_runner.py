@@ -26,18 +26,20 @@ from pagecli.layers.linear import bf16_rows_supported, packing_supported
 from pagecli.layers.parallel import TensorParallel
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
-from pagecli.loader.shards import plan_shards
-from pagecli.loader.weight_plan import plan_weights
+from pagecli.loader.shards import RankShard, plan_shards
+from pagecli.loader.weight_plan import WeightPlan, plan_weights
 from pagecli.loader.weights import (
     KVCacheMemoryError,
     MemoryPlan,
     check_fits,
     check_kv_fits,
     check_memory_fits,
-    count_parameters,
     init_dummy_weights,
+    parameter_bytes,
     workspace_bytes,
 )
+from pagecli.models import weight_methods
+from pagecli.models.base import CausalLM
 from pagecli.models.registry import model_class
 from pagecli.outputs import TokenLogprob
 
@@ -137,7 +139,7 @@ class ModelRunner:
                 torch.get_num_threads(), f"torch's default (the model runs on {device.type})"
             )
         if size > 1:
-            shard = plan_shards(hf_config, size, plan.block_values)[self.rank]
+            shard = plan_shards(hf_config, size, _row_blocks(hf_config, plan))[self.rank]
             self.tp = TensorParallel(shard)
             full_config, hf_config = hf_config, shard.local_config(hf_config)
             if link is None:  # rank 0: the workers load their shards while this one does
@@ -155,18 +157,21 @@ class ModelRunner:
         """Load this rank's weights, meet the other ranks, allocate the KV cache."""
         config, device, dtype = self.config, self.device, self.dtype
         self.num_threads = torch.get_num_threads()
-        self.num_layers = hf_config.num_hidden_layers
-        heads = hf_config.num_attention_heads
-        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-        self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        model = self._meta_model(hf_config, max_model_len)
+        layout = model.kv_layout()
+        shapes = {(layer.num_kv_heads, layer.head_dim) for layer in layout}
+        if len(shapes) != 1:  # one cache tensor of [layers, blocks, ...] holds them all
+            raise ModelLoadError(
+                f"{source.name}: layers with different KV shapes {sorted(shapes)} are not "
+                "supported yet"
+            )
+        self.num_layers = len(layout)
+        ((self.num_kv_heads, self.head_dim),) = shapes
         # the CPU's KV cache is sized by the flags alone: counted before the weights load
         self.num_blocks = self._num_blocks() if device.type == "cpu" else 0
         self.memory: MemoryPlan | None = None  # set by _load_model
-        self.model = self._load_model(hf_config, source, max_model_len)
+        self.model = self._load_model(model, source)
         self._set_attention_impl(config.attention_impl)
-        attn = self.model.attention_layers[0]
-        if (attn.num_kv_heads, attn.head_dim) != (self.num_kv_heads, self.head_dim):
-            raise ModelLoadError(f"{source.name}: the attention layers' shape is not the config's")
         if device.type != "cpu":  # after the weights: the cache takes what they leave free
             self.num_blocks = self._num_blocks()
         if self.tp is not None:
@@ -265,16 +270,34 @@ class ModelRunner:
                 self.tp.abort()
             self.parallel.close()
 
-    def _load_model(self, hf_config, source: ModelSource, max_model_len: int):
+    def _meta_model(self, hf_config, max_model_len: int) -> CausalLM:
+        """The model on the meta device, its layers already in their weights' formats (no
+        float copy of a quantized weight is ever made)."""
+        plan = self.weight_plan
         cls = model_class(hf_config)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device("meta"):
+                model = cls(hf_config, max_position=max_model_len, tp=self.tp)
+                weight_methods.use_quantized(model, plan.quantized_names)
+                if plan.qk_pairs:
+                    model.use_qk_pairs()  # the file's Q/K rows read in place
+        except ValueError as exc:  # what the family cannot build from this checkpoint
+            raise ModelLoadError(f"{exc}") from None
+        finally:
+            torch.set_default_dtype(previous)
+        return model
+
+    def _load_model(self, model: CausalLM, source: ModelSource) -> CausalLM:
+        """Check the memory plan, then materialize `model` (meta) and load its weights."""
         load_format = self.config.load_format
         dummy = load_format == "dummy" or not source.has_weights
         plan = self.weight_plan
-        check_fits(hf_config, self.dtype, self.device, source.name, plan.resident_bytes)
-        size = torch.tensor([], dtype=self.dtype).element_size()
         weights = plan.resident_bytes
-        if weights is None:
-            weights = count_parameters(hf_config) * size
+        if weights is None:  # every parameter in the model's own dtypes
+            weights = parameter_bytes(model)
+        check_fits(weights, self.dtype, self.device, source.name, plan.resident_bytes is None)
         config = self.config
         self.memory = MemoryPlan(
             mapped=plan.mapped_bytes,
@@ -282,35 +305,28 @@ class ModelRunner:
             kv=self.num_blocks * self.block_bytes,
             swap=int(config.swap_space * 2**30 // self.block_bytes) * self.block_bytes,
             workspace=workspace_bytes(
-                hf_config, config.max_num_batched_tokens, config.max_num_seqs, self.dtype
+                model, config.max_num_batched_tokens, config.max_num_seqs, self.dtype
             ),
         )
         if self.device.type == "cpu":
             check_memory_fits(self.memory, self.device, *self._kv_flag())
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with torch.device("meta"):
-                model = cls(hf_config, max_position=max_model_len, tp=self.tp)
-                model.use_quantized(plan.quantized_names)  # no float copy of these weights
-                if plan.qk_pairs:
-                    model.use_qk_pairs()  # the file's Q/K rows read in place
-        finally:
-            torch.set_default_dtype(previous)
         # what Module.to_empty does, but contiguous: empty_like on meta tensors imports sympy
         model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=self.device))
-        model.rotary.to_device(self.device, self.dtype)
+        for rotary in model.rotary.values():
+            rotary.to_device(self.device, self.dtype)
         if dummy:
             if load_format not in ("dummy", "auto"):
                 raise ModelLoadError(f"{source.name}: has no weights; use --load-format dummy")
             init_dummy_weights(model, self.config.seed)
         else:
+            shard = self.tp.shard if self.tp is not None else None
             with torch.no_grad():
-                model.load_weights(plan.shard_weights(self.tp.shard if self.tp else None))
+                weight_methods.load_weights(model, plan.shard_weights(shard, _cut_of(model, shard)))
+        model.post_load()
         if packing_supported(self.dtype, self.device):
-            model.pack_weights()
+            weight_methods.prepare_float32(model)
         elif bf16_rows_supported(self.dtype, self.device):
-            model.use_bf16_rows()
+            weight_methods.prepare_bfloat16(model)
         if self.device.type == "cpu":
             import gc
 
@@ -597,6 +613,7 @@ class ModelRunner:
             prefill_block_tables=prefill_tables,
             prefill_seq_lens=prefill_lens,
             prefill_query_start_loc=query_start,
+            long_rope_rows=self._long_rope_rows(batch, torch.from_numpy(positions[:num_tokens])),
         )
         return (
             torch.from_numpy(input_ids[:num_tokens]),  # [T]
@@ -653,6 +670,7 @@ class ModelRunner:
             prefill_block_tables=prefill_tables,
             prefill_seq_lens=prefill_lens,
             prefill_query_start_loc=query_start,
+            long_rope_rows=self._long_rope_rows(batch, self._to_device(positions, torch.long)),
         )
         return (
             self._to_device(input_ids, torch.long),  # [T]
@@ -660,6 +678,26 @@ class ModelRunner:
             meta,
             self._to_device(sample_index, torch.long),  # [S]
         )
+
+    def _long_rope_rows(self, batch: ScheduledBatch, positions: torch.Tensor):
+        """For a LongRoPE model, the step's tokens that rotate with its long-context table,
+        as transformers' generate chooses them: every token of a sequence whose prompt is
+        longer than the original context, and the tokens past it of the others ([T] bool);
+        None for other models."""
+        start = self.model.long_rope_from
+        if start is None:
+            return None
+        prompt_lens = [item.seq.num_prompt_tokens for item in batch.decodes]
+        for item in batch.prefills:
+            prompt_lens += [item.seq.num_prompt_tokens] * item.num_new_tokens
+        prompts = torch.tensor(prompt_lens, dtype=torch.int64, device=positions.device)
+        return (positions >= start) | (prompts > start)  # [T]
+
+    def cache_salt(self, num_prompt_tokens: int) -> int:
+        """The prefix-cache salt of a new sequence (engine/sequence.py): a LongRoPE model's
+        long prompts are rotated with other factors, so their blocks never meet the rest."""
+        start = self.model.long_rope_from
+        return 1 if start is not None and num_prompt_tokens > start else 0
 
     def _block_tables(self, seqs) -> torch.Tensor:
         width = max(len(s.block_table) for s in seqs)
@@ -687,6 +725,37 @@ class ModelRunner:
             src = torch.tensor([s for s, _ in block_copies], device=self.device)
             dst = torch.tensor([d for _, d in block_copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+
+def _cut_of(model: CausalLM, shard: RankShard | None):
+    """checkpoint name -> this rank's cut of it (loader/shards.py), from the splits the
+    model's layers declare; None without tensor parallelism."""
+    if shard is None:
+        return None
+
+    def cut_of(name: str):
+        found = weight_methods.split_of(model, name)
+        if found is None:
+            return None  # not the model's: the load names it
+        split, target = found
+        parts = None if target.first is None else range(target.first, target.first + target.count)
+        return shard.cut(split, parts, bias=target.leaf == "bias")
+
+    return cut_of
+
+
+def _row_blocks(hf_config, plan: WeightPlan) -> dict[str, int]:
+    """For each axis row-parallel weights are cut along, the widest block (values) of the
+    block-format tensors cut along it: columns a tensor-parallel split must not cut."""
+    with torch.device("meta"):
+        probe = model_class(hf_config)(hf_config, max_position=1)
+    blocks: dict[str, int] = {}
+    for name, values in plan.block_values.items():
+        found = weight_methods.split_of(probe, name)
+        if found is not None and found[0].kind == "row":
+            axis = found[0].segments[0][0]
+            blocks[axis] = max(blocks.get(axis, 1), values)
+    return blocks
 
 
 def _collective_floats(config: EngineConfig, hf_config) -> int:

@@ -56,6 +56,9 @@ class Sequence:
     # The llguidance matcher of a structured-output request, advanced with every sampled
     # token (engine/structured.py); None: unconstrained.
     matcher: Any = None
+    # Mixed into its blocks' prefix hashes: sequences whose K/V differ for the same tokens
+    # (a LongRoPE model rotates a long prompt with other factors) never share blocks.
+    cache_salt: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -102,4 +105,5 @@ class Sequence:
             forked=True,
             output_logprobs=list(self.output_logprobs),
             matcher=self.matcher.deep_copy() if self.matcher is not None else None,
+            cache_salt=self.cache_salt,
         )

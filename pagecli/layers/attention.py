@@ -23,17 +23,31 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None  # [P, max_blocks] int32
     prefill_seq_lens: torch.Tensor | None  # [P] int32
     prefill_query_start_loc: torch.Tensor | None  # [P + 1] int32
+    # LongRoPE models only: the tokens that rotate with the long-context table ([T] bool;
+    # layers/rotary.py); None elsewhere
+    long_rope_rows: torch.Tensor | None = None
 
 
 class PagedAttention(nn.Module):
-    """Writes this layer's new K/V into its cache and attends over each sequence's cache."""
+    """Writes this layer's new K/V into its cache and attends over each sequence's cache (the
+    last `window` positions of it for a sliding-window layer; with per-head `sinks`, set by
+    the layer that owns them, as one more softmax term)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        window: int | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.window = window
+        self.sinks: torch.Tensor | None = None  # [num_heads] float32, or None
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hk, D]
         self.v_cache: torch.Tensor | None = None
         self.impl: Impl = "auto"  # set by the model runner (attention_impl)
@@ -43,6 +57,7 @@ class PagedAttention(nn.Module):
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hk, D]
         impl = self.impl
+        extra = {"window": self.window, "sinks": self.sinks, "impl": impl}
         kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, impl=impl)
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
@@ -53,7 +68,7 @@ class PagedAttention(nn.Module):
                 meta.decode_block_tables,
                 meta.decode_seq_lens,
                 self.scale,
-                impl=impl,
+                **extra,
             )
         if num_decode == 0:
             return kernels.paged_prefill_attention(
@@ -64,7 +79,7 @@ class PagedAttention(nn.Module):
                 meta.prefill_seq_lens,
                 meta.prefill_query_start_loc,
                 self.scale,
-                impl=impl,
+                **extra,
             )
         out = torch.empty_like(q)
         out[:num_decode] = kernels.paged_decode_attention(
@@ -74,7 +89,7 @@ class PagedAttention(nn.Module):
             meta.decode_block_tables,
             meta.decode_seq_lens,
             self.scale,
-            impl=impl,
+            **extra,
         )
         out[num_decode:] = kernels.paged_prefill_attention(
             q[num_decode:],
@@ -84,6 +99,6 @@ class PagedAttention(nn.Module):
             meta.prefill_seq_lens,
             meta.prefill_query_start_loc,
             self.scale,
-            impl=impl,
+            **extra,
         )
         return out

@@ -2,60 +2,38 @@
 
 The config and the tokenizer (with its chat template) are read from the file's metadata into
 a folder (config.json, tokenizer files), once per file; the engine reads the weights from the
-GGUF itself (loader/gguf_weights.py). For transformers (baselines, tests) `write_float_weights`
-adds a model.safetensors on demand: weights dequantized to float32, llama.cpp's Q/K row
-permutation undone.
+GGUF itself (loader/gguf_weights.py). Each architecture's tensor names, stored conventions
+and metadata map come from the family that runs it (models/base.GGUFArch, models/registry).
+For transformers (baselines, tests) `write_float_weights` adds a model.safetensors on demand:
+weights dequantized to float32 in transformers' conventions (llama.cpp's Q/K row permutation
+undone, Gemma's stored 1 + w norms back to w).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
-
-# llama.cpp tensor names -> transformers names (per layer: "blk.N.<x>" -> "model.layers.N.<y>").
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
-# Architectures whose Q/K rows llama.cpp's converter permuted (for its rope layout).
-PERMUTED_ARCHS = {"llama"}
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
 
 
 class GGUFError(ValueError):
     """The file is not a GGUF model pagecli can read."""
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The transformers name of a llama.cpp tensor, or None for tensors with no counterpart."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = _LAYER_RE.match(gguf_name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
-        return None
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+def file_arch(reader, path=None):
+    """The file's architecture as pagecli reads it (models/base.GGUFArch); GGUFError naming
+    it and the supported ones when no family of pagecli has it."""
+    from pagecli.models.registry import gguf_arch, supported_gguf_archs
+
+    name = reader.get("general.architecture")
+    arch = gguf_arch(name)
+    if arch is None:
+        where = f"{path}: " if path is not None else ""
+        raise GGUFError(
+            f"{where}unsupported GGUF architecture {name!r} "
+            f"(supported: {', '.join(supported_gguf_archs())})"
+        )
+    return arch
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -79,12 +57,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
     from pagecli.loader.model_config import FULL_CONFIG_FILE
 
     reader = open_gguf(gguf_path)
-    arch = reader.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"{gguf_path}: unsupported GGUF architecture {arch!r}")
+    arch = file_arch(reader, gguf_path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = _transformers_config(reader, gguf_path)
-    config.architectures = [ARCHITECTURES[arch]]
+    try:
+        config = _transformers_config(reader, gguf_path, arch)
+    except ValueError as exc:  # a key the family needs, missing or malformed
+        raise GGUFError(f"{gguf_path}: {str(exc).splitlines()[0]}") from None
+    config.architectures = [arch.hf_architecture]
     config.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
     config.save_pretrained(out_dir)
     (out_dir / FULL_CONFIG_FILE).write_text(config.to_json_string(use_diff=False))
@@ -98,19 +77,27 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
     return {"tokenizer": _tokenizer_backend(out_dir, tokenizer)}
 
 
-def _transformers_config(reader, gguf_path: Path):
-    """The transformers config of the file, as `AutoConfig.from_pretrained(gguf_file=)` makes
-    it for these architectures (transformers' load_gguf_checkpoint, its config part)."""
+def _transformers_config(reader, gguf_path: Path, family):
+    """The transformers config of the file: the family's own map of the metadata
+    (`GGUFArch.config`) for archs transformers cannot read, else what
+    `AutoConfig.from_pretrained(gguf_file=)` makes of it (transformers' load_gguf_checkpoint,
+    its config part) with the family's amendments (`GGUFArch.fix_config`)."""
     from transformers import CONFIG_MAPPING
 
-    try:
-        from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
-    except ImportError:  # an older transformers: its own (slower) reading of the file
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-
     arch = reader.get("general.architecture")
+    if family.config is not None:
+        values = family.config(reader, arch)
+        return CONFIG_MAPPING[values["model_type"]].from_dict(values)
+    config = _transformers_values(reader, arch)
+    if family.fix_config is not None:
+        family.fix_config(reader, arch, config)
+    return CONFIG_MAPPING[config["model_type"]].from_dict(config)
+
+
+def _transformers_values(reader, arch: str) -> dict:
+    """The config values transformers' GGUF map reads from the file."""
+    from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
     # transformers tests `"mistral" in [general.name]`: the name must be exactly "mistral"
     renamed = "mistral" if "llama" in arch and reader.get("general.name") == "mistral" else arch
     config: dict = {"tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors)}
@@ -134,7 +121,7 @@ def _transformers_config(reader, gguf_path: Path):
         config[target] = value
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in reader:
         config["vocab_size"] = len(reader.get("tokenizer.ggml.tokens"))
-    return CONFIG_MAPPING[config["model_type"]].from_dict(config)
+    return config
 
 
 def _transformers_tokenizer(gguf_path: Path, config):

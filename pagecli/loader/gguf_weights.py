@@ -41,10 +41,10 @@ def open_gguf(path: Path) -> GGUFFile:
 def keeps_qk_pairs(reader: GGUFFile, keep_quantized: bool) -> bool:
     """Whether `iter_gguf_weights` hands over Q/K weights (and biases) in llama.cpp's row
     order, each head's rotary halves interleaved: the model must then deinterleave the
-    projection's q and k outputs (`LlamaAttention.qk_pairs`)."""
-    from pagecli.loader.gguf_convert import PERMUTED_ARCHS
+    projection's q and k outputs (`DecoderModel.use_qk_pairs`)."""
+    from pagecli.loader.gguf_convert import file_arch
 
-    return keep_quantized and reader.get("general.architecture") in PERMUTED_ARCHS
+    return keep_quantized and file_arch(reader).qk_permuted
 
 
 def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[str, Weight]]:
@@ -53,21 +53,15 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
     `QuantWeight` is a view of the file's map that stays valid as long as it is held: keep
     it, never write it. With `keep_quantized`, Q/K tensors of a permuted architecture keep
     the file's row order (`keeps_qk_pairs`); otherwise they are unpermuted."""
-    from pagecli.loader.gguf_convert import (
-        ARCHITECTURES,
-        PERMUTED_ARCHS,
-        GGUFError,
-        hf_tensor_name,
-    )
+    from pagecli.loader.gguf_convert import file_arch
 
+    family = file_arch(reader)
     arch = reader.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"unsupported GGUF architecture {arch!r}")
     num_heads = int(reader.get(f"{arch}.attention.head_count"))
     num_kv_heads = int(reader.get(f"{arch}.attention.head_count_kv", num_heads))
-    unpermute = not keep_quantized and arch in PERMUTED_ARCHS  # else keeps_qk_pairs
+    unpermute = not keep_quantized and family.qk_permuted  # else keeps_qk_pairs
     for t in reader.tensors:
-        name = hf_tensor_name(t.name)
+        name = family.hf_name(t.name)
         if name is None:
             continue
         heads = None
@@ -75,16 +69,20 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
             heads = num_heads
         elif unpermute and ".k_proj." in name:
             heads = num_kv_heads
-        weight = tensor_weight(t, keep_quantized, heads)
+        # Gemma's norms are stored as 1 + w: back to transformers' w, as its reader does
+        offset = family.norm_offset and "norm.weight" in t.name
+        weight = tensor_weight(t, keep_quantized, heads, offset)
         yield name, weight
         if not isinstance(weight, QuantWeight):
             reader.release(t)  # dequantized: the file's pages of it are not needed again
 
 
-def tensor_weight(t: GGUFTensor, keep_quantized: bool, heads: int | None = None) -> Weight:
+def tensor_weight(
+    t: GGUFTensor, keep_quantized: bool, heads: int | None = None, offset: bool = False
+) -> Weight:
     """One tensor of a GGUF file: a `QuantWeight` view of the map for a 2-D tensor in a
     supported block format when `keep_quantized`, else float32 (its Q/K rows unpermuted for
-    `heads` heads when given)."""
+    `heads` heads when given; 1 subtracted with `offset`)."""
     import gguf
 
     from pagecli.loader.gguf_convert import unpermute_qk
@@ -98,11 +96,15 @@ def tensor_weight(t: GGUFTensor, keep_quantized: bool, heads: int | None = None)
     weight = torch.from_numpy(np.asarray(data, dtype=np.float32)).reshape(shape)
     if heads is not None:
         weight = unpermute_qk(weight, heads)
+    if offset:
+        weight = weight - 1
     return weight.contiguous()
 
 
 def gguf_tensor_bytes(path: Path) -> int:
     """Bytes of the file's model tensors as stored (the resident size when kept quantized)."""
-    from pagecli.loader.gguf_convert import hf_tensor_name
+    from pagecli.loader.gguf_convert import file_arch
 
-    return sum(t.n_bytes for t in open_gguf(path).tensors if hf_tensor_name(t.name) is not None)
+    reader = open_gguf(path)
+    family = file_arch(reader, path)
+    return sum(t.n_bytes for t in reader.tensors if family.hf_name(t.name) is not None)

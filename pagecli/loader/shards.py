@@ -1,8 +1,10 @@
 """Which slice of each checkpoint tensor a tensor-parallel rank holds (Megatron-style).
 
-q/k/v and gate/up are split by output rows (column-parallel), o_proj and down_proj by input
-columns (row-parallel: each rank's partial sums are added by one all-reduce), the embedding
-and the output projection by vocabulary rows (vocab-parallel). Norms are replicated.
+The model's layers declare how each weight is cut (`tp_splits()`, models/base.Split): q/k/v
+and gate/up by output rows (column-parallel), o_proj and down_proj by input columns
+(row-parallel: each rank's partial sums are added by one all-reduce), the embedding and the
+output projection by vocabulary rows (vocab-parallel); norms are whole on every rank. A fused
+checkpoint tensor (Phi-3's qkv_proj) keeps the rank's rows of each of its segments.
 
 Attention is split by whole KV-head groups, so that each rank's query heads share its own
 KV heads the way the whole model's do (`q head i -> kv head i // group`). With more ranks
@@ -25,7 +27,8 @@ from typing import Literal
 from pagecli.loader.resolve import ModelLoadError
 
 Range = tuple[int, int]  # [start, stop)
-Cut = tuple[Literal["rows", "cols"], int, int]
+# rows: the rank's row ranges, in order; cols: one column range
+Cut = tuple[Literal["rows"], tuple[Range, ...]] | tuple[Literal["cols"], Range]
 
 MAX_SIZE_LISTED = 64  # the valid sizes a SplitError lists go up to this
 
@@ -47,6 +50,8 @@ class RankShard:
     intermediate: Range
     vocab: Range
     vocab_rows: int  # the largest share of any rank (gathered logits are padded to it)
+    # the whole model's counts of each axis: q_heads, kv_heads, intermediate, vocab
+    totals: tuple[tuple[str, int], ...] = ()
 
     @property
     def num_heads(self) -> int:
@@ -66,42 +71,60 @@ class RankShard:
         local.intermediate_size = self.intermediate[1] - self.intermediate[0]
         return local
 
-    def cut(self, name: str) -> Cut | None | Literal["zero"]:
-        """How to take checkpoint tensor `name` (transformers' name): rows or columns
-        [start, stop), "zero" (a row-parallel bias, added once: by rank 0), or None (whole)."""
-        name = name.removeprefix("model.")
-        d = self.head_dim
-        if ".q_proj." in name:
-            return ("rows", self.q_heads[0] * d, self.q_heads[1] * d)
-        if ".k_proj." in name or ".v_proj." in name:
-            return ("rows", self.kv_heads[0] * d, self.kv_heads[1] * d)
-        if ".gate_proj." in name or ".up_proj." in name:
-            return ("rows", *self.intermediate)
-        if name in ("embed_tokens.weight", "lm_head.weight"):
-            return ("rows", *self.vocab)
-        row_parallel = {".o_proj.": (self.q_heads[0] * d, self.q_heads[1] * d)}
-        row_parallel[".down_proj."] = self.intermediate
-        for fragment, (start, stop) in row_parallel.items():
-            if fragment in name:
-                if name.endswith(".bias"):
-                    return None if self.rank == 0 else "zero"
-                return ("cols", start, stop)
-        return None
+    def axis(self, name: str) -> tuple[Range, int]:
+        """This rank's range of an axis ("q_heads", "kv_heads", "intermediate", "vocab") and
+        the whole model's count of it."""
+        ranges = {
+            "q_heads": self.q_heads,
+            "kv_heads": self.kv_heads,
+            "intermediate": self.intermediate,
+            "vocab": self.vocab,
+        }
+        if name not in ranges:
+            raise SplitError(f"unknown tensor-parallel axis {name!r}")
+        return ranges[name], dict(self.totals)[name]
+
+    def cut(self, split, parts: range | None, bias: bool) -> Cut | None | Literal["zero"]:
+        """How to take a checkpoint tensor its layer cuts as `split` (models/base.Split),
+        covering `parts` of its segments (None: all, or a one-segment split): the rank's rows
+        of each covered segment, its columns, "zero" (a row-parallel bias, added once: by
+        rank 0), or None (whole)."""
+        if split.kind == "whole":
+            return None
+        if split.kind == "none":
+            raise SplitError(
+                f"--tensor-parallel-size {self.size} cannot split this model: {split.reason}"
+            )
+        if split.kind == "vocab":
+            return ("rows", (self.vocab,))
+        if split.kind == "row":
+            if bias:
+                return None if self.rank == 0 else "zero"
+            ((axis, unit),) = split.segments
+            (start, stop), _ = self.axis(axis)
+            return ("cols", (start * unit, stop * unit))
+        segments = split.segments if parts is None else split.segments[parts.start : parts.stop]
+        ranges, offset = [], 0
+        for axis, unit in segments:
+            (start, stop), total = self.axis(axis)
+            ranges.append((offset + start * unit, offset + stop * unit))
+            offset += total * unit
+        return ("rows", tuple(ranges))
 
 
 def plan_shards(
-    hf_config, size: int, block_values: Mapping[str, int] | None = None
+    hf_config, size: int, row_blocks: Mapping[str, int] | None = None
 ) -> list[RankShard]:
-    """Every rank's shard of a model split over `size` ranks. `block_values` maps the
-    checkpoint names of block-format tensors to their block width (columns that must not be
-    cut). SplitError, naming the sizes that work, when `size` cannot be honoured."""
-    problem = _split_problem(hf_config, size, block_values or {})
+    """Every rank's shard of a model split over `size` ranks. `row_blocks` maps each axis
+    that row-parallel weights are cut along ("intermediate": down_proj, "q_heads": o_proj) to
+    the widest block (values) of the block-format tensors cut along it: columns that must not
+    be cut. SplitError, naming the sizes that work, when `size` cannot be honoured."""
+    row_blocks = row_blocks or {}
+    problem = _split_problem(hf_config, size, row_blocks)
     if problem is None:
-        return [_shard(hf_config, size, rank, block_values or {}) for rank in range(size)]
+        return [_shard(hf_config, size, rank, row_blocks) for rank in range(size)]
     works = [
-        n
-        for n in range(1, MAX_SIZE_LISTED + 1)
-        if _split_problem(hf_config, n, block_values or {}) is None
+        n for n in range(1, MAX_SIZE_LISTED + 1) if _split_problem(hf_config, n, row_blocks) is None
     ]
     raise SplitError(
         f"--tensor-parallel-size {size} cannot split this model: {problem} "
@@ -116,16 +139,12 @@ def _counts(hf_config) -> tuple[int, int, int, int, int]:
     return heads, kv_heads, head_dim, hf_config.intermediate_size, hf_config.vocab_size
 
 
-def _widest_block(block_values: Mapping[str, int], fragment: str) -> int:
-    return max((v for k, v in block_values.items() if fragment in k), default=1)
-
-
 def even_share(total: int, parts: int, index: int) -> Range:
     """Part `index` of `total` units cut into `parts` as evenly as possible: [start, stop)."""
     return total * index // parts, total * (index + 1) // parts
 
 
-def _split_problem(hf_config, size: int, block_values: Mapping[str, int]) -> str | None:
+def _split_problem(hf_config, size: int, row_blocks: Mapping[str, int]) -> str | None:
     """Why the model cannot be split over `size` ranks, or None."""
     heads, kv_heads, head_dim, intermediate, vocab = _counts(hf_config)
     if size < 1:
@@ -143,13 +162,13 @@ def _split_problem(hf_config, size: int, block_values: Mapping[str, int]) -> str
                 f"each KV head's {heads // kv_heads} query heads cannot be split over "
                 f"{size // kv_heads} ranks"
             )
-    mlp_block = _widest_block(block_values, ".down_proj.")
+    mlp_block = row_blocks.get("intermediate", 1)
     if intermediate % mlp_block or intermediate // mlp_block < size:
         return (
             f"its MLP's {intermediate} columns in {mlp_block}-value blocks cannot be shared "
             f"by {size} ranks"
         )
-    o_block = _widest_block(block_values, ".o_proj.")
+    o_block = row_blocks.get("q_heads", 1)
     for rank in range(size):
         start, stop = _q_kv_heads(heads, kv_heads, size, rank)[0]
         if (start * head_dim) % o_block or (stop * head_dim) % o_block:
@@ -175,10 +194,10 @@ def _q_kv_heads(heads: int, kv_heads: int, size: int, rank: int) -> tuple[Range,
     return (start, start + share), (kv_head, kv_head + 1)
 
 
-def _shard(hf_config, size: int, rank: int, block_values: Mapping[str, int]) -> RankShard:
+def _shard(hf_config, size: int, rank: int, row_blocks: Mapping[str, int]) -> RankShard:
     heads, kv_heads, head_dim, intermediate, vocab = _counts(hf_config)
     q, kv = _q_kv_heads(heads, kv_heads, size, rank)
-    block = _widest_block(block_values, ".down_proj.")
+    block = row_blocks.get("intermediate", 1)
     units = even_share(intermediate // block, size, rank)
     return RankShard(
         rank=rank,
@@ -189,27 +208,34 @@ def _shard(hf_config, size: int, rank: int, block_values: Mapping[str, int]) -> 
         intermediate=(units[0] * block, units[1] * block),
         vocab=even_share(vocab, size, rank),
         vocab_rows=-(-vocab // size),
+        totals=(
+            ("q_heads", heads),
+            ("kv_heads", kv_heads),
+            ("intermediate", intermediate),
+            ("vocab", vocab),
+        ),
     )
 
 
-def take(shard: RankShard, name: str, weight):
-    """This rank's slice of a loaded checkpoint tensor (torch.Tensor or QuantWeight). Row
-    slices of a QuantWeight stay views (of a GGUF's map); column slices are copied, cut on
-    block boundaries."""
+def take(shard: RankShard, cut: Cut | None | Literal["zero"], name: str, weight):
+    """This rank's slice of a loaded checkpoint tensor (torch.Tensor or QuantWeight) as `cut`
+    (RankShard.cut) says. One row range of a QuantWeight stays a view (of a GGUF's map);
+    several are concatenated, and column slices copied, cut on block boundaries."""
     import torch
 
-    from pagecli_kernels.quant_formats import QuantWeight
+    from pagecli_kernels.quant_formats import QuantWeight, concat_rows
 
-    cut = shard.cut(name)
     if cut is None:
         return weight
     if cut == "zero":
         return torch.zeros_like(weight)
-    axis, start, stop = cut
+    axis, ranges = cut
     if isinstance(weight, QuantWeight):
-        if axis == "rows":
-            return QuantWeight(weight.format, weight.data[start:stop], weight.cols)
         fmt = weight.format
+        if axis == "rows":
+            pieces = [QuantWeight(fmt, weight.data[a:b], weight.cols) for a, b in ranges]
+            return pieces[0] if len(pieces) == 1 else concat_rows(pieces)
+        start, stop = ranges
         if start % fmt.block_values or stop % fmt.block_values:
             raise SplitError(
                 f"{name}: columns {start}..{stop} cut its {fmt.block_values}-value blocks"
@@ -218,19 +244,23 @@ def take(shard: RankShard, name: str, weight):
         data = weight.data[:, first * fmt.block_bytes : last * fmt.block_bytes].contiguous()
         return QuantWeight(fmt, data, stop - start)
     if axis == "rows":
-        return weight[start:stop]
-    return weight[:, start:stop].contiguous()
+        if len(ranges) == 1:
+            return weight[ranges[0][0] : ranges[0][1]]
+        return torch.cat([weight[a:b] for a, b in ranges])
+    return weight[:, ranges[0] : ranges[1]].contiguous()
 
 
-def read_slice(shard: RankShard, name: str, tensor_slice):
+def read_slice(shard: RankShard, cut: Cut | None | Literal["zero"], tensor_slice):
     """This rank's slice of a safetensors tensor, reading only that slice from the file
     (`tensor_slice` is safetensors' get_slice object)."""
-    import torch  # noqa: F401 - the slices are torch tensors
+    import torch
 
-    cut = shard.cut(name)
     if cut is None:
         return tensor_slice[:]
     if cut == "zero":  # a bias: small, read whole
         return torch.zeros_like(tensor_slice[:])
-    axis, start, stop = cut
-    return tensor_slice[start:stop] if axis == "rows" else tensor_slice[:, start:stop]
+    axis, ranges = cut
+    if axis == "rows":
+        pieces = [tensor_slice[a:b] for a, b in ranges]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    return tensor_slice[:, ranges[0] : ranges[1]]

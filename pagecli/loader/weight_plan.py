@@ -29,6 +29,7 @@ from pagecli.loader.shards import RankShard
 from pagecli_kernels.quant_formats import BY_GGML_TYPE, FORMATS, QuantWeight
 
 Weight = QuantWeight | torch.Tensor
+CutOf = Callable[[str], object]  # checkpoint name -> loader/shards.py's cut of it
 
 
 @dataclass(frozen=True)
@@ -47,23 +48,28 @@ class WeightPlan:
     # must not cut (loader/shards.py)
     block_values: dict[str, int] = field(default_factory=dict)
     # a rank's slices read straight from the files (safetensors); None: sliced after loading
-    read_shard: Callable[[RankShard], Iterator[tuple[str, Weight]]] | None = None
+    read_shard: Callable[[RankShard, CutOf], Iterator[tuple[str, Weight]]] | None = None
     # makes what weights() reads, once (the quantized cache): rank 0 calls it before it
     # starts tensor-parallel workers, so that they do not each make it
     prepare: Callable[[], object] | None = None
 
-    def shard_weights(self, shard: RankShard | None) -> Iterator[tuple[str, Weight]]:
-        """The weights as a tensor-parallel rank holds them (`shard`; None: whole)."""
+    def shard_weights(
+        self, shard: RankShard | None, cut_of: CutOf | None = None
+    ) -> Iterator[tuple[str, Weight]]:
+        """The weights as a tensor-parallel rank holds them (`shard`; None: whole), each cut
+        as `cut_of(name)` says (the model's splits: RankShard.cut)."""
         if shard is None:
             yield from self.weights()
             return
+        if cut_of is None:
+            raise ValueError("a tensor-parallel shard needs the model's cuts")
         if self.read_shard is not None:
-            yield from self.read_shard(shard)
+            yield from self.read_shard(shard, cut_of)
             return
         from pagecli.loader.shards import take
 
         for name, weight in self.weights():
-            yield name, take(shard, name, weight)
+            yield name, take(shard, cut_of(name), name, weight)
 
 
 def _kernels_reason() -> str | None:
@@ -127,11 +133,12 @@ def plan_weights(
 
 
 def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
-    from pagecli.loader.gguf_convert import GGUFError, hf_tensor_name
+    from pagecli.loader.gguf_convert import GGUFError, file_arch
     from pagecli.loader.gguf_weights import iter_gguf_weights, keeps_qk_pairs, open_gguf
 
     try:
         reader = open_gguf(path)
+        family = file_arch(reader, path)
     except GGUFError as exc:
         raise ModelLoadError(str(exc)) from None
     size = torch.tensor([], dtype=dtype).element_size()
@@ -139,7 +146,7 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     blocks: dict[str, int] = {}
     resident = mapped = 0
     for t in reader.tensors:
-        name = hf_tensor_name(t.name)
+        name = family.hf_name(t.name)
         if name is None:
             continue
         if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == 2:
@@ -171,7 +178,9 @@ def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> Wei
         return WeightPlan(
             "none",
             weights=lambda: iter_safetensors(source.path, source.name),
-            read_shard=lambda shard: iter_safetensors(source.path, source.name, shard),
+            read_shard=lambda shard, cut_of: iter_safetensors(
+                source.path, source.name, shard, cut_of
+            ),
         )
     from pagecli.loader.quant_cache import ensure_cache, iter_cached
     from pagecli.loader.quantize import wants_quantization, weight_format

@@ -38,18 +38,11 @@ def load_hf_config(source: ModelSource):
         raise ModelLoadError(f"{source.name}: cannot read config.json ({first})") from None
 
 
-def count_parameters(config) -> int:
-    """Parameters of a Llama-family model, from its config alone."""
-    hidden = config.hidden_size
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * config.intermediate_size
-    per_layer = attn + mlp + 2 * hidden
-    embed = config.vocab_size * hidden
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    return embed * (1 if tied else 2) + config.num_hidden_layers * per_layer + hidden
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters in their own dtypes (counted on the meta model: its
+    own structure, whatever the family), and of any quantized layers' weights excluded:
+    those come from the weight plan."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def available_memory(device: torch.device) -> int:
@@ -69,23 +62,18 @@ def available_memory(device: torch.device) -> int:
 
 
 def check_fits(
-    config,
-    dtype: torch.dtype,
-    device: torch.device,
-    name: str,
-    resident_bytes: int | None = None,
+    needed: int, dtype: torch.dtype, device: torch.device, name: str, in_dtype: bool
 ) -> None:
-    """Refuse, before loading, weights that cannot fit in the device's memory.
-    `resident_bytes`: what the weights will take (quantized ones in their blocks); None:
-    every parameter in `dtype`."""
+    """Refuse, before loading, weights of `needed` bytes that cannot fit in the device's
+    memory. `in_dtype`: they are every parameter in `dtype` (a smaller dtype would help);
+    else what the weight plan keeps (quantized ones in their blocks)."""
     size = torch.tensor([], dtype=dtype).element_size()
-    needed = count_parameters(config) * size if resident_bytes is None else resident_bytes
     free = available_memory(device)
     if needed * 1.05 > free:
         smaller = [n for n, d in DTYPES.items() if torch.tensor([], dtype=d).element_size() < size]
         hint = f"; try --dtype {smaller[0]}" if smaller else ""
         what = f"in {str(dtype).removeprefix('torch.')}"
-        if resident_bytes is not None:
+        if not in_dtype:
             what, hint = "as loaded", ""
         raise ModelLoadError(
             f"{name}: weights need {needed / 2**30:.1f} GiB {what}"
@@ -138,22 +126,19 @@ class MemoryPlan:
         }
 
 
-def workspace_bytes(config, max_num_batched_tokens: int, max_num_seqs: int, dtype) -> int:
+def workspace_bytes(model, max_num_batched_tokens: int, max_num_seqs: int, dtype) -> int:
     """Bytes of a step's work buffers at the batch limits, the largest they get: the decoder
-    layers' activations for `max_num_batched_tokens` tokens (csrc/llama_layers_cpu.c's buffer:
-    normed, qkv, projection, gate/up, activation and the float32 query and attention rows,
-    plus the residual stream and the rotary rows) and the logits of `max_num_seqs` sequences
-    in float32, three times over (logits, probabilities, the sampler's sort)."""
-    hidden, inter = config.hidden_size, config.intermediate_size
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    q, kv = heads * head_dim, kv_heads * head_dim
+    layers' activations for `max_num_batched_tokens` tokens (the layer program's buffers,
+    csrc/layer_program_cpu.c, with its float32 query and attention rows and the rotary rows)
+    and the logits of `max_num_seqs` sequences in float32, three times over (logits,
+    probabilities, the sampler's sort)."""
+    widths = model.buffer_widths()
     size = torch.tensor([], dtype=dtype).element_size()
-    per_token = (3 * hidden + q + 2 * kv + 3 * inter) * size + 2 * q * 4 + 2 * head_dim * size
+    rotary = sum(2 * r.rotary_dim for r in model.rotary.values())
+    per_token = (sum(widths.values()) + rotary) * size + 2 * widths["attn"] * 4
     if size < 4:  # bfloat16: the projections' float32 input and output rows as well
-        per_token += 4 * (max(hidden, q, inter) + max(q + 2 * kv, hidden, 2 * inter))
-    logits = 3 * max_num_seqs * config.vocab_size * 4
+        per_token += 2 * 4 * max(widths.values())
+    logits = 3 * max_num_seqs * model.spec.vocab_size * 4
     return max_num_batched_tokens * per_token + logits
 
 
@@ -209,10 +194,11 @@ def check_kv_fits(
 
 
 def iter_safetensors(
-    folder: Path, name: str, shard: RankShard | None = None
+    folder: Path, name: str, shard: RankShard | None = None, cut_of=None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of every *.safetensors file in the folder; with a
-    tensor-parallel `shard`, only that rank's slice of each is read."""
+    tensor-parallel `shard`, only that rank's slice of each is read (`cut_of(name)`: the
+    model's cut of it, RankShard.cut)."""
     from safetensors import safe_open
 
     from pagecli.loader.shards import read_slice
@@ -227,7 +213,7 @@ def iter_safetensors(
                     if shard is None:
                         yield key, f.get_tensor(key)
                     else:
-                        yield key, read_slice(shard, key, f.get_slice(key))
+                        yield key, read_slice(shard, cut_of(key), f.get_slice(key))
         except ModelLoadError:
             raise
         except Exception as exc:

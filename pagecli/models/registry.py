@@ -1,29 +1,58 @@
-"""Which architectures pagecli runs, and the class that runs each."""
+"""Which architectures pagecli runs, and the class that runs each: one line per family."""
 
 from __future__ import annotations
 
+from pagecli.models.base import CausalLM, GGUFArch
+from pagecli.models.gemma3 import Gemma3ForCausalLM
+from pagecli.models.granite import GraniteForCausalLM
 from pagecli.models.llama import LlamaForCausalLM
+from pagecli.models.olmo2 import Olmo2ForCausalLM
+from pagecli.models.phi3 import Phi3ForCausalLM
+from pagecli.models.smollm3 import SmolLM3ForCausalLM
 
-ARCHITECTURES = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
+FAMILIES: tuple[type[CausalLM], ...] = (
+    LlamaForCausalLM,
+    Gemma3ForCausalLM,
+    Phi3ForCausalLM,
+    SmolLM3ForCausalLM,
+    Olmo2ForCausalLM,
+    GraniteForCausalLM,
+)
+ARCHITECTURES = {arch: cls for cls in FAMILIES for arch in cls.hf_architectures}
+MODEL_TYPES = {model_type: cls for cls in FAMILIES for model_type in cls.model_types}
+GGUF_ARCHS: dict[str, tuple[GGUFArch, type[CausalLM]]] = {
+    arch.name: (arch, cls) for cls in FAMILIES for arch in cls.gguf
 }
-MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
 class UnsupportedModelError(ValueError):
-    """The checkpoint's architecture is not one pagecli implements."""
+    """The checkpoint's architecture is not one pagecli implements, or its config asks for
+    something the family's implementation lacks (the message says what)."""
 
 
-def model_class(config) -> type[LlamaForCausalLM]:
+def model_class(config) -> type[CausalLM]:
+    """The class that runs `config` (transformers' `architectures`, else its model type),
+    after checking that it can run this config. UnsupportedModelError otherwise."""
     archs = getattr(config, "architectures", None) or []
-    for arch in archs:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    if not archs and getattr(config, "model_type", None) in MODEL_TYPES:
-        return LlamaForCausalLM
-    name = ", ".join(archs) or getattr(config, "model_type", "unknown")
-    supported = ", ".join(sorted(ARCHITECTURES))
-    raise UnsupportedModelError(f"unsupported architecture {name} (supported: {supported})")
+    cls = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if cls is None and not archs:
+        cls = MODEL_TYPES.get(getattr(config, "model_type", None))
+    if cls is None:
+        name = ", ".join(archs) or getattr(config, "model_type", "unknown")
+        supported = ", ".join(sorted(ARCHITECTURES))
+        raise UnsupportedModelError(f"unsupported architecture {name} (supported: {supported})")
+    try:
+        cls.check_config(config)
+    except ValueError as exc:
+        raise UnsupportedModelError(str(exc)) from None
+    return cls
+
+
+def gguf_arch(name: str | None) -> GGUFArch | None:
+    """How the GGUF architecture `name` is read, or None where pagecli has no family for it."""
+    found = GGUF_ARCHS.get(name)
+    return None if found is None else found[0]
+
+
+def supported_gguf_archs() -> list[str]:
+    return sorted(GGUF_ARCHS)

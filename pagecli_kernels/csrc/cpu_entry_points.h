@@ -56,12 +56,18 @@ int pagecli_store_kv(const void *key, const void *value, int64_t stride_key, int
                      const int64_t *slot_mapping, int64_t num_tokens, int64_t row_elems,
                      int64_t elem_size, int64_t block_size, int64_t num_slots);
 void pagecli_rms_norm(void *x, const void *delta, const void *weight, void *out,
-                      int64_t num_rows, int64_t hidden, int64_t stride_x, int64_t stride_delta,
-                      int64_t stride_out, float eps, int dtype, int num_threads);
+                      int64_t num_rows, int64_t num_heads, int64_t width, int64_t stride_x,
+                      int64_t stride_delta, int64_t stride_out, float eps, int dtype,
+                      int weight_mode, int num_threads);
 void pagecli_rotary(void *q, void *k, const void *cos, const void *sin, int64_t num_tokens,
                     int64_t num_q_heads, int64_t num_k_heads, int64_t head_dim,
-                    int64_t stride_q, int64_t stride_k, int dtype, int pairs);
-void pagecli_silu_mul(const void *gate_up, void *out, int64_t num_rows, int64_t inter,
-                      int64_t stride_in, int64_t stride_out, int dtype, int num_threads);
+                    int64_t rotary_dim, int64_t stride_q, int64_t stride_k, int dtype,
+                    int pairs);
+void pagecli_act_mul(const void *gate_up, void *out, int64_t num_rows, int64_t inter,
+                     int64_t stride_in, int64_t stride_out, int dtype, int act,
+                     int num_threads);
+void pagecli_add_scaled(void *x, const void *y, int64_t num_rows, int64_t width,
+                        int64_t stride_x, int64_t stride_y, float scale, int has_scale,
+                        int dtype, int num_threads);
 
 #endif

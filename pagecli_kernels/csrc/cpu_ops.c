@@ -5,9 +5,14 @@
  *   pagecli_store_kv      write each token's K/V row into its cache slot (skips slot < 0)
  *   pagecli_argmax_f32    greedy sampling: the first index of each row's maximum (a NaN wins,
  *                         as in torch.argmax)
- *   pagecli_rms_norm      y = w * (x * rsqrt(mean(x^2) + eps)), optionally after x += delta
- *   pagecli_rotary        q, k rotated in place (transformers' rotate_half convention)
- *   pagecli_silu_mul      y = silu(gate) * up over a [T, 2 * I] gate/up row
+ *   pagecli_rms_norm      y = w * (x * rsqrt(mean(x^2) + eps)), optionally after x += delta;
+ *                         over whole rows or each head of a row (q/k norms), the weight
+ *                         applied to the rounded (Llama) or the float32 (Gemma, OLMo) product
+ *   pagecli_rotary        q, k rotated in place (transformers' rotate_half convention), all of
+ *                         each head or its first rotary_dim values (partial rotary)
+ *   pagecli_act_mul       y = act(gate) * up over a [T, 2 * I] gate/up row, act silu or
+ *                         gelu with the tanh approximation
+ *   pagecli_add_scaled    x += y, or x += y * scale (Granite's residual multiplier)
  *   pagecli_apply_token_bitmask_f32
  *                         structured outputs: -inf, in place, for every token a grammar's
  *                         bitmask (llguidance's layout) forbids
@@ -155,8 +160,10 @@ static inline float exp_nonpositive(float x) {
  * bfloat16 rows of SiLU x up scalar, 12x slower than with them (Zen 4, 64 rows) */
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
+/* weight_mode 0: out = w * round(x * inv) with w of dtype (transformers' Llama RMSNorm);
+ * 1: out = round(w * x * inv) with w float32 (Gemma's 1 + w, kept as float32, and OLMo 2) */
 ROW void rms_row(void *x, const void *delta, const void *weight, void *out, int64_t hidden,
-                 float eps, const int dtype) {
+                 float eps, const int dtype, const int weight_mode) {
     float sum = 0.0f;
     for (int64_t i = 0; i < hidden; ++i) {
         float v = load(x, i, dtype);
@@ -167,31 +174,44 @@ ROW void rms_row(void *x, const void *delta, const void *weight, void *out, int6
         sum += v * v;
     }
     const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+    if (weight_mode) {
+        for (int64_t i = 0; i < hidden; ++i)
+            store(out, i, ((const float *)weight)[i] * (load(x, i, dtype) * inv), dtype);
+        return;
+    }
     for (int64_t i = 0; i < hidden; ++i) {
         const float h = as_dtype(load(x, i, dtype) * inv, dtype);
         store(out, i, load(weight, i, dtype) * h, dtype);
     }
 }
 
+/* Rows of num_heads heads of `width` values each (heads back to back within a row; 1 head:
+ * the whole row); x may be out (in place). */
 CLONES EXACT void pagecli_rms_norm(void *x, const void *delta, const void *weight, void *out,
-                                   int64_t num_rows, int64_t hidden, int64_t stride_x,
-                                   int64_t stride_delta, int64_t stride_out, float eps, int dtype,
-                                   int num_threads) {
+                                   int64_t num_rows, int64_t num_heads, int64_t width,
+                                   int64_t stride_x, int64_t stride_delta, int64_t stride_out,
+                                   float eps, int dtype, int weight_mode, int num_threads) {
     const int64_t es = dtype ? 2 : 4;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows >= 16)
-    for (int64_t r = 0; r < num_rows; ++r) {
-        char *xr = (char *)x + r * stride_x * es, *outr = (char *)out + r * stride_out * es;
-        const char *dr = delta ? (const char *)delta + r * stride_delta * es : NULL;
-        if (dtype)
-            rms_row(xr, dr, weight, outr, hidden, eps, 1);
+    const int64_t count = num_rows * num_heads;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= 16)
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = i / num_heads, at = (i % num_heads) * width;
+        char *xr = (char *)x + (r * stride_x + at) * es;
+        char *outr = (char *)out + (r * stride_out + at) * es;
+        const char *dr = delta ? (const char *)delta + (r * stride_delta + at) * es : NULL;
+        if (dtype && weight_mode)
+            rms_row(xr, dr, weight, outr, width, eps, 1, 1);
+        else if (dtype)
+            rms_row(xr, dr, weight, outr, width, eps, 1, 0);
         else
-            rms_row(xr, dr, weight, outr, hidden, eps, 0);
+            rms_row(xr, dr, weight, outr, width, eps, 0, 0); /* float32: the modes agree */
     }
 }
 
-ROW void rotary_head(void *base, const void *cos, const void *sin, int64_t head_dim,
+/* the head's first rotary_dim values rotated (all of them but for partial rotary) */
+ROW void rotary_head(void *base, const void *cos, const void *sin, int64_t rotary_dim,
                      const int dtype, const int pairs) {
-    const int64_t half = head_dim / 2;
+    const int64_t half = rotary_dim / 2;
     float buf[512];
     if (pairs) /* llama.cpp's order [x0, x_half, x1, x_half+1, ...] read into halves */
         for (int64_t i = 0; i < half; ++i) {
@@ -199,8 +219,8 @@ ROW void rotary_head(void *base, const void *cos, const void *sin, int64_t head_
             buf[half + i] = load(base, 2 * i + 1, dtype);
         }
     else
-        for (int64_t d = 0; d < head_dim; ++d) buf[d] = load(base, d, dtype);
-    for (int64_t d = 0; d < head_dim; ++d) {
+        for (int64_t d = 0; d < rotary_dim; ++d) buf[d] = load(base, d, dtype);
+    for (int64_t d = 0; d < rotary_dim; ++d) {
         /* q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1) */
         const float rot = d < half ? -buf[d + half] : buf[d - half];
         const float a = as_dtype(buf[d] * load(cos, d, dtype), dtype);
@@ -209,25 +229,26 @@ ROW void rotary_head(void *base, const void *cos, const void *sin, int64_t head_
     }
 }
 
-/* head_dim <= 512 (checked by the caller); pairs: each head arrives in llama.cpp's order (its
- * rotary halves interleaved, as a GGUF's Q/K rows read in place give it) and leaves in
- * transformers' order, rotated */
+/* rotary_dim <= head_dim, rotary_dim <= 512 and even (checked by the caller); cos/sin are
+ * [num_tokens, rotary_dim]; pairs (with rotary_dim == head_dim): each head arrives in
+ * llama.cpp's order (its rotary halves interleaved, as a GGUF's Q/K rows read in place give
+ * it) and leaves in transformers' order, rotated */
 CLONES EXACT void pagecli_rotary(void *q, void *k, const void *cos, const void *sin,
                                  int64_t num_tokens, int64_t num_q_heads, int64_t num_k_heads,
-                                 int64_t head_dim, int64_t stride_q, int64_t stride_k,
-                                 int dtype, int pairs) {
+                                 int64_t head_dim, int64_t rotary_dim, int64_t stride_q,
+                                 int64_t stride_k, int dtype, int pairs) {
     const int64_t es = dtype ? 2 : 4;
     for (int64_t t = 0; t < num_tokens; ++t) {
-        const char *c = (const char *)cos + t * head_dim * es;
-        const char *s = (const char *)sin + t * head_dim * es;
+        const char *c = (const char *)cos + t * rotary_dim * es;
+        const char *s = (const char *)sin + t * rotary_dim * es;
         for (int64_t h = 0; h < num_q_heads + num_k_heads; ++h) {
             char *base = h < num_q_heads
                              ? (char *)q + (t * stride_q + h * head_dim) * es
                              : (char *)k + (t * stride_k + (h - num_q_heads) * head_dim) * es;
             if (dtype)
-                rotary_head(base, c, s, head_dim, 1, pairs);
+                rotary_head(base, c, s, rotary_dim, 1, pairs);
             else
-                rotary_head(base, c, s, head_dim, 0, pairs);
+                rotary_head(base, c, s, rotary_dim, 0, pairs);
         }
     }
 }
@@ -243,17 +264,54 @@ ROW void silu_row(const void *gate_up, void *out, int64_t inter, const int dtype
     }
 }
 
-CLONES EXACT void pagecli_silu_mul(const void *gate_up, void *out, int64_t num_rows,
-                                   int64_t inter, int64_t stride_in, int64_t stride_out,
-                                   int dtype, int num_threads) {
+/* gelu(g) with the tanh approximation, as torch writes it: 0.5 g (1 + tanh(b (g + k g^3)));
+ * tanh(a) = sign(a) (1 - e) / (1 + e) with e = exp(-2 |a|), which never overflows */
+ROW void gelu_tanh_row(const void *gate_up, void *out, int64_t inter, const int dtype) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < inter; ++i) {
+        const float g = load(gate_up, i, dtype);
+        const float inner = beta * (g + kappa * (g * g * g));
+        const float e = exp_nonpositive(-2.0f * (inner < 0.0f ? -inner : inner));
+        const float th = (1.0f - e) / (1.0f + e);
+        const float s = as_dtype(0.5f * g * (1.0f + (inner < 0.0f ? -th : th)), dtype);
+        store(out, i, s * load(gate_up, inter + i, dtype), dtype);
+    }
+}
+
+/* act: 0 silu, 1 gelu (tanh approximation) */
+CLONES EXACT void pagecli_act_mul(const void *gate_up, void *out, int64_t num_rows,
+                                  int64_t inter, int64_t stride_in, int64_t stride_out,
+                                  int dtype, int act, int num_threads) {
     const int64_t es = dtype ? 2 : 4;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows >= 16)
     for (int64_t r = 0; r < num_rows; ++r) {
         const char *in = (const char *)gate_up + r * stride_in * es;
         char *o = (char *)out + r * stride_out * es;
-        if (dtype)
+        if (act == 1 && dtype)
+            gelu_tanh_row(in, o, inter, 1);
+        else if (act == 1)
+            gelu_tanh_row(in, o, inter, 0);
+        else if (dtype)
             silu_row(in, o, inter, 1);
         else
             silu_row(in, o, inter, 0);
+    }
+}
+
+/* x += y (has_scale 0) or x += round(y * scale), each sum rounded to dtype: torch's
+ * `x + y * scale`; rows of `width` values */
+CLONES EXACT void pagecli_add_scaled(void *x, const void *y, int64_t num_rows, int64_t width,
+                                     int64_t stride_x, int64_t stride_y, float scale,
+                                     int has_scale, int dtype, int num_threads) {
+    const int64_t es = dtype ? 2 : 4;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows * width >= 16384)
+    for (int64_t r = 0; r < num_rows; ++r) {
+        char *xr = (char *)x + r * stride_x * es;
+        const char *yr = (const char *)y + r * stride_y * es;
+        for (int64_t i = 0; i < width; ++i) {
+            const float v = has_scale ? as_dtype(load(yr, i, dtype) * scale, dtype)
+                                      : load(yr, i, dtype);
+            store(xr, i, load(xr, i, dtype) + v, dtype);
+        }
     }
 }

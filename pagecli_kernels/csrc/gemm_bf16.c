@@ -1,7 +1,7 @@
 /*
  * bfloat16 products with float32 sums, y[m, n] = x[m, k] @ W[n, k].T with x and W bfloat16 and
  * y float32: a bfloat16 model's projections on the CPU (layers/linear.BF16Linear, and
- * llama_layers_cpu.c in bfloat16, which must run the same kernel to stay bit for bit).
+ * layer_program_cpu.c in bfloat16, which must run the same kernel to stay bit for bit).
  *
  * Why our own: torch's bfloat16 GEMM (oneDNN) cannot be called from the one-call decoder
  * layers, and the Python loop around it cost a 64-sequence bfloat16 decode step 10-15 ms of

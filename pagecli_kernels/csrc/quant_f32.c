@@ -3,7 +3,7 @@
  * float32 values taken as k / 32 "blocks" of 128 bytes, so that float checkpoints get the
  * same decode paths as GGUF blocks (four rows at a time with prefetch for one input row, up
  * to eight input rows per pass, cache-sized panels through sgemm for more) and the one-call
- * decoder layers of llama_layers_cpu.c. Nothing is converted: "dequantizing" is a copy, and
+ * decoder layers of layer_program_cpu.c. Nothing is converted: "dequantizing" is a copy, and
  * the panel path hands sgemm the rows in place.
  */
 #include "quant_blocks.h"

@@ -14,6 +14,7 @@ from pagecli import LLM, SamplingParams
 from pagecli.engine.parallel import WorkerFailed
 from pagecli.loader.resolve import ModelLoadError
 from pagecli.loader.shards import SplitError, plan_shards, take
+from pagecli.models.base import WHOLE, Split
 from pagecli_kernels.quant_formats import FORMATS as QUANT_FORMATS
 from pagecli_kernels.quant_formats import QuantWeight
 from tests.engine.test_parity_gguf import hf_from_gguf
@@ -90,9 +91,9 @@ def test_tp2_parity_with_transformers(arch, collectives, tiny_models, mha_model,
     stats, outputs, one_call = generate_tp(
         path, prompts, block_size=4, num_kv_blocks=48, max_num_batched_tokens=32
     )
-    # the one-call C layers sum over the ranks themselves; q/k norms (qwen3) and gloo take
-    # the Python loop
-    assert one_call == (collectives == "shm" and arch != "qwen3")
+    # the layer program sums over the ranks itself (q/k norms too: qwen3); gloo takes the
+    # Python loop
+    assert one_call == (collectives == "shm")
     assert stats.chunked_prefills > 0
     assert stats.preemptions_recompute > 0
     assert stats.prefix_hit_tokens > 0
@@ -143,7 +144,7 @@ class _Config:
 def test_shards_follow_kv_head_groups():
     # the default model: 9 query heads in 3 KV-head groups, over 2 ranks: 1 group and 2
     # (the smaller share to rank 0, which also schedules and samples)
-    blocks = {"model.layers.0.mlp.down_proj.weight": 32}
+    blocks = {"intermediate": 32}
     shards = plan_shards(_Config(9, 3, 64, 1536, 49152), 2, blocks)
     assert [s.q_heads for s in shards] == [(0, 3), (3, 9)]
     assert [s.kv_heads for s in shards] == [(0, 1), (1, 3)]
@@ -166,7 +167,7 @@ def test_shards_follow_kv_head_groups():
     ],
 )
 def test_impossible_splits_name_the_sizes_that_work(config, size, words):
-    blocks = {"layers.0.mlp.down_proj.weight": 32}
+    blocks = {"intermediate": 32}
     with pytest.raises(SplitError) as info:
         plan_shards(config, size, blocks)
     assert words in str(info.value)
@@ -180,20 +181,35 @@ def test_take_slices_blocks_without_cutting_them():
     rows, cols = 128, 128
     width = cols // fmt.block_values * fmt.block_bytes
     data = torch.randint(0, 255, (rows, width), dtype=torch.uint8)
-    shard = plan_shards(_Config(2, 2, 32, 128, 10), 2, {"x.down_proj.weight": 32})[1]
-    q = take(shard, "model.layers.0.self_attn.q_proj.weight", QuantWeight(fmt, data, cols))
+    shard = plan_shards(_Config(2, 2, 32, 128, 10), 2, {"intermediate": 32})[1]
+    qkv = Split("column", (("q_heads", 32), ("kv_heads", 32), ("kv_heads", 32)))
+    gate_up = Split("column", (("intermediate", 1), ("intermediate", 1)))
+
+    def cut(split, parts=None, bias=False):
+        return shard.cut(split, parts, bias)
+
+    q = take(shard, cut(qkv, range(0, 1)), "q", QuantWeight(fmt, data, cols))
     assert q.rows == 32 and q.data.data_ptr() == data[32].data_ptr()  # a view of rows 32..64
-    up = take(shard, "model.layers.0.mlp.up_proj.weight", QuantWeight(fmt, data, cols))
+    up = take(shard, cut(gate_up, range(1, 2)), "up", QuantWeight(fmt, data, cols))
     assert up.rows == 64 and up.data.data_ptr() == data[64].data_ptr()
-    down = take(shard, "model.layers.0.mlp.down_proj.weight", QuantWeight(fmt, data, cols))
+    down_split = Split("row", (("intermediate", 1),))
+    down = take(shard, cut(down_split), "down", QuantWeight(fmt, data[:, :width], cols))
     assert down.cols == 64 and torch.equal(down.data, data[:, width // 2 :])  # 2 whole blocks
+    # a fused q/k/v tensor (Phi-3): the rank's rows of each segment, q 32..64, k 96..128,
+    # v 160..192 of 192 rows
+    fused = torch.arange(192 * 4, dtype=torch.float32).reshape(192, 4)
+    mine = take(shard, cut(qkv), "qkv", fused)
+    assert torch.equal(mine, torch.cat([fused[32:64], fused[96:128], fused[160:192]]))
     half_block = plan_shards(_Config(4, 4, 8, 128, 10), 2)[1]  # o_proj columns 16..32
+    o_split = Split("row", (("q_heads", 8),))
     with pytest.raises(SplitError, match="cut its 32-value blocks"):
-        take(half_block, "model.layers.0.self_attn.o_proj.weight", QuantWeight(fmt, data, cols))
-    bias = take(shard, "model.layers.0.self_attn.o_proj.bias", torch.ones(4))
+        take(half_block, half_block.cut(o_split, None, False), "o", QuantWeight(fmt, data, cols))
+    bias = take(shard, cut(o_split, bias=True), "o.bias", torch.ones(4))
     assert torch.equal(bias, torch.zeros(4))  # a row-parallel bias is added once, by rank 0
     norm = torch.ones(4)
-    assert take(shard, "model.norm.weight", norm) is norm
+    assert take(shard, cut(WHOLE), "norm", norm) is norm
+    with pytest.raises(SplitError, match="span every head"):
+        shard.cut(Split("none", reason="its q/k norms span every head"), None, False)
 
 
 def test_one_engine_at_a_time_and_a_dropped_one_is_collected(tiny_models):

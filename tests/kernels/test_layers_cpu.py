@@ -1,8 +1,8 @@
-"""The one-call decoder layers (pagecli_kernels/layers_cpu.py) against the per-layer loop.
+"""The layer program (pagecli_kernels/layers_cpu.py) against the per-layer loop.
 
-The C loop strings together the loop's own kernels with the same arguments, order and thread
-count, so a run through it must give the loop's results bit for bit: the same greedy ids and
-the same log-probabilities, exactly. The workload mixes chunked prefills with decodes (a
+The C interpreter strings together the loop's own kernels with the same arguments, order and
+thread count, so a run through it must give the loop's results bit for bit: the same greedy
+ids and the same log-probabilities, exactly. The workload mixes chunked prefills with decodes (a
 64-token step budget), hits the prefix cache, and is preempted (a small KV cache); the tiny
 GGUF files cover every block format and a Q4_K_M layout (q/k/v of two formats), and tiny
 float32 checkpoints the float rows. Files or settings the C loop does not take (a projection
@@ -61,13 +61,13 @@ def _run(path, on: bool, **options) -> tuple[LLM, list[tuple]]:
 
 def _counting(monkeypatch) -> list[int]:
     calls = [0]
-    original = layers_cpu.DecoderLayers.__call__
+    original = layers_cpu.LayerProgram.__call__
 
     def counted(self, *args, **kwargs):
         calls[0] += 1
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(layers_cpu.DecoderLayers, "__call__", counted)
+    monkeypatch.setattr(layers_cpu.LayerProgram, "__call__", counted)
     return calls
 
 
@@ -152,79 +152,104 @@ def test_the_reference_attention_runs_the_loop(tiny_ggufs, monkeypatch):
 def _one_token_step(llm: LLM):
     model = llm.engine.runner.model
     hidden = torch.zeros(1, model.config.hidden_size)
-    rope = model.rotary(torch.tensor([0]))
-    layers = model.native_layers(hidden, rope)
+    ropes = {key: rotary(torch.tensor([0])) for key, rotary in model.rotary.items()}
+    layers = model.native_layers(hidden, ropes)
     assert layers is not None
-    return layers, hidden, rope[0][:, 0], rope[1][:, 0]
+    tables = [(cos[:, 0], sin[:, 0]) for cos, sin in (ropes[k] for k in model.rope_keys)]
+    return layers, hidden, tables
 
 
 def test_bad_slots_and_block_ids_are_errors(tiny_ggufs):
     llm = LLM(str(tiny_ggufs["q8_0"]), dtype="float32", block_size=4, num_kv_blocks=16)
-    layers, hidden, cos, sin = _one_token_step(llm)
+    layers, hidden, ropes = _one_token_step(llm)
 
     def group(block: int) -> list[layers_cpu.AttentionGroup]:
         tables = torch.tensor([[block]], dtype=torch.int32)
         return [layers_cpu.AttentionGroup(0, 1, tables, torch.tensor([1], dtype=torch.int32), None)]
 
-    normed = layers(hidden, cos, sin, torch.tensor([0]), group(0))  # a valid step runs
+    normed = layers(hidden, ropes, torch.tensor([0]), group(0))  # a valid step runs
     assert torch.isfinite(hidden).all()
     # the model's last norm, computed in the same call: the Python RMSNorm's bits
     assert torch.equal(normed, llm.engine.runner.model.norm(hidden))
     with pytest.raises(ValueError, match="slot"):
-        layers(hidden, cos, sin, torch.tensor([16 * 4]), group(0))
+        layers(hidden, ropes, torch.tensor([16 * 4]), group(0))
     with pytest.raises(ValueError, match="block id"):
-        layers(hidden, cos, sin, torch.tensor([0]), group(16))
+        layers(hidden, ropes, torch.tensor([0]), group(16))
     tables = torch.tensor([[0]], dtype=torch.int32)
     too_long = torch.tensor([5], dtype=torch.int32)  # more tokens than one block of 4 holds
     with pytest.raises(ValueError, match="seq_lens"):
         layers(
             hidden,
-            cos,
-            sin,
+            ropes,
             torch.tensor([0]),
             [layers_cpu.AttentionGroup(0, 1, tables, too_long, None)],
         )
     with pytest.raises(ValueError, match="hidden must be"):
-        layers(torch.zeros(1, hidden.shape[1] + 1), cos, sin, torch.tensor([0]), group(0))
+        layers(torch.zeros(1, hidden.shape[1] + 1), ropes, torch.tensor([0]), group(0))
+    with pytest.raises(ValueError, match="cos/sin"):
+        layers(hidden, [(ropes[0][0][:, :2], ropes[0][1][:, :2])], torch.tensor([0]), group(0))
 
 
 def test_the_binding_checks_every_size_the_c_loop_reads(tiny_ggufs):
     import dataclasses
 
+    from pagecli_kernels import layer_ops
+
     llm = LLM(str(tiny_ggufs["q4_0"]), dtype="float32", block_size=4, num_kv_blocks=16)
     layers, *_ = _one_token_step(llm)
-    attn = llm.engine.runner.model.layers[0].self_attn
-    sizes = dict(
-        num_heads=attn.num_heads,
-        num_kv_heads=attn.num_kv_heads,
-        head_dim=attn.head_dim,
-        intermediate_size=layers.intermediate_size,
-        eps=layers.eps,
-        scale=layers.scale,
-    )
-    good = list(layers._keep)
-    assert layers_cpu.DecoderLayers(good, **sizes).num_layers == len(good)
-    swapped = [dataclasses.replace(good[0], qkv=good[0].o), *good[1:]]  # o is [H, Q]
-    with pytest.raises(ValueError, match="projection shapes"):
-        layers_cpu.DecoderLayers(swapped, **sizes)
-    assert len(good[0].qkv) == 3  # a QuantLinear's parts: q, k, v as the file holds them
-    qkv = concat_rows(list(good[0].qkv))  # one buffer, cut into parts below
-    rows = qkv.rows // 4
+    ops = layers.ops
 
-    def parts(*bounds):
-        return tuple(QuantWeight(qkv.format, qkv.data[a:b], qkv.cols) for a, b in bounds)
+    def bind(program, **changes):
+        options = dict(widths=layers.widths, rotary_dims=layers.rotary_dims, dtype=torch.float32)
+        options.update(changes)
+        return layers_cpu.LayerProgram(program, **options)
 
-    halves = parts((0, 2 * rows), (2 * rows, qkv.rows))
-    assert layers_cpu.DecoderLayers([dataclasses.replace(good[0], qkv=halves)], **sizes)
+    assert bind(ops).num_ops == len(ops)
+    linears = [i for i, op in enumerate(ops) if isinstance(op, layer_ops.Linear)]
+    qkv_index, o_index = linears[0], linears[1]
+    qkv, o = ops[qkv_index], ops[o_index]
+    swapped = list(ops)
+    swapped[qkv_index] = dataclasses.replace(qkv, parts=o.parts)  # o is [H, Q]
+    with pytest.raises(ValueError, match="projection parts"):
+        bind(swapped)
+    assert len(qkv.parts) == 3  # a QuantLinear's parts: q, k, v as the file holds them
+    whole = concat_rows(list(qkv.parts))  # one buffer, cut into parts below
+    rows = whole.rows // 4
+
+    def with_parts(*bounds):
+        parts = tuple(QuantWeight(whole.format, whole.data[a:b], whole.cols) for a, b in bounds)
+        changed = list(ops)
+        changed[qkv_index] = dataclasses.replace(qkv, parts=parts)
+        return changed
+
+    assert bind(with_parts((0, 2 * rows), (2 * rows, whole.rows)))
     for bad in (
-        parts((0, rows), (rows, qkv.rows - 1)),
-        parts(*[(i * rows, (i + 1) * rows) for i in range(4)]),
+        with_parts((0, rows), (rows, whole.rows - 1)),
+        with_parts(*[(i * rows, (i + 1) * rows) for i in range(4)]),
     ):
         with pytest.raises(ValueError, match="parts"):  # a row short; more than MAX_PARTS
-            layers_cpu.DecoderLayers([dataclasses.replace(good[0], qkv=bad)], **sizes)
-    short_bias = [dataclasses.replace(good[0], biases=(torch.zeros(3), None, None, None))]
+            bind(bad)
+    short_bias = list(ops)
+    short_bias[qkv_index] = dataclasses.replace(qkv, bias=torch.zeros(3))
     with pytest.raises(ValueError, match="bias"):
-        layers_cpu.DecoderLayers(short_bias, **sizes)
-    assert layers_cpu.DecoderLayers(good, **sizes)._final[0] is None  # no last norm: None back
+        bind(short_bias)
+    with pytest.raises(ValueError, match="whole rows"):  # a projection into a narrow buffer
+        bind(ops, widths={**layers.widths, "qkv": layers.widths["qkv"] + 1})
+    norms = [i for i, op in enumerate(ops) if isinstance(op, layer_ops.Norm)]
+    bad_norm = list(ops)
+    bad_norm[norms[0]] = dataclasses.replace(ops[norms[0]], weight=torch.ones(3))
+    with pytest.raises(ValueError, match="norm weight"):
+        bind(bad_norm)
+    outside = list(ops)
+    outside[norms[0]] = dataclasses.replace(ops[norms[0]], dst_col=1)  # past the row's end
+    with pytest.raises(ValueError, match="outside buffer"):
+        bind(outside)
+    attention = next(i for i, op in enumerate(ops) if isinstance(op, layer_ops.Attention))
+    bad_sinks = list(ops)
+    bad_sinks[attention] = dataclasses.replace(ops[attention], sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match="sinks"):
+        bind(bad_sinks)
     with pytest.raises(ValueError, match="final norm"):
-        layers_cpu.DecoderLayers(good, **sizes, final_norm=torch.ones(3), final_eps=1e-5)
+        bind(ops, final_norm=torch.ones(3), final_eps=1e-5)
+    with pytest.raises(ValueError, match="attention op"):
+        bind([op for op in ops if not isinstance(op, layer_ops.Attention)])

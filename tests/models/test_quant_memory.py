@@ -210,14 +210,6 @@ def sparse_7b(tmp_path_factory):
     return source, total
 
 
-def _7b_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS, vocab_size=VOCAB
-    )
-
-
 def test_7b_q4_k_m_fits_a_24_gib_machine(sparse_7b, monkeypatch):
     source, total = sparse_7b
     cpu = torch.device("cpu")
@@ -225,8 +217,8 @@ def test_7b_q4_k_m_fits_a_24_gib_machine(sparse_7b, monkeypatch):
     assert plan.mode == "gguf" and len(plan.quantized_names) == 2 + 7 * LAYERS
     assert 3.8e9 < plan.resident_bytes < 4.2e9  # the file's blocks, plus the F32 norms
     monkeypatch.setattr("pagecli.loader.weights.available_memory", lambda device: 24 * 2**30)
-    check_fits(_7b_config(), torch.float32, cpu, source.name, plan.resident_bytes)
+    check_fits(plan.resident_bytes, torch.float32, cpu, source.name, in_dtype=False)
     dequantized = plan_weights(source, "none", cpu, torch.float32)
     assert dequantized.resident_bytes > 26e9  # float32: 27 GB
     with pytest.raises(ModelLoadError, match="weights need"):
-        check_fits(_7b_config(), torch.float32, cpu, source.name, dequantized.resident_bytes)
+        check_fits(dequantized.resident_bytes, torch.float32, cpu, source.name, in_dtype=False)

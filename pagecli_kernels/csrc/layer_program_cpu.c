@@ -1,0 +1,401 @@
+/*
+ * A model's decoder layers as one call on the CPU: an interpreter of the model's layer
+ * program (pagecli/models/blocks.py writes it; pagecli_kernels/layers_cpu.py binds it). Each
+ * family lists its ops per layer (norm, linear, rotary, attention with its window and sinks,
+ * act * up, residual add, all-reduce), and this loop runs the list. At decode sizes the
+ * Python loop of the same layers costs more in dispatch than in arithmetic (30 layers x a
+ * dozen calls, each tens of microseconds of Python for microseconds of work).
+ *
+ * Every op runs the kernel the Python loop runs for it (cpu_ops.c, quant_linear_cpu.c,
+ * paged_attention_cpu.c), with the same arguments and thread count, in the same order, so
+ * the result is bit-for-bit the loop's. In bfloat16 (dtype 1) it also rounds where the loop's
+ * tensors are bfloat16: a projection sums in float32 (gemm_bf16.c for bfloat16 weights, as
+ * layers/linear.BF16Linear; the float32 drivers on the widened input for block formats),
+ * adds the float32 bias and rounds; attention takes the query widened and its float32 output
+ * is rounded; the residual adds round (torch's bfloat16 add).
+ *
+ * Buffers: the step's activations live in BUF_* buffers of [T, widths[b]] values of dtype,
+ * row-major (BUF_HIDDEN is the caller's residual stream, updated in place). An op names its
+ * buffers and the column where its values start in each.
+ *
+ * The program: num_ops ops of OP_FIELDS int64 each, field 0 the opcode (OP_*), the others as
+ * each op's enum below says; floats are stored as the bits of a float32 in the low 32 bits.
+ *
+ *   OP_NORM       out[dst] = rms_norm(x[src]) per row or per head (num_heads heads of width
+ *                 values; 1 head: the row), with has_delta first x[src] += x[delta]; the
+ *                 weight applied as weight_mode says (cpu_ops.c)
+ *   OP_LINEAR     x[dst] = x[src] @ W.T (+ bias), W one projection (projection table below)
+ *   OP_ROTARY     q and k heads of a buffer rotated in place by rope table `rope`
+ *   OP_ATTENTION  store k, v of the step's tokens into the layer's caches, then paged
+ *                 attention of q over them per group (decodes, prefill chunks), with the
+ *                 layer's window and sinks, into x[dst]
+ *   OP_ACT_MUL    x[dst] = act(gate) * up for gate/up side by side in x[src]
+ *   OP_ADD        x[dst] += x[src] (has_scale: x[src] * scale, rounded, first)
+ *   OP_ALL_REDUCE x[buf] summed over the tensor-parallel ranks (float32)
+ *
+ * A projection: int64 [PROJECTION_FIELDS]: its float32 bias (0: none), its number of parts (1
+ * to MAX_PARTS), then each part's type, weight and rows: a projection's rows may come in
+ * parts of different formats (a Q4_K_M file keeps some v projections in Q6_K beside Q4_K q
+ * and k), each writing its columns of the output, as layers/quant_linear.QuantLinear's do.
+ *
+ * Other layouts:
+ *   dtype    0: float32, 1: bfloat16, the type of hidden, every buffer, cos/sin and the
+ *            caches (biases, and the norm weights of weight_mode 1, are float32)
+ *   ropes    [num_ropes, 3] int64: cos and sin, [T, rotary_dim] of dtype each, and rotary_dim
+ *   slot_mapping [T] int64 (slot < 0: not stored)
+ *   groups   [num_groups, GROUP_FIELDS] int64: token_start, num_tokens, num_seqs,
+ *            block_tables (int32 [num_seqs, table_stride]), table_stride, seq_lens (int32),
+ *            query_start_loc (int32 [num_seqs + 1], from 0 within the group), split_tokens
+ *   caches   [num_blocks, block_size, KVH, D] of dtype, every layer's K and V with the same
+ *            strides (checked by the caller)
+ *   final_norm NULL, or [H] (dtype, or float32 with final_mode 1): then also final_out [T, H]
+ *            = rms_norm(hidden; final_norm, final_eps), the model's last norm
+ *   timings  NULL, or [2] float64 seconds to add to: inside the projections, inside K/V stores
+ *            and attention (benchmarks/step_floor.py: what is left is glue and small ops)
+ *   tp       NULL, or a tensor-parallel rank's shared-memory collective (float32 only), int64
+ *            [TP_FIELDS]: segment base, slot floats, rank, size, the last collective number
+ *            (advanced here, one per OP_ALL_REDUCE), time limit in ms, nanoseconds spent in
+ *            the collectives (added to), as layers/parallel.py's all-reduce
+ * Returns 0, or LAYERS_E_* (the failing op is not reported: the binding checked the program,
+ * so a failure is the step's arguments, and the first layer already fails).
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "cpu_entry_points.h" /* the kernels this file strings together */
+#include "quant_blocks.h"     /* QT_BF16 */
+
+#define LAYERS_E_BLOCK -1  /* a block id outside [0, num_blocks) */
+#define LAYERS_E_MEMORY -2 /* no memory for the work buffers */
+#define LAYERS_E_SLOT -3   /* a slot past the cache */
+#define LAYERS_E_FORMAT -4 /* a weight format the kernels do not know */
+#define LAYERS_E_PARTS -5  /* a projection's parts: not 1 to MAX_PARTS, or rows not adding up */
+#define LAYERS_E_COLLECTIVE -6 /* a tensor-parallel collective timed out or was aborted */
+#define LAYERS_E_PROGRAM -7    /* an op the interpreter does not know, or a buffer out of range */
+
+enum { BUF_HIDDEN, BUF_NORMED, BUF_QKV, BUF_ATTN, BUF_PROJ, BUF_GATE_UP, BUF_ACT, NUM_BUFS };
+enum { OP_NORM = 1, OP_LINEAR, OP_ROTARY, OP_ATTENTION, OP_ACT_MUL, OP_ADD, OP_ALL_REDUCE };
+#define OP_FIELDS 16
+enum { /* OP_NORM */
+    N_SRC = 1, N_SRC_COL, N_HAS_DELTA, N_DELTA, N_DST, N_DST_COL, N_HEADS, N_WIDTH, N_WEIGHT,
+    N_EPS, N_WEIGHT_MODE
+};
+enum { L_SRC = 1, L_DST, L_IN, L_OUT, L_PROJECTION }; /* OP_LINEAR */
+enum { /* OP_ROTARY */
+    R_BUF = 1, R_Q_COL, R_K_COL, R_Q_HEADS, R_K_HEADS, R_HEAD_DIM, R_ROTARY_DIM, R_PAIRS, R_ROPE
+};
+enum { /* OP_ATTENTION */
+    A_SRC = 1, A_Q_COL, A_K_COL, A_V_COL, A_DST, A_K_CACHE, A_V_CACHE, A_HEADS, A_KV_HEADS,
+    A_HEAD_DIM, A_WINDOW, A_SINKS, A_SCALE
+};
+enum { M_SRC = 1, M_DST, M_INTER, M_ACT };                 /* OP_ACT_MUL */
+enum { D_DST = 1, D_SRC, D_WIDTH, D_HAS_SCALE, D_SCALE }; /* OP_ADD */
+enum { U_BUF = 1, U_WIDTH };                              /* OP_ALL_REDUCE */
+
+#define MAX_PARTS 3
+enum { P_BIAS, P_NUM_PARTS, P_PARTS, PROJECTION_FIELDS = P_PARTS + 3 * MAX_PARTS };
+enum {
+    G_TOKEN_START, G_NUM_TOKENS, G_NUM_SEQS, G_BLOCK_TABLES, G_TABLE_STRIDE, G_SEQ_LENS,
+    G_QUERY_START_LOC, G_SPLIT_TOKENS, GROUP_FIELDS
+};
+enum { TP_BASE, TP_SLOT, TP_RANK, TP_SIZE, TP_NUMBER, TP_TIMEOUT_MS, TP_NANOS, TP_FIELDS };
+
+#define PTR(v) ((void *)(intptr_t)(v))
+
+static float as_float(int64_t bits) {
+    const uint32_t b = (uint32_t)bits;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* Sum a [n] float32 buffer over the tensor-parallel ranks. */
+static int all_reduce(int64_t *tp, float *x, int64_t n) {
+    const double start = omp_get_wtime();
+    const int status = pagecli_shm_all_reduce((char *)PTR(tp[TP_BASE]), tp[TP_SLOT],
+                                              (int32_t)tp[TP_RANK], (int32_t)tp[TP_SIZE],
+                                              ++tp[TP_NUMBER], x, n, 1e-3 * tp[TP_TIMEOUT_MS]);
+    tp[TP_NANOS] += (int64_t)(1e9 * (omp_get_wtime() - start));
+    return status ? LAYERS_E_COLLECTIVE : 0;
+}
+
+/* the elementwise loops vectorized for the CPU at hand (the library's baseline is SSE2) */
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define PARALLEL_VALUES 16384 /* elementwise loops of at least this many values share threads */
+
+/* bfloat16 <-> float32 (bf16.h) over count values */
+CLONES static void widen_bf16(const uint16_t *in, float *out, int64_t count, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
+    for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(in[i]);
+}
+
+CLONES static void narrow_bf16(const float *in, uint16_t *out, int64_t count, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count >= PARALLEL_VALUES)
+    for (int64_t i = 0; i < count; ++i) out[i] = f32_to_bf16(in[i]);
+}
+
+/* y = x @ W.T (+ bias, added afterwards as torch's `out += bias` does), x [m, k] and y [m, n]
+ * of dtype, W the projection's parts one after the other. bfloat16 sums into the float32
+ * scratch rows y32 and rounds, as the loop's layers do: a bfloat16 weight through gemm_bf16.c
+ * (layers/linear.BF16Linear), a block format through the float32 drivers with x widened into
+ * x32 (layers/quant_linear.QuantLinear). */
+static int linear(const int64_t *proj, const void *x, int64_t m, int64_t k, void *y, int64_t n,
+                  int dtype, float *x32, float *y32, int num_threads, double *timings) {
+    const double start = timings ? omp_get_wtime() : 0.0;
+    if (proj[P_NUM_PARTS] < 1 || proj[P_NUM_PARTS] > MAX_PARTS) return LAYERS_E_PARTS;
+    int64_t total = 0;
+    for (int p = 0; p < proj[P_NUM_PARTS]; p++) total += proj[P_PARTS + 3 * p + 2];
+    if (total != n) return LAYERS_E_PARTS; /* checked before any part writes its columns */
+    float *yf = dtype ? y32 : y;
+    const float *xf = x;
+    int status = 0;
+    if (dtype) { /* widened once for the block-format parts */
+        int widen = 0;
+        for (int p = 0; p < proj[P_NUM_PARTS]; p++) widen |= proj[P_PARTS + 3 * p] != QT_BF16;
+        if (widen) widen_bf16(x, x32, m * k, num_threads);
+        xf = x32;
+    }
+    int64_t first = 0; /* the part's first output column */
+    for (int p = 0; p < proj[P_NUM_PARTS] && status == 0; p++) {
+        const int type = (int)proj[P_PARTS + 3 * p];
+        const void *w = PTR(proj[P_PARTS + 3 * p + 1]);
+        const int64_t rows = proj[P_PARTS + 3 * p + 2];
+        if (dtype && type == QT_BF16)
+            status = pagecli_bf16_linear(w, rows, k, x, k, m, yf + first, n, num_threads);
+        else
+            status = pagecli_quant_linear(type, w, rows, k, xf, k, m, yf + first, n, num_threads);
+        first += rows;
+    }
+    const float *bias = PTR(proj[P_BIAS]);
+    if (status == 0 && bias) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (m >= 64)
+        for (int64_t t = 0; t < m; ++t)
+            for (int64_t j = 0; j < n; ++j) yf[t * n + j] += bias[j];
+    }
+    if (status == 0 && dtype) narrow_bf16(y32, y, m * n, num_threads);
+    if (timings) timings[0] += omp_get_wtime() - start;
+    return status == 0 ? 0 : status == -3 ? LAYERS_E_MEMORY : LAYERS_E_FORMAT;
+}
+
+/* What one step shares with every op. */
+typedef struct {
+    char *buf[NUM_BUFS];
+    int64_t width[NUM_BUFS];
+    int64_t T;
+    int dtype, es, num_threads, attention_isa;
+    float *query, *attn, *x32, *y32; /* float32 scratch: [T, max Q] twice, bfloat16's rows */
+    const int64_t *ropes;
+    int num_ropes;
+    const int64_t *slot_mapping;
+    int64_t num_blocks, stride_block, stride_slot, stride_head;
+    int block_size;
+    const int64_t *groups;
+    int num_groups;
+    double *timings;
+    int64_t *tp;
+} Step;
+
+/* A buffer's columns [col, col + count) exist. */
+static int in_buffer(const Step *s, int64_t b, int64_t col, int64_t count) {
+    return b >= 0 && b < NUM_BUFS && col >= 0 && count >= 0 && col + count <= s->width[b];
+}
+
+static char *at(const Step *s, int64_t b, int64_t col) {
+    return s->buf[b] + col * s->es;
+}
+
+static int op_norm(const Step *s, const int64_t *op) {
+    const int64_t heads = op[N_HEADS], width = op[N_WIDTH];
+    if (!in_buffer(s, op[N_SRC], op[N_SRC_COL], heads * width) ||
+        !in_buffer(s, op[N_DST], op[N_DST_COL], heads * width) ||
+        (op[N_HAS_DELTA] && (!in_buffer(s, op[N_DELTA], 0, heads * width) || heads != 1)))
+        return LAYERS_E_PROGRAM;
+    const void *delta = op[N_HAS_DELTA] ? at(s, op[N_DELTA], 0) : NULL;
+    pagecli_rms_norm(at(s, op[N_SRC], op[N_SRC_COL]), delta, PTR(op[N_WEIGHT]),
+                     at(s, op[N_DST], op[N_DST_COL]), s->T, heads, width, s->width[op[N_SRC]],
+                     op[N_HAS_DELTA] ? s->width[op[N_DELTA]] : 0, s->width[op[N_DST]],
+                     as_float(op[N_EPS]), s->dtype, (int)op[N_WEIGHT_MODE], s->num_threads);
+    return 0;
+}
+
+static int op_linear(const Step *s, const int64_t *op) {
+    if (!in_buffer(s, op[L_SRC], 0, op[L_IN]) || !in_buffer(s, op[L_DST], 0, op[L_OUT]) ||
+        op[L_IN] != s->width[op[L_SRC]] || op[L_OUT] != s->width[op[L_DST]] ||
+        op[L_SRC] == op[L_DST])
+        return LAYERS_E_PROGRAM; /* whole rows: the kernels take unit-stride [T, k] inputs */
+    return linear(PTR(op[L_PROJECTION]), s->buf[op[L_SRC]], s->T, op[L_IN], s->buf[op[L_DST]],
+                  op[L_OUT], s->dtype, s->x32, s->y32, s->num_threads, s->timings);
+}
+
+static int op_rotary(const Step *s, const int64_t *op) {
+    const int64_t d = op[R_HEAD_DIM], rd = op[R_ROTARY_DIM];
+    if (!in_buffer(s, op[R_BUF], op[R_Q_COL], op[R_Q_HEADS] * d) ||
+        !in_buffer(s, op[R_BUF], op[R_K_COL], op[R_K_HEADS] * d) || op[R_ROPE] < 0 ||
+        op[R_ROPE] >= s->num_ropes || s->ropes[3 * op[R_ROPE] + 2] != rd || rd > d || rd % 2 ||
+        rd > 512)
+        return LAYERS_E_PROGRAM;
+    const int64_t *rope = s->ropes + 3 * op[R_ROPE];
+    const int64_t stride = s->width[op[R_BUF]];
+    pagecli_rotary(at(s, op[R_BUF], op[R_Q_COL]), at(s, op[R_BUF], op[R_K_COL]), PTR(rope[0]),
+                   PTR(rope[1]), s->T, op[R_Q_HEADS], op[R_K_HEADS], d, rd, stride, stride,
+                   s->dtype, (int)op[R_PAIRS]);
+    return 0;
+}
+
+static int op_attention(const Step *s, const int64_t *op) {
+    const int num_heads = (int)op[A_HEADS], num_kv_heads = (int)op[A_KV_HEADS];
+    const int head_dim = (int)op[A_HEAD_DIM];
+    const int64_t Q = (int64_t)num_heads * head_dim, KV = (int64_t)num_kv_heads * head_dim;
+    const int64_t src = op[A_SRC], ld = in_buffer(s, src, 0, 0) ? s->width[src] : 0;
+    if (!in_buffer(s, src, op[A_Q_COL], Q) || !in_buffer(s, src, op[A_K_COL], KV) ||
+        !in_buffer(s, src, op[A_V_COL], KV) || !in_buffer(s, op[A_DST], 0, Q) ||
+        s->width[op[A_DST]] != Q || Q > s->width[BUF_ATTN] || s->stride_head != head_dim ||
+        num_kv_heads < 1 || num_heads % num_kv_heads)
+        return LAYERS_E_PROGRAM;
+    const double start = s->timings ? omp_get_wtime() : 0.0;
+    void *k_cache = PTR(op[A_K_CACHE]), *v_cache = PTR(op[A_V_CACHE]);
+    const int64_t T = s->T;
+    if (pagecli_store_kv(at(s, src, op[A_K_COL]), at(s, src, op[A_V_COL]), ld, ld, k_cache,
+                         v_cache, s->stride_block, s->stride_slot, s->slot_mapping, T, KV,
+                         s->es, s->block_size, s->num_blocks * s->block_size))
+        return LAYERS_E_SLOT;
+    const char *q = at(s, src, op[A_Q_COL]);
+#pragma omp parallel for num_threads(s->num_threads) schedule(static) if (T >= 64)
+    for (int64_t t = 0; t < T; ++t) {
+        if (s->dtype == 0) {
+            memcpy(s->query + t * Q, (const float *)q + t * ld, sizeof(float) * (size_t)Q);
+            continue;
+        }
+        const uint16_t *row = (const uint16_t *)q + t * ld;
+        for (int64_t i = 0; i < Q; ++i) s->query[t * Q + i] = bf16_to_f32(row[i]);
+    }
+    /* float32: straight into the destination buffer; bfloat16: rounded into it below */
+    float *out = s->dtype ? s->attn : (float *)s->buf[op[A_DST]];
+    int status = 0;
+    for (int g = 0; g < s->num_groups && status == 0; ++g) {
+        const int64_t *grp = s->groups + (int64_t)g * GROUP_FIELDS;
+        const int64_t first = grp[G_TOKEN_START];
+        const int a = pagecli_paged_attention(
+            s->attention_isa, s->dtype, s->query + first * Q, k_cache, v_cache, s->num_blocks,
+            s->stride_block, s->stride_slot, s->stride_head, PTR(grp[G_BLOCK_TABLES]),
+            grp[G_TABLE_STRIDE], PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]),
+            out + first * Q, (int)grp[G_NUM_SEQS], num_heads, num_kv_heads, head_dim,
+            s->block_size, as_float(op[A_SCALE]), (int)op[A_WINDOW], PTR(op[A_SINKS]),
+            (int)grp[G_SPLIT_TOKENS], s->num_threads);
+        if (a) status = a == -1 ? LAYERS_E_BLOCK : LAYERS_E_MEMORY;
+    }
+    if (s->timings) s->timings[1] += omp_get_wtime() - start;
+    if (status == 0 && s->dtype)
+        narrow_bf16(s->attn, (uint16_t *)s->buf[op[A_DST]], T * Q, s->num_threads);
+    return status;
+}
+
+static int op_act_mul(const Step *s, const int64_t *op) {
+    const int64_t inter = op[M_INTER];
+    if (!in_buffer(s, op[M_SRC], 0, 2 * inter) || !in_buffer(s, op[M_DST], 0, inter) ||
+        op[M_ACT] < 0 || op[M_ACT] > 1)
+        return LAYERS_E_PROGRAM;
+    pagecli_act_mul(s->buf[op[M_SRC]], s->buf[op[M_DST]], s->T, inter, s->width[op[M_SRC]],
+                    s->width[op[M_DST]], s->dtype, (int)op[M_ACT], s->num_threads);
+    return 0;
+}
+
+static int op_add(const Step *s, const int64_t *op) {
+    const int64_t width = op[D_WIDTH];
+    if (!in_buffer(s, op[D_DST], 0, width) || !in_buffer(s, op[D_SRC], 0, width))
+        return LAYERS_E_PROGRAM;
+    pagecli_add_scaled(s->buf[op[D_DST]], s->buf[op[D_SRC]], s->T, width, s->width[op[D_DST]],
+                       s->width[op[D_SRC]], as_float(op[D_SCALE]), (int)op[D_HAS_SCALE],
+                       s->dtype, s->num_threads);
+    return 0;
+}
+
+static int op_all_reduce(const Step *s, const int64_t *op) {
+    if (!s->tp) return 0; /* one rank: nothing to sum */
+    const int64_t width = op[U_WIDTH];
+    if (!in_buffer(s, op[U_BUF], 0, width) || width != s->width[op[U_BUF]])
+        return LAYERS_E_PROGRAM;
+    return all_reduce(s->tp, (float *)s->buf[op[U_BUF]], s->T * width);
+}
+
+int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden, int64_t T,
+                          const int64_t *widths, const int64_t *ropes, int num_ropes,
+                          const int64_t *slot_mapping, int64_t num_blocks, int block_size,
+                          int64_t stride_block, int64_t stride_slot, int64_t stride_head,
+                          const int64_t *groups, int num_groups, int attention_isa,
+                          int num_threads, const void *final_norm, float final_eps,
+                          int final_mode, void *final_out, int dtype, double *timings,
+                          int64_t *tp) {
+    if (dtype != 0 && dtype != 1) return LAYERS_E_FORMAT;
+    if (tp && (dtype != 0 || T * widths[BUF_HIDDEN] > tp[TP_SLOT])) return LAYERS_E_FORMAT;
+    Step s = {0};
+    s.T = T;
+    s.dtype = dtype;
+    s.es = dtype ? 2 : 4;
+    s.num_threads = num_threads;
+    s.attention_isa = attention_isa;
+    s.ropes = ropes;
+    s.num_ropes = num_ropes;
+    s.slot_mapping = slot_mapping;
+    s.num_blocks = num_blocks;
+    s.block_size = block_size;
+    s.stride_block = stride_block;
+    s.stride_slot = stride_slot;
+    s.stride_head = stride_head;
+    s.groups = groups;
+    s.num_groups = num_groups;
+    s.timings = timings;
+    s.tp = tp;
+    int64_t wide_in = 0, wide_out = 0; /* bfloat16: the projections' float32 rows */
+    for (int b = 0; b < NUM_BUFS; ++b) {
+        if (widths[b] < 0) return LAYERS_E_PROGRAM;
+        s.width[b] = widths[b];
+        wide_in = widths[b] > wide_in ? widths[b] : wide_in;
+    }
+    wide_out = wide_in;
+    /* work buffers, each 64-byte aligned as torch's tensors are, so that the kernels (and
+     * MKL's sgemm in the panel path) see the inputs the Python loop hands them: the BUF_*
+     * buffers after BUF_HIDDEN, in values of dtype; in float32 the query and attention rows
+     * [T, width of BUF_ATTN] and, for bfloat16, the projections' input and output rows */
+    int64_t bytes[NUM_BUFS + 4], offsets[NUM_BUFS + 4], total = 0;
+    for (int b = 0; b < NUM_BUFS; ++b) bytes[b] = b == BUF_HIDDEN ? 0 : T * widths[b] * s.es;
+    bytes[NUM_BUFS] = bytes[NUM_BUFS + 1] = T * widths[BUF_ATTN] * 4;
+    bytes[NUM_BUFS + 2] = dtype ? T * wide_in * 4 : 0;
+    bytes[NUM_BUFS + 3] = dtype ? T * wide_out * 4 : 0;
+    for (int i = 0; i < NUM_BUFS + 4; ++i) {
+        offsets[i] = total;
+        total += (bytes[i] + 63) / 64 * 64;
+    }
+    char *work = aligned_alloc(64, (size_t)(total ? total : 64));
+    if (!work) return LAYERS_E_MEMORY;
+    for (int b = 0; b < NUM_BUFS; ++b) s.buf[b] = work + offsets[b];
+    s.buf[BUF_HIDDEN] = hidden;
+    s.query = (float *)(work + offsets[NUM_BUFS]);
+    s.attn = (float *)(work + offsets[NUM_BUFS + 1]);
+    s.x32 = (float *)(work + offsets[NUM_BUFS + 2]);
+    s.y32 = (float *)(work + offsets[NUM_BUFS + 3]);
+
+    int status = 0;
+    for (int64_t i = 0; i < num_ops && status == 0; ++i) {
+        const int64_t *op = program + i * OP_FIELDS;
+        switch (op[0]) {
+        case OP_NORM: status = op_norm(&s, op); break;
+        case OP_LINEAR: status = op_linear(&s, op); break;
+        case OP_ROTARY: status = op_rotary(&s, op); break;
+        case OP_ATTENTION: status = op_attention(&s, op); break;
+        case OP_ACT_MUL: status = op_act_mul(&s, op); break;
+        case OP_ADD: status = op_add(&s, op); break;
+        case OP_ALL_REDUCE: status = op_all_reduce(&s, op); break;
+        default: status = LAYERS_E_PROGRAM;
+        }
+    }
+    if (status == 0 && final_norm)
+        pagecli_rms_norm(hidden, NULL, final_norm, final_out, T, 1, widths[BUF_HIDDEN],
+                         widths[BUF_HIDDEN], 0, widths[BUF_HIDDEN], final_eps, dtype,
+                         final_mode, num_threads);
+    free(work);
+    return status;
+}

@@ -1,0 +1,115 @@
+"""The ops of a layer program: what a model's decoder layers do, as csrc/layer_program_cpu.c
+runs them. A model lists its layers' ops (pagecli/models/blocks.py); layers_cpu.LayerProgram
+checks and binds the list once and runs it over each step in one native call.
+
+Ops read and write the step's buffers, each [T, width] of the activations' dtype: "hidden"
+(the residual stream, updated in place), "normed", "qkv", "attn", "proj", "gate_up", "act".
+Columns are counted within a buffer's row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagecli_kernels.quant_formats import QuantWeight
+
+BUFFERS = ("hidden", "normed", "qkv", "attn", "proj", "gate_up", "act")  # the C enum's order
+
+
+@dataclass(frozen=True)
+class Norm:
+    """dst = RMSNorm(src) over `heads` heads of `width` values from column `src_col` (one
+    head: `width` values of the row), into `dst` from `dst_col`; with `delta`, first
+    src += delta (rows only). `weight_mode` 0: `weight` of the activations' dtype, applied
+    after rounding; 1: float32, applied before (layers/norm.py's styles)."""
+
+    src: str
+    dst: str
+    weight: torch.Tensor  # [width]
+    eps: float
+    width: int
+    weight_mode: int = 0
+    src_col: int = 0
+    dst_col: int = 0
+    heads: int = 1
+    delta: str | None = None
+
+
+@dataclass(frozen=True)
+class Linear:
+    """dst = src @ W.T (+ bias), W the parts stacked by rows; whole rows of both buffers."""
+
+    src: str
+    dst: str
+    parts: tuple[QuantWeight, ...]  # block-format or float rows, 1 to MAX_PARTS
+    bias: torch.Tensor | None  # [out_features] float32
+    in_features: int
+    out_features: int
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """q heads from `q_col` and k heads from `k_col` of `buf` rotated in place by the step's
+    rope table `rope` (its rotary width R <= head_dim: the first R values of each head).
+    `pairs`: heads in llama.cpp's interleaved order, left in transformers'."""
+
+    buf: str
+    q_col: int
+    k_col: int
+    q_heads: int
+    k_heads: int
+    head_dim: int
+    rope: int
+    pairs: bool = False
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Store the step's k, v rows (from `src` at k_col, v_col) into the layer's caches, then
+    paged attention of q (from q_col) over each sequence's cache, with the layer's window and
+    sinks, into `dst` (whole rows of num_heads * head_dim)."""
+
+    src: str
+    q_col: int
+    k_col: int
+    v_col: int
+    dst: str
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    window: int | None
+    sinks: torch.Tensor | None  # [num_heads] float32
+    scale: float
+
+
+@dataclass(frozen=True)
+class ActMul:
+    """dst = act(gate) * up, gate and up side by side in src ([2 * inter] per row)."""
+
+    src: str
+    dst: str
+    inter: int
+    activation: str  # "silu" or "gelu_tanh"
+
+
+@dataclass(frozen=True)
+class Add:
+    """dst += src, or dst += src * scale (the product rounded first: torch's order)."""
+
+    dst: str
+    src: str
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """`buf` summed over the tensor-parallel ranks (a no-op on one rank)."""
+
+    buf: str
+
+
+Op = Norm | Linear | Rotary | Attention | ActMul | Add | AllReduce
