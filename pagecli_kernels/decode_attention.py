@@ -6,6 +6,12 @@ running max, the softmax denominator and the unnormalized output of up to 16 of 
 sharing that KV head (the K/V tile is loaded once for all of them); `_decode_reduce_kernel`
 merges the splits. With a single split the first
 kernel normalizes and writes the output itself.
+
+With a sliding window of w tokens the new token at position seq_len - 1 sees positions
+[max(0, seq_len - w), seq_len) only: the splits cover that range, and no K/V row or block-table
+entry before it is read. An attention sink (one logit per query head) joins the softmax's
+denominator once: in the single-split kernel, whose running max starts at the sink and running
+sum at 1, or in the reduce kernel.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagecli_kernels._checks import check_attention
+from pagecli_kernels._checks import check_attention, check_window_sinks
 from pagecli_kernels._triton_utils import check_triton_support, interpreting
 
 MAX_SPLITS = 32
@@ -42,11 +48,13 @@ def _decode_attention_kernel(
     v_cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     out_ptr,
     partial_max_ptr,
     partial_sum_ptr,
     partial_out_ptr,
     scale,
+    window,
     tokens_per_split,
     stride_query_seq,
     stride_query_head,
@@ -67,17 +75,20 @@ def _decode_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     # Program (seq, kv_head * num_chunks + chunk, split): BLOCK_H of the GROUP query heads that
-    # share kv_head, over one split of the context.
+    # share kv_head, over one split of the context the new token sees (window > 0: its last
+    # `window` positions; 0: all of them).
     seq = tl.program_id(0)
     num_chunks = (GROUP + BLOCK_H - 1) // BLOCK_H
     kv_head = tl.program_id(1) // num_chunks
     chunk = tl.program_id(1) % num_chunks
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_start = split * tokens_per_split
+    window_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    split_start = window_start + split * tokens_per_split
     split_end = tl.minimum(split_start + tokens_per_split, seq_len)
 
     group_rows = chunk * BLOCK_H + tl.arange(0, BLOCK_H)  # padded to 16 rows for tl.dot
@@ -94,8 +105,14 @@ def _decode_attention_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if HAS_SINKS and NUM_SPLITS == 1:
+        # The sink is one more softmax term that weighs no value: e^(sink - m_i) = 1 to start.
+        # With several splits the reduce kernel adds it, once.
+        m_i = tl.load(sinks_ptr + heads, mask=row_mask, other=0.0).to(tl.float32)  # [BLOCK_H]
+        l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_block_tables_seq
     for start in range(split_start, split_end, BLOCK_N):
@@ -154,22 +171,27 @@ def _decode_attention_kernel(
 @triton.jit
 def _decode_reduce_kernel(
     seq_lens_ptr,
+    sinks_ptr,
     partial_max_ptr,
     partial_sum_ptr,
     partial_out_ptr,
     out_ptr,
+    window,
     tokens_per_split,
     stride_out_seq,
     stride_out_head,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
-    # One program per (sequence, query head): merge the splits that hold context tokens.
+    # One program per (sequence, query head): merge the splits that hold context tokens, the
+    # ones over [window_start, seq_len).
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    num_used = tl.cdiv(seq_len, tokens_per_split)
+    window_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    num_used = tl.cdiv(seq_len - window_start, tokens_per_split)
     splits = tl.arange(0, NUM_SPLITS)
     split_mask = splits < num_used
     dims = tl.arange(0, BLOCK_D)
@@ -183,8 +205,13 @@ def _decode_reduce_kernel(
         other=0.0,
     )  # [NUM_SPLITS, BLOCK_D]
     m_max = tl.max(m, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        m_max = tl.maximum(m_max, sink)
     weight = tl.where(split_mask, tl.exp(m - m_max), 0.0)  # [NUM_SPLITS]
     total = tl.sum(l_split * weight, 0)
+    if HAS_SINKS:
+        total += tl.exp(sink - m_max)  # the sink's softmax term, which weighs no value
     out = tl.sum(acc * weight[:, None], 0) / total  # [BLOCK_D]
     tl.store(
         out_ptr + seq * stride_out_seq + head * stride_out_head + dims,
@@ -219,21 +246,26 @@ def paged_decode_attention(
     sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence over all seq_lens[i] cached tokens.
+    """Attention of one new token per sequence over its seq_lens[i] cached tokens (the last
+    `window` of them with a window); `sinks` [num_heads]: one softmax logit per head that
+    weighs no value.
 
     num_splits overrides the split-K heuristic (a power of two up to 32; tests use it).
     """
-    if window is not None or sinks is not None:
-        raise NotImplementedError("the Triton decode kernel takes no window or sinks yet")
     cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens)
+    check_window_sinks(window, sinks, query.shape[1], query.device)
     check_triton_support(cache.head_dim, cache.block_size, query, k_cache, v_cache)
     num_seqs, num_heads, head_dim = query.shape
     out = torch.empty_like(query)  # [num_seqs, num_heads, D]
     if num_seqs == 0:
         return out
     group = num_heads // cache.num_kv_heads
-    # Upper bound on any seq_len, known without reading seq_lens.
+    # Upper bound on any sequence's visible context, known without reading seq_lens. A window
+    # past the table's capacity cuts nothing: the kernels get it clamped there (an int32).
     max_context = block_tables.shape[1] * cache.block_size
+    if window is not None:
+        max_context = min(max_context, window)
+    window_arg = 0 if window is None else max_context  # 0: no window
     config = tiling(head_dim, query.dtype)
     block_n = config["BLOCK_N"]
     if num_splits is None:
@@ -253,6 +285,7 @@ def paged_decode_attention(
         partial_out = torch.empty(
             (num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=query.device
         )
+    sinks_arg = out if sinks is None else sinks.contiguous()  # out: a pointer never read
     num_chunks = triton.cdiv(group, BLOCK_H)
     _decode_attention_kernel[(num_seqs, cache.num_kv_heads * num_chunks, num_splits)](
         query,
@@ -260,11 +293,13 @@ def paged_decode_attention(
         v_cache,
         block_tables,
         seq_lens,
+        sinks_arg,
         out,
         partial_max,
         partial_sum,
         partial_out,
         scale,
+        window_arg,
         tokens_per_split,
         query.stride(0),
         query.stride(1),
@@ -284,22 +319,26 @@ def paged_decode_attention(
         BLOCK_D=block_d,
         BLOCK_SIZE=cache.block_size,
         NUM_SPLITS=num_splits,
+        HAS_SINKS=sinks is not None,
         UPCAST=interpreting() or query.dtype == torch.float32,
         **config,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             seq_lens,
+            sinks_arg,
             partial_max,
             partial_sum,
             partial_out,
             out,
+            window_arg,
             tokens_per_split,
             out.stride(0),
             out.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
+            HAS_SINKS=sinks is not None,
             num_warps=4,
         )
     return out

@@ -5,6 +5,12 @@ sequence's context through its block table, BLOCK_N tokens at a time, with an on
 Query tiles of all sequences share one flat grid axis: sequence i's tiles start at
 query_start_loc[i] // BLOCK_M + i, a monotone start that the kernel binary-searches, so the
 launcher never reads query_start_loc (no device sync, CUDA-graph friendly).
+
+With a sliding window of w tokens the new token at position p sees positions
+max(0, p - w + 1)..p only: a program starts its walk at its first row's window start, so no
+K/V row or block-table entry before it is read, and masks the rest per row. An attention sink
+(one logit per query head) joins the softmax's denominator: the running max starts at the sink
+and the running sum at 1.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagecli_kernels._checks import check_attention
+from pagecli_kernels._checks import check_attention, check_window_sinks
 from pagecli_kernels._triton_utils import check_triton_support, interpreting
 
 
@@ -34,8 +40,10 @@ def _prefill_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    sinks_ptr,
     out_ptr,
     scale,
+    window,
     num_seqs,
     stride_query_token,
     stride_query_head,
@@ -54,8 +62,11 @@ def _prefill_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    # Program (query tile, query head); window > 0: each new token sees its last `window`
+    # positions, 0: all of them.
     tile = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -89,18 +100,35 @@ def _prefill_attention_kernel(
         q = q.to(tl.float32)
 
     q_pos = prefix_len + rows  # context position of each new token
+    # First position each row sees, its window's start (0 without a window, and for the
+    # padding rows past the new tokens, which are not stored: they then see every loaded
+    # position, not none, so that their 0/0 never happens).
+    q_first = tl.where(row_mask & (window > 0), tl.maximum(q_pos - window + 1, 0), 0)
     # Causal bound of the tile's last valid row; 0 for a tile past the sequence's new tokens.
     context_end = tl.where(
         row_start < query_len, prefix_len + tl.minimum(row_start + BLOCK_M, query_len), 0
     )
+    # Window start of the tile's first row, the lowest of its rows: K/V tiles wholly before it
+    # are skipped, and nothing before it is loaded. The walk starts on a multiple of BLOCK_N,
+    # as without a window, which keeps the gather's addressing as cheap (registers).
+    context_start = tl.where(window > 0, tl.maximum(prefix_len + row_start - window + 1, 0), 0)
+    walk_start = context_start // BLOCK_N * BLOCK_N
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:
+        # The sink is one more softmax term that weighs no value: e^(sink - m_i) = 1 to start.
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        # float32's lowest, not -inf: a row that sees nothing of a tile (its window starts past
+        # it) keeps alpha = e^0 = 1 and p = 0, where -inf - -inf would make NaN.
+        m_i = tl.full([BLOCK_M], -3.4028234663852886e38, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_block_tables_seq
-    for start in range(0, context_end, BLOCK_N):
+    for start in range(walk_start, context_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] context positions
-        pos_mask = pos < context_end
+        pos_mask = (pos >= context_start) & (pos < context_end)
         block_ids = tl.load(block_table_row + pos // BLOCK_SIZE, mask=pos_mask, other=0)
         block_ids = block_ids.to(tl.int64)
         offsets = pos % BLOCK_SIZE
@@ -127,8 +155,9 @@ def _prefill_attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
-        # Bottom-right causal mask; column 0 is always visible, so no row is ever all -inf.
-        visible = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
+        # Bottom-right causal mask and each row's window.
+        visible = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] >= q_first[:, None])
+        visible = visible & pos_mask[None, :]
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp(m_i - m_new)
@@ -157,10 +186,11 @@ def paged_prefill_attention(
     window: int | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new tokens, the last of its seq_lens, over its cache."""
-    if window is not None or sinks is not None:
-        raise NotImplementedError("the Triton prefill kernel takes no window or sinks yet")
+    """Causal attention of each sequence's new tokens, the last of its seq_lens, over its cache
+    (each token over its last `window` positions with a window); `sinks` [num_heads]: one
+    softmax logit per head that weighs no value."""
     cache = check_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    check_window_sinks(window, sinks, query.shape[1], query.device)
     check_triton_support(cache.head_dim, cache.block_size, query, k_cache, v_cache)
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
@@ -170,6 +200,8 @@ def paged_prefill_attention(
     config = tiling(head_dim, query.dtype)
     # An upper bound on the number of query tiles (see the module docstring).
     num_tiles = num_tokens // config["BLOCK_M"] + num_seqs
+    # 0: no window. A window past the table's capacity cuts nothing: clamped there (an int32).
+    window_arg = 0 if window is None else min(window, block_tables.shape[1] * cache.block_size)
     _prefill_attention_kernel[(num_tiles, num_heads)](
         query,
         k_cache,
@@ -177,8 +209,10 @@ def paged_prefill_attention(
         block_tables,
         seq_lens,
         query_start_loc,
+        out if sinks is None else sinks.contiguous(),  # out: a pointer never read
         out,
         scale,
+        window_arg,
         num_seqs,
         query.stride(0),
         query.stride(1),
@@ -195,6 +229,7 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=cache.block_size,
+        HAS_SINKS=sinks is not None,
         UPCAST=interpreting() or query.dtype == torch.float32,
         **config,
     )

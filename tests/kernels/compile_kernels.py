@@ -5,6 +5,9 @@ so nothing could be compiled): `python tests/kernels/compile_kernels.py [--full]
 a variant fails to compile or ptxas reports register spills. By default it compiles a
 representative subset (every head_dim and dtype at block_size 16); `--full`, or
 PAGECLI_COMPILE_ALL=1, adds every supported block size and more GQA groups and split counts.
+The attention kernels compile without and with attention sinks (HAS_SINKS; by default the
+latter for the largest head_dim only, the one nearest to spilling; every variant with --full).
+The sliding window is a runtime argument, so every variant takes one.
 `--kernel NAME` (repeatable) compiles only the variants of those kernel functions.
 """
 
@@ -37,7 +40,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 INT_POINTERS = {"block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "bitmask_ptr"}
 INT64_POINTERS = {"slot_mapping_ptr", "rows_ptr"}
-FP32_POINTERS = {"partial_max_ptr", "partial_sum_ptr", "partial_out_ptr"}
+FP32_POINTERS = {"partial_max_ptr", "partial_sum_ptr", "partial_out_ptr", "sinks_ptr"}
 FLOAT_SCALARS = {"scale"}
 
 
@@ -97,6 +100,8 @@ def variants(full: bool) -> list[Variant]:
             decode_options = {k: decode_config[k] for k in ("num_warps", "num_stages")}
             prefill_config = prefill_attention.tiling(head_dim, dtype)
             prefill_options = {k: prefill_config[k] for k in ("num_warps", "num_stages")}
+            with_sinks = full or head_dim == max(SUPPORTED_HEAD_DIMS)
+            sink_variants = (False, True) if with_sinks else (False,)
             for block_size in block_sizes:
                 out.append(
                     Variant(
@@ -114,52 +119,61 @@ def variants(full: bool) -> list[Variant]:
                     )
                 )
                 for group in groups:
-                    for num_splits in splits:
+                    for has_sinks in sink_variants:
+                        for num_splits in splits:
+                            out.append(
+                                Variant(
+                                    "decode_attention",
+                                    "_decode_attention_kernel",
+                                    type_name,
+                                    dict(
+                                        GROUP=group,
+                                        BLOCK_H=decode_attention.BLOCK_H,
+                                        HEAD_DIM=head_dim,
+                                        BLOCK_D=block_d,
+                                        BLOCK_SIZE=block_size,
+                                        BLOCK_N=decode_config["BLOCK_N"],
+                                        NUM_SPLITS=num_splits,
+                                        HAS_SINKS=has_sinks,
+                                        UPCAST=dtype == torch.float32,
+                                    ),
+                                    decode_options,
+                                )
+                            )
                         out.append(
                             Variant(
-                                "decode_attention",
-                                "_decode_attention_kernel",
+                                "prefill_attention",
+                                "_prefill_attention_kernel",
                                 type_name,
                                 dict(
                                     GROUP=group,
-                                    BLOCK_H=decode_attention.BLOCK_H,
                                     HEAD_DIM=head_dim,
                                     BLOCK_D=block_d,
                                     BLOCK_SIZE=block_size,
-                                    BLOCK_N=decode_config["BLOCK_N"],
-                                    NUM_SPLITS=num_splits,
+                                    BLOCK_M=prefill_config["BLOCK_M"],
+                                    BLOCK_N=prefill_config["BLOCK_N"],
+                                    HAS_SINKS=has_sinks,
                                     UPCAST=dtype == torch.float32,
                                 ),
-                                decode_options,
+                                prefill_options,
                             )
                         )
+            for has_sinks in sink_variants:
+                for num_splits in (2, 4, 8, 16, 32) if full else splits[1:]:
                     out.append(
                         Variant(
-                            "prefill_attention",
-                            "_prefill_attention_kernel",
+                            "decode_attention",
+                            "_decode_reduce_kernel",
                             type_name,
                             dict(
-                                GROUP=group,
                                 HEAD_DIM=head_dim,
                                 BLOCK_D=block_d,
-                                BLOCK_SIZE=block_size,
-                                BLOCK_M=prefill_config["BLOCK_M"],
-                                BLOCK_N=prefill_config["BLOCK_N"],
-                                UPCAST=dtype == torch.float32,
+                                NUM_SPLITS=num_splits,
+                                HAS_SINKS=has_sinks,
                             ),
-                            prefill_options,
+                            {"num_warps": 4},
                         )
                     )
-            for num_splits in (2, 4, 8, 16, 32) if full else splits[1:]:
-                out.append(
-                    Variant(
-                        "decode_attention",
-                        "_decode_reduce_kernel",
-                        type_name,
-                        dict(HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits),
-                        {"num_warps": 4},
-                    )
-                )
         out.append(
             Variant(
                 "token_bitmask",

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import random
 
 import pytest
 import torch
-from paged_cases import TOLERANCES, assert_close, make_case
+from paged_cases import TOLERANCES, assert_close, make_case, poison_before_window
 
 import pagecli_kernels
 from pagecli_kernels import reference
@@ -117,6 +118,107 @@ def test_prefill_many_query_tiles(dtype):
     expected = reference.paged_prefill_attention(*_prefill_args(case))
     actual = pagecli_kernels.paged_prefill_attention(*_prefill_args(case), impl="triton")
     assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [1, 3, 8, 64, None])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_window_and_sinks_match_reference(dtype, window, with_sinks):
+    # decodes and prefill chunks over prefixes longer than the window, in 8-token blocks (the
+    # smallest the kernels take): window 8 is one block, 64 is longer than every sequence and
+    # than the block table. Every position no new token sees is NaN, so reading outside the
+    # window fails.
+    decode = importlib.import_module("pagecli_kernels.decode_attention")
+    rng = random.Random((window or 0) * 10 + with_sinks)
+    seq_lens = [1, 4, 13, 23, 40, 17]
+    query_lens = [1, 1, 13, 6, 1, 2]
+    case = make_case(
+        seq_lens, query_lens, block_size=8, num_kv_heads=2, group=3, head_dim=64, dtype=dtype
+    )
+    if window is not None:
+        poison_before_window(case, window)
+    sinks = None
+    if with_sinks:  # large and small against the scores, so that a misplaced sink shows
+        sinks = torch.tensor([rng.uniform(-3.0, 3.0) for _ in range(6)]).to(dtype)
+        sinks = sinks.to(case.query.device)
+    extra = {"window": window, "sinks": sinks}
+    expected = reference.paged_prefill_attention(*_prefill_args(case), **extra)
+    actual = pagecli_kernels.paged_prefill_attention(*_prefill_args(case), **extra, impl="triton")
+    assert_close(actual, expected)
+
+    rows = torch.tensor([i for i, n in enumerate(query_lens) if n == 1])
+    tokens = case.query_start_loc.cpu()[rows].long()
+    args = (case.query[tokens], case.k_cache, case.v_cache, case.block_tables[rows])
+    args += (case.seq_lens[rows], case.scale)
+    expected = reference.paged_decode_attention(*args, **extra)
+    assert_close(pagecli_kernels.paged_decode_attention(*args, **extra, impl="triton"), expected)
+    for num_splits in (1, 4):  # the sink in the kernel, then in the reduce
+        actual = decode.paged_decode_attention(*args, **extra, num_splits=num_splits)
+        assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("window", [5, 40, 70, None])
+@pytest.mark.parametrize("num_splits", [1, 2, 8])
+def test_decode_split_k_with_window_and_sinks(window, num_splits):
+    # the splits cover the window only: with window 40 and 8 splits, sequence 0's two 32-token
+    # splits start at position 60, on no tile or block boundary; the sink enters once
+    decode = importlib.import_module("pagecli_kernels.decode_attention")
+    case = make_case(
+        [100, 3, 70, 33],
+        [1, 1, 1, 1],
+        block_size=16,
+        num_kv_heads=2,
+        group=4,
+        head_dim=64,
+        dtype=torch.float32,
+        seed=num_splits,
+    )
+    if window is not None:
+        poison_before_window(case, window)
+    sinks = torch.linspace(-2.0, 2.0, 8, device=case.query.device)
+    expected = reference.paged_decode_attention(*_decode_args(case), window=window, sinks=sinks)
+    actual = decode.paged_decode_attention(
+        *_decode_args(case), window=window, sinks=sinks, num_splits=num_splits
+    )
+    assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [5, 33])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_prefill_many_query_tiles_with_window_and_sinks(dtype, window, with_sinks):
+    # query tiles past the first start past the window's start: whole K/V tiles are skipped,
+    # and in the first one walked most rows see nothing (window 5), some rows part of it
+    case = make_case(
+        [70, 90, 1],
+        [70, 40, 1],
+        block_size=16,
+        num_kv_heads=1,
+        group=2,
+        head_dim=80,
+        dtype=dtype,
+    )
+    poison_before_window(case, window)
+    sinks = torch.tensor([1.5, -0.5], device=case.query.device) if with_sinks else None
+    extra = {"window": window, "sinks": sinks}
+    expected = reference.paged_prefill_attention(*_prefill_args(case), **extra)
+    actual = pagecli_kernels.paged_prefill_attention(*_prefill_args(case), **extra, impl="triton")
+    assert_close(actual, expected)
+
+
+def test_bad_window_or_sinks_raise():
+    case = make_case(
+        [5], [1], block_size=8, num_kv_heads=1, group=2, head_dim=64, dtype=torch.float32
+    )
+    for window, sinks, match in ((0, None, "window"), (None, torch.zeros(3), "sinks must be")):
+        with pytest.raises(ValueError, match=match):
+            pagecli_kernels.paged_decode_attention(
+                *_decode_args(case), window=window, sinks=sinks, impl="triton"
+            )
+        with pytest.raises(ValueError, match=match):
+            pagecli_kernels.paged_prefill_attention(
+                *_prefill_args(case), window=window, sinks=sinks, impl="triton"
+            )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
