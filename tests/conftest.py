@@ -36,3 +36,12 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     from tests.tiny_models import build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory) -> dict[str, Path]:
+    """Random-weight checkpoints of the families of models/ beyond Llama (Gemma 3, Phi-3/4,
+    SmolLM3, OLMo 2, Granite, Mistral and Ministral with real windows)."""
+    from tests.tiny_models import build_tiny_models, family_configs
+
+    return build_tiny_models(tmp_path_factory.mktemp("families"), family_configs())

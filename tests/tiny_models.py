@@ -60,17 +60,90 @@ def tiny_configs():
     }
 
 
-def build_tiny_models(root: Path) -> dict[str, Path]:
+# The families of models/: windows shorter than the test prompts (which run to 300 tokens),
+# each family's own variants (LongRoPE past 64 positions, NoPE layers, multipliers).
+WINDOW = 24
+
+
+def family_configs():
+    from transformers import (
+        Gemma3TextConfig,
+        GraniteConfig,
+        MinistralConfig,
+        MistralConfig,
+        Olmo2Config,
+        Phi3Config,
+        SmolLM3Config,
+    )
+
+    common = {**COMMON, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    layers4 = {**common, "num_hidden_layers": 4}
+    return {
+        # 3 sliding layers to 1 global, each type its RoPE (the global one linearly scaled)
+        "gemma3": Gemma3TextConfig(
+            **{**layers4, "hidden_activation": "gelu_pytorch_tanh"},
+            head_dim=32,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            sliding_window=WINDOW,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            tie_word_embeddings=True,
+        ),
+        # partial rotary (a quarter of each head), LongRoPE past 64 positions, a window
+        "phi3": Phi3Config(
+            **common,
+            original_max_position_embeddings=64,
+            sliding_window=WINDOW,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "short_factor": [1.0, 1.1],
+                "long_factor": [1.7, 3.1],
+            },
+            tie_word_embeddings=False,
+        ),
+        # Phi-4: full rotary, no window, 4 KV heads over 2 ranks
+        "phi4": Phi3Config(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=False),
+        "smollm3": SmolLM3Config(**layers4, tie_word_embeddings=True),  # layer 3: no RoPE
+        "olmo2": Olmo2Config(**common, tie_word_embeddings=False),
+        "granite": GraniteConfig(
+            **common,
+            attention_bias=True,
+            embedding_multiplier=12.0,
+            attention_multiplier=0.2,
+            residual_multiplier=0.22,
+            logits_scaling=2.5,
+            tie_word_embeddings=True,
+        ),
+        "mistral_window": MistralConfig(**common, sliding_window=WINDOW, tie_word_embeddings=False),
+        "ministral": MinistralConfig(
+            **common,
+            head_dim=16,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=WINDOW,
+            tie_word_embeddings=False,
+        ),
+    }
+
+
+def build_tiny_models(root: Path, configs=None) -> dict[str, Path]:
+    """Each config (tiny_configs() by default) as a random-weight safetensors folder."""
     from transformers import AutoModelForCausalLM
 
     paths = {}
-    for i, (name, config) in enumerate(tiny_configs().items()):
+    for i, (name, config) in enumerate((configs or tiny_configs()).items()):
         torch.manual_seed(1000 + i)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for param_name, param in model.named_parameters():
                 if "norm" not in param_name:
                     param.normal_(0.0, 0.08 if "embed" not in param_name else 1.0)
+                elif configs is not None:  # the families: norms away from their init too
+                    param.add_(torch.randn_like(param) * 0.2)
                 if param_name.endswith("bias"):
                     param.normal_(0.0, 0.5)
         path = root / name
