@@ -86,7 +86,11 @@ class LLMEngine:
             num_swap_blocks=self.runner.num_swap_blocks,
         )
         self.scheduler = Scheduler(
-            config, self.block_manager, self.max_model_len, self._eos_token_ids()
+            config,
+            self.block_manager,
+            self.max_model_len,
+            self._eos_token_ids(),
+            restart_past=self.runner.model.long_rope_from,
         )
         self._requests: dict[str, _Request] = {}
         self.timer = StepTimer()

@@ -680,24 +680,23 @@ class ModelRunner:
         )
 
     def _long_rope_rows(self, batch: ScheduledBatch, positions: torch.Tensor):
-        """For a LongRoPE model, the step's tokens that rotate with its long-context table,
-        as transformers' generate chooses them: every token of a sequence whose prompt is
-        longer than the original context, and the tokens past it of the others ([T] bool);
+        """For a LongRoPE model, the step's tokens that rotate with its long-context table:
+        every token of a sequence longer than the original context, as transformers rotates
+        it (the scheduler recomputes a sequence whole when it grows past it); [T] bool, or
         None for other models."""
         start = self.model.long_rope_from
         if start is None:
             return None
-        prompt_lens = [item.seq.num_prompt_tokens for item in batch.decodes]
+        flags = [item.seq.num_tokens > start for item in batch.decodes]
         for item in batch.prefills:
-            prompt_lens += [item.seq.num_prompt_tokens] * item.num_new_tokens
-        prompts = torch.tensor(prompt_lens, dtype=torch.int64, device=positions.device)
-        return (positions >= start) | (prompts > start)  # [T]
+            flags += [item.seq.num_tokens > start] * item.num_new_tokens
+        return torch.tensor(flags, dtype=torch.bool, device=positions.device)  # [T]
 
-    def cache_salt(self, num_prompt_tokens: int) -> int:
+    def cache_salt(self, num_tokens: int) -> int:
         """The prefix-cache salt of a new sequence (engine/sequence.py): a LongRoPE model's
-        long prompts are rotated with other factors, so their blocks never meet the rest."""
+        long sequences are rotated with other factors, so their blocks never meet the rest."""
         start = self.model.long_rope_from
-        return 1 if start is not None and num_prompt_tokens > start else 0
+        return 1 if start is not None and num_tokens > start else 0
 
     def _block_tables(self, seqs) -> torch.Tensor:
         width = max(len(s.block_table) for s in seqs)

@@ -66,6 +66,8 @@ class SchedulerCounters:
     preemptions_swap: int = 0
     chunked_prefills: int = 0  # prefill chunks that did not finish their prompt
     steps: int = 0
+    # sequences recomputed whole as they grew past a LongRoPE model's original context
+    long_context_restarts: int = 0
 
 
 class Scheduler:
@@ -77,8 +79,13 @@ class Scheduler:
         block_manager: BlockManager,
         max_model_len: int,
         eos_token_ids: set[int],
+        restart_past: int | None = None,
     ) -> None:
+        """`restart_past`: a sequence that grows past this many tokens has its whole K/V
+        recomputed (a LongRoPE model rotates long sequences with other factors, every token
+        of them: transformers' generate drops its cache there too); None: never."""
         self.config = config
+        self.restart_past = restart_past
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
@@ -262,7 +269,27 @@ class Scheduler:
                     member.output_logprobs.append(token_logprobs[i])
                 self._check_stop(member)
                 updated.append(member)
+                if (
+                    self.restart_past is not None
+                    and member.finish_reason is None
+                    and not member.cache_salt
+                    and member.num_tokens > self.restart_past
+                ):
+                    self._restart_long(member)
         return updated
+
+    def _restart_long(self, seq: Sequence) -> None:
+        """Recompute a sequence that grew past `restart_past`: its blocks are released and it
+        waits first in line, to be prefilled whole with the long-context factors (salted
+        apart in the prefix cache from the short ones)."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.block_hashes = []
+        seq.cache_salt = 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.counters.long_context_restarts += 1
 
     def _check_stop(self, seq: Sequence) -> None:
         token_id = seq.token_ids[-1]

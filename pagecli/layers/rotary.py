@@ -75,10 +75,12 @@ class RotaryEmbedding(nn.Module):
     """A precomputed cos/sin table for RoPE at every position up to `max_position` (for one
     layer type where the config's RoPE differs per type).
 
-    LongRoPE (Phi-3.5/4-mini) has two tables: transformers rotates with the short factors while
-    a forward pass covers at most original_max_position_embeddings positions and with the long
-    ones past it. `long_rows` marks, per token, which table it reads (layers/attention.py's
-    metadata carries the marks; see the runner)."""
+    LongRoPE (Phi-3.5/4-mini) has two tables: transformers rotates a sequence of at most
+    original_max_position_embeddings tokens with the short factors and a longer one, every
+    token of it, with the long ones (its generate drops the cache when a sequence grows past
+    that length). `long_rows` marks, per token, which table it reads (layers/attention.py's
+    metadata carries the marks; engine/model_runner.py sets them, and the scheduler restarts
+    a sequence that grows past the original context)."""
 
     def __init__(
         self, config, head_dim: int, max_position: int, layer_type: str | None = None

@@ -1,7 +1,7 @@
 """Phi-3, Phi-3.5, Phi-4 and Phi-4-mini: the Llama block with q/k/v and gate/up fused in the
 checkpoint itself, partial rotary (Phi-4-mini: the first 3/4 of each head) and LongRoPE
-(Phi-3.5/4-mini: the long factors past original_max_position_embeddings, per sequence as
-transformers switches them; layers/rotary.py)."""
+(Phi-3.5/4-mini: the long factors for sequences longer than original_max_position_embeddings,
+as transformers switches them; layers/rotary.py)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def tiny_ggufs(tmp_path_factory):
 
 
 def _prompts() -> list[dict]:
-    gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator().manual_seed(7)  # tokens of every tiny vocabulary (384)
     prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in LENGTHS]
     shared = prompts[-1][:120]  # two prompts that share 120 tokens: a prefix-cache hit
     prompts += [shared + [5, 6, 7], shared + [8, 9]]
@@ -92,6 +92,24 @@ def test_float32_checkpoints_take_the_layers_bit_for_bit(tiny_models, name, monk
     assert llm.engine.runner.model.weight_formats["o_proj"] == ["float32"]
     used = calls[0]
     _, loop_run = _run(tiny_models[name], False)
+    assert used > 0 and calls[0] == used
+    assert native_run == loop_run
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["gemma3", "phi3", "smollm3", "olmo2", "granite", "ministral"],
+)
+def test_every_family_takes_the_program_bit_for_bit(family_models, name, monkeypatch):
+    # the program of each family (sandwich and post norms, q/k norms per head and over the
+    # whole projection, partial and no rotary, LongRoPE, windows, multipliers, gelu-tanh)
+    # against the loop of the same layers, with chunked prefills, preemption, prefix hits
+    calls = _counting(monkeypatch)
+    llm, native_run = _run(family_models[name], True)
+    used = calls[0]
+    stats = llm.engine.stats()
+    assert stats.preemptions_recompute > 0 and stats.prefix_hit_tokens > 0
+    _, loop_run = _run(family_models[name], False)
     assert used > 0 and calls[0] == used
     assert native_run == loop_run
 
