@@ -143,3 +143,19 @@ def test_long_rope_switches_as_transformers_does(family_models):
     assert llm.engine.scheduler.counters.long_context_restarts == 1
     compare_with_generate(hf, short + [9], crossing)
     assert llm.engine.stats().prefix_hit_tokens > hits  # short blocks, then long ones
+
+
+def test_torch_ops_parity(family, program_calls):
+    """The same with the native small ops and attention off (native.set_enabled(False)):
+    the torch versions of every block (the norm styles, partial rotary, gelu-tanh, windowed
+    attention), as a machine without a C compiler runs them."""
+    name, path, hf = family
+    prompts = random_prompts(FAMILIES.index(name) + 50, [3, 30, 70])
+    native.set_enabled(False)
+    try:
+        _, outputs = generate(path, prompts, block_size=4, max_num_batched_tokens=32)
+    finally:
+        native.set_enabled(True)
+    assert program_calls[0] == 0
+    for prompt, output in zip(prompts, outputs):
+        check(hf, name, prompt, output.token_ids)

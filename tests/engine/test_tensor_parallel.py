@@ -102,6 +102,32 @@ def test_tp2_parity_with_transformers(arch, collectives, tiny_models, mha_model,
         check_greedy(hf, prompt, ids)
 
 
+@pytest.mark.parametrize("name", ["gemma3", "phi4"])
+def test_tp2_family_parity_with_transformers(name, family_models):
+    """Gemma 3 (sandwich norms, per-head q/k norms, windows) and Phi-4 (q/k/v and gate/up
+    fused in the checkpoint itself: each rank reads its rows of every segment) at 2 ranks,
+    through the layer program."""
+    from transformers import AutoModelForCausalLM
+
+    path = family_models[name]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    prompts = prompts_with_shared_prefixes(9, VOCAB)
+    stats, outputs, one_call = generate_tp(
+        path, prompts, block_size=4, num_kv_blocks=48, max_num_batched_tokens=32
+    )
+    assert one_call
+    assert stats.chunked_prefills > 0 and stats.preemptions_recompute > 0
+    assert stats.prefix_hit_tokens > 0
+    for prompt, ids in zip(prompts, outputs):
+        check_greedy(hf, prompt, ids)
+
+
+def test_a_full_width_qk_norm_is_not_split(family_models):
+    """OLMo 2's q/k norms span every head; a rank holds some: refused in one line."""
+    with pytest.raises(SplitError, match="q/k norms span every head"):
+        LLM(str(family_models["olmo2"]), **TP)
+
+
 @pytest.fixture(scope="module")
 def tiny_ggufs(tmp_path_factory):
     return build_tiny_ggufs(tmp_path_factory.mktemp("gguf-tp"))
