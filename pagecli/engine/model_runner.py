@@ -320,8 +320,12 @@ class ModelRunner:
             init_dummy_weights(model, self.config.seed)
         else:
             shard = self.tp.shard if self.tp is not None else None
-            with torch.no_grad():
-                weight_methods.load_weights(model, plan.shard_weights(shard, _cut_of(model, shard)))
+            weights = plan.shard_weights(shard, _cut_of(model, shard))
+            try:
+                with torch.no_grad():
+                    weight_methods.load_weights(model, weights)
+            except ValueError as exc:  # a missing, unexpected or misshapen tensor
+                raise ModelLoadError(f"{source.name}: {exc}") from None
         model.post_load()
         if packing_supported(self.dtype, self.device):
             weight_methods.prepare_float32(model)

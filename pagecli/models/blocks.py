@@ -419,7 +419,11 @@ class DecoderModel(CausalLM):
 
     @classmethod
     def check_config(cls, config) -> None:
-        cls.model_spec(config)
+        from pagecli.layers.rotary import rope_inv_freq
+
+        spec = cls.model_spec(config)
+        for key in sorted({s.attention.rope for s in spec.layers} - {None}):
+            rope_inv_freq(config, _rope_head_dim(spec, key), None if key == "default" else key)
 
     def __init__(self, config, max_position: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
