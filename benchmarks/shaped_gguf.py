@@ -1,10 +1,14 @@
 """pagecli against llama.cpp on GGUF files of real model shapes, one table over shapes and mixes.
 
-Writes llama-architecture GGUF files at the shapes of Llama-3.2-1B and Llama-3-8B (with the
-default model's tokenizer and its 49,152-token vocabulary) in five quantization mixes (q4_0,
-q8_0, q4_k_m, q5_k_m, q6_k), with random but valid blocks: random quant values, positive f16
-scales sized so that the weights come out about 0.02 apart (a trained model's spread), so the
-activations stay finite through every layer. Speed does not depend on the values, so these
+Writes GGUF files at the shapes of Llama-3.2-1B and Llama-3-8B (llama architecture),
+Gemma-3-1B (gemma3: sandwich norms, per-head q/k norms, head_dim 256, 5 sliding layers of 512
+to 1 global) and Phi-4-mini (phi3: fused q/k/v and gate/up, partial rotary, LongRoPE factors),
+all with the default model's tokenizer and its 49,152-token vocabulary (the real Gemma and Phi
+vocabularies are 262k and 200k: both engines pay the same larger output projection there), in
+five quantization mixes (q4_0, q8_0, q4_k_m, q5_k_m, q6_k), with random but valid blocks:
+random quant values, positive f16 scales sized so that the weights come out about 0.02 apart
+(a trained model's spread), so the activations stay finite through every layer. Speed does
+not depend on the values, so these
 files measure what a real file of the same shape and mix would, without downloading one.
 The files are written tensor by tensor (the writer never holds a whole file) and cached under
 --dir; a file already there with the planned tensors and size is reused.
@@ -61,6 +65,15 @@ class Shape:
     ffn: int
     rope_theta: float
     tied: bool  # no output.weight: the token embedding is the output projection
+    arch: str = "llama"  # the GGUF architecture: llama, gemma3 or phi3
+    head_dim: int | None = None  # None: hidden / heads
+    window: int | None = None  # gemma3's sliding window
+    rotary_dim: int | None = None  # phi3's partial rotary width
+    original_context: int | None = None  # phi3's LongRoPE original context
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
 
 VOCAB = 49152  # the default model's tokenizer
@@ -69,6 +82,23 @@ VOCAB = 49152  # the default model's tokenizer
 # Llama 3.2's llama3 rope scaling (rope_freqs.weight) is left out: a few multiplies per token.
 SHAPES = {
     "1b": Shape(2048, 16, 32, 8, 8192, 500000.0, tied=True),  # Llama-3.2-1B
+    # Gemma-3-1B: hidden 1152 is no multiple of 256, so the K-quant mixes fall back to Q5_0 and
+    # Q8_0 for every tensor of 1152 columns, as llama.cpp's quantizer does
+    "gemma3-1b": Shape(
+        1152, 26, 4, 1, 6912, 1000000.0, tied=True, arch="gemma3", head_dim=256, window=512
+    ),
+    "phi4-mini": Shape(
+        3072,
+        32,
+        24,
+        8,
+        8192,
+        10000.0,
+        tied=True,
+        arch="phi3",
+        rotary_dim=96,
+        original_context=4096,
+    ),  # fmt: skip
     "8b": Shape(4096, 32, 32, 8, 14336, 500000.0, tied=False),  # Llama-3-8B
     "7b": Shape(4096, 32, 32, 32, 11008, 10000.0, tied=False),  # Llama-2-7B (MHA)
     "smoke": Shape(256, 2, 4, 2, 512, 500000.0, tied=True),  # for testing this script
@@ -93,12 +123,16 @@ class Block:
     q_mean: float  # mean quant value: dmin = d * q_mean centres the blocks on zero
 
 
-# ggml's block layouts (ggml-common.h): Q4_0 {d, qs[16]}; Q8_0 {d, qs[32]}; Q4_K {d, dmin,
-# scales[12], qs[128]}; Q5_K {d, dmin, scales[12], qh[32], qs[128]}; Q6_K {ql[128], qh[64],
-# scales[16], d}. int_std for uniform random bytes: Q4_0 q-8 in -8..7; Q8_0 int8; Q4_K/Q5_K
-# sc*q - (q_mean)*m with 6-bit sc, m and q in 0..15 / 0..31; Q6_K int8 sc times q-32 in -32..31.
+# ggml's block layouts (ggml-common.h): Q4_0 {d, qs[16]}; Q8_0 {d, qs[32]}; Q5_0 {d, qh[4],
+# qs[16]}; Q5_1 {d, m, qh[4], qs[16]}; Q4_K {d, dmin, scales[12], qs[128]}; Q5_K {d, dmin,
+# scales[12], qh[32], qs[128]}; Q6_K {ql[128], qh[64], scales[16], d}. int_std for uniform
+# random bytes: Q4_0 q-8 in -8..7; Q8_0 int8; Q5_0 q-16 in -16..15; Q5_1 q in 0..31 plus a
+# negative m; Q4_K/Q5_K sc*q - (q_mean)*m with 6-bit sc, m and q in 0..15 / 0..31; Q6_K int8
+# sc times q-32 in -32..31.
 BLOCKS = {
     Q.Q4_0: Block(0, None, 4.64, 0.0),
+    Q.Q5_0: Block(0, None, 9.23, 0.0),
+    Q.Q5_1: Block(0, 2, 9.23, -15.5),
     Q.Q8_0: Block(0, None, 73.9, 0.0),
     Q.Q4_K: Block(0, 2, 245.0, 7.5),
     Q.Q5_K: Block(0, 2, 527.0, 15.5),
@@ -115,7 +149,25 @@ def use_more_bits(i_layer: int, n_layers: int) -> bool:
     )
 
 
-def tensor_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
+# llama.cpp's fallback where a row is not whole 256-value blocks (llama-quant.cpp)
+K_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
+
+
+def tensor_type(name: str, layer: int | None, shape: Shape, mix: str, cols: int) -> Q:
+    """The block type of a 2-D tensor of `cols` columns in `mix`: `mix_type`'s choice, with
+    llama.cpp's fallback for rows that are not whole 256-value blocks (Gemma-3-1B's 1152): a
+    tied embedding or an output projection to Q8_0, the rest Q4_K -> Q5_0, Q5_K -> Q5_1,
+    Q6_K -> Q8_0."""
+    chosen = mix_type(name, layer, shape, mix)
+    block = gguf.constants.GGML_QUANT_SIZES[chosen][0]
+    if cols % block == 0:
+        return chosen
+    if name == "output.weight" or (name == "token_embd.weight" and shape.tied):
+        return Q.Q8_0
+    return K_FALLBACK[chosen]
+
+
+def mix_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
     """The block type of a 2-D tensor in `mix`.
 
     q4_0, q8_0 and q6_k are pure: every 2-D tensor in that type (llama-quantize's Q4_0 would
@@ -124,9 +176,9 @@ def tensor_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
     ggml-org/llama.cpp 007dbbf; the peer build is 0c1e570) for a llama model without experts:
     - output.weight, and token_embd.weight when there is no output.weight (tied), take Q6_K
       (`new_type != GGML_TYPE_Q8_0` -> Q6_K); an untied token_embd keeps the base type;
-    - attn_v takes Q6_K when use_more_bits(i_attention_wv, n_attention_wv), ffn_down when
-      use_more_bits(i_layer, n_layer): the first and last eighths of the layers and every
-      third layer in between;
+    - attn_v (and a fused attn_qkv: llama.cpp counts it as attn_v) takes Q6_K when
+      use_more_bits(i_attention_wv, n_attention_wv), ffn_down when use_more_bits(i_layer,
+      n_layer): the first and last eighths of the layers and every third layer in between;
     - everything else the base type (llama_ftype_get_default_type: Q4_K_M -> Q4_K,
       Q5_K_M -> Q5_K).
     """
@@ -135,7 +187,7 @@ def tensor_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
         return base
     if name == "output.weight" or (name == "token_embd.weight" and shape.tied):
         return Q.Q6_K
-    if layer is not None and name.split(".")[-2] in ("attn_v", "ffn_down"):
+    if layer is not None and name.split(".")[-2] in ("attn_v", "attn_qkv", "ffn_down"):
         return Q.Q6_K if use_more_bits(layer, shape.layers) else base
     return base
 
@@ -158,29 +210,48 @@ class Tensor:
         return (self.cols,) if self.type == Q.F32 else (self.rows, self.cols)
 
 
+def layer_parts(shape: Shape) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of one layer's tensors in the arch's order; rows 0: a norm."""
+    h, d = shape.hidden, shape.head_size
+    q, kv = shape.heads * d, shape.kv_heads * d
+    if shape.arch == "gemma3":
+        return [
+            ("attn_norm", 0, h), ("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h),
+            ("attn_q_norm", 0, d), ("attn_k_norm", 0, d), ("attn_output", h, q),
+            ("post_attention_norm", 0, h), ("ffn_norm", 0, h), ("ffn_gate", shape.ffn, h),
+            ("ffn_up", shape.ffn, h), ("ffn_down", h, shape.ffn), ("post_ffw_norm", 0, h),
+        ]  # fmt: skip
+    if shape.arch == "phi3":  # llama.cpp keeps Phi-3's fused q/k/v and [gate; up]
+        return [
+            ("attn_norm", 0, h), ("attn_qkv", q + 2 * kv, h), ("attn_output", h, q),
+            ("ffn_norm", 0, h), ("ffn_up", 2 * shape.ffn, h), ("ffn_down", h, shape.ffn),
+        ]  # fmt: skip
+    return [
+        ("attn_norm", 0, h), ("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h),
+        ("attn_output", h, q), ("ffn_norm", 0, h), ("ffn_gate", shape.ffn, h),
+        ("ffn_up", shape.ffn, h), ("ffn_down", h, shape.ffn),
+    ]  # fmt: skip
+
+
 def tensor_plan(shape: Shape, mix: str) -> list[Tensor]:
     """Every tensor of the file, in the order written."""
-    h, head_dim = shape.hidden, shape.hidden // shape.heads
-    kv = shape.kv_heads * head_dim
-    plan = [
-        Tensor("token_embd.weight", VOCAB, h, tensor_type("token_embd.weight", None, shape, mix))
-    ]
+    h = shape.hidden
+    embd_type = tensor_type("token_embd.weight", None, shape, mix, h)
+    plan = [Tensor("token_embd.weight", VOCAB, h, embd_type)]
+    if shape.rotary_dim is not None and shape.original_context is not None:
+        for which in ("long", "short"):  # LongRoPE's factors, one per rotary pair
+            plan.append(Tensor(f"rope_factors_{which}.weight", 1, shape.rotary_dim // 2, Q.F32))
     for i in range(shape.layers):
-        for part, rows, cols in [
-            ("attn_norm", 0, h), ("attn_q", h, h), ("attn_k", kv, h), ("attn_v", kv, h),
-            ("attn_output", h, h), ("ffn_norm", 0, h), ("ffn_gate", shape.ffn, h),
-            ("ffn_up", shape.ffn, h), ("ffn_down", h, shape.ffn),
-        ]:  # fmt: skip
+        for part, rows, cols in layer_parts(shape):
             name = f"blk.{i}.{part}.weight"
             if rows == 0:
                 plan.append(Tensor(name, 1, cols, Q.F32))
             else:
-                plan.append(Tensor(name, rows, cols, tensor_type(name, i, shape, mix)))
+                plan.append(Tensor(name, rows, cols, tensor_type(name, i, shape, mix, cols)))
     plan.append(Tensor("output_norm.weight", 1, h, Q.F32))
     if not shape.tied:
-        plan.append(
-            Tensor("output.weight", VOCAB, h, tensor_type("output.weight", None, shape, mix))
-        )
+        out_type = tensor_type("output.weight", None, shape, mix, h)
+        plan.append(Tensor("output.weight", VOCAB, h, out_type))
     return plan
 
 
@@ -188,7 +259,7 @@ def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
     """`t`'s data as [rows, row bytes] uint8: random quant values and sub-scales, positive
     f16 scales giving weights of about WEIGHT_STD."""
     if t.type == Q.F32:
-        return np.ones(t.cols, dtype=np.float32)  # norm weights
+        return np.ones(t.cols, dtype=np.float32)  # norm weights, rope factors
     block_values, block_bytes = gguf.constants.GGML_QUANT_SIZES[t.type]
     n_blocks = t.rows * t.cols // block_values
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
@@ -200,7 +271,7 @@ def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
     blocks[:, spec.d_offset : spec.d_offset + 2] = (
         d.astype(np.float16).view(np.uint8).reshape(-1, 2)
     )
-    if spec.dmin_offset is not None:
+    if spec.dmin_offset is not None:  # Q5_1's m is added: negative to centre its blocks
         dmin = (d * spec.q_mean).astype(np.float16)
         blocks[:, spec.dmin_offset : spec.dmin_offset + 2] = dmin.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(t.rows, -1)
@@ -237,7 +308,7 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
     """Write the file tensor by tensor (to a temporary name, renamed when complete)."""
     plan = tensor_plan(shape, mix)
     partial = path.with_suffix(".partial")
-    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer = gguf.GGUFWriter(str(partial), shape.arch)
     writer.add_name(f"pagecli {path.stem} (random weights)")
     writer.add_context_length(8192)
     writer.add_embedding_length(shape.hidden)
@@ -245,10 +316,18 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
     writer.add_feed_forward_length(shape.ffn)
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    writer.add_rope_dimension_count(shape.rotary_dim or shape.head_size)
     writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_layer_norm_rms_eps(1e-6 if shape.arch == "gemma3" else 1e-5)
     writer.add_vocab_size(VOCAB)
+    if shape.head_dim is not None:
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+    if shape.window is not None:
+        writer.add_sliding_window(shape.window)
+    if shape.original_context is not None:
+        writer.add_rope_scaling_orig_ctx_len(shape.original_context)
+        writer.add_rope_scaling_attn_factors(1.19)
     writer.add_file_type(int(MIXES[mix][1]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for f in tokenizer_fields():
@@ -325,7 +404,7 @@ def prefill_flops(path: Path, pp: int) -> float:
     reader = gguf.GGUFReader(str(path))
     matrices = layer_matrices(reader)
     layers = len({t.name.split(".")[1] for t in matrices})
-    q_width = next(int(t.shape[1]) for t in matrices if t.name == "blk.0.attn_q.weight")
+    q_width = int(next(t for t in matrices if t.name == "blk.0.attn_output.weight").shape[0])
     macs = pp * sum(int(t.n_elements) for t in matrices)  # gguf lists shapes [in, out]
     macs += layers * q_width * pp * (pp + 1) + int(output_projection(reader).n_elements)
     return 2.0 * macs

@@ -139,6 +139,19 @@ def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, mon
     assert native_run == loop_run
 
 
+@pytest.mark.parametrize("name", ["gemma3", "olmo2", "granite", "phi3"])
+def test_bfloat16_families_take_the_program_bit_for_bit(family_models, name, monkeypatch):
+    # bfloat16 rounds where each norm style rounds ((1 + w) and OLMo's weight in float32,
+    # Llama's after), where the multipliers and gelu round, and LongRoPE's tables
+    calls = _counting(monkeypatch)
+    options = dict(dtype="bfloat16", max_num_seqs=2)
+    llm, native_run = _run(family_models[name], True, **options)
+    used = calls[0]
+    _, loop_run = _run(family_models[name], False, **options)
+    assert used > 0 and calls[0] == used
+    assert native_run == loop_run
+
+
 def test_bfloat16_activations_over_gguf_blocks_bit_for_bit(tiny_ggufs, monkeypatch):
     # --dtype bfloat16 on a GGUF file: block-format projections (layers/quant_linear.py) widen
     # their bfloat16 input and round their float32 sums, in the C loop as in the Python one
