@@ -1,0 +1,332 @@
+"""Tiny checkpoints of the families as GGUF files laid out as llama.cpp's converter lays them
+out, each with a transformers reference folder holding the same values.
+
+`write_family_gguf` reads a tiny safetensors checkpoint (tests/tiny_models.py) and writes:
+
+- a GGUF file of one llama.cpp architecture: the converter's metadata keys for that arch
+  (llama.cpp's conversion/*.py: TextModel.set_gguf_parameters, LlamaModel, Gemma3Model,
+  Phi3MiniModel, GraniteModel, Olmo2Model), its tensor names (gguf's own
+  `get_tensor_name_map`, which the converter uses), its stored conventions (Q/K rows
+  permuted for the NORM-rope archs llama, smollm3 and granite, biases too; Gemma's
+  `*norm.weight` stored as w + 1, in float32), Phi-3's LongRoPE factors as F32 tensors, the
+  2-D weights in a block format (norms, biases and rope factors F32). No tokenizer (tests pass
+  token ids): `{arch}.vocab_size` stands in for the tokenizer's token count where the
+  converter itself writes no such key (gemma3, phi3, olmo2);
+- a reference folder (config.json, model.safetensors) for transformers: the values the file
+  holds, read back with transformers' conventions (quantized blocks dequantized with
+  gguf.quants.dequantize, the Q/K permutation undone, 1 subtracted from Gemma's norms), under
+  the config that the file means to llama.cpp. transformers on the reference is thus
+  transformers on the file's values, independent of pagecli's GGUF reader.
+
+Where the file cannot express the checkpoint's config, the reference config follows what
+llama.cpp makes of the file:
+
+- gemma3: the converter writes no layer pattern, so llama.cpp's default of 6 applies (layer i
+  slides unless i % 6 == 5; a 4-layer model slides in every layer), and llama.cpp scales the
+  queries by 1/sqrt(head_dim) (62 layers, the 27B: 1/sqrt(hidden / heads)), not by the
+  checkpoint's query_pre_attn_scalar, for which there is no key;
+- llama (Mistral): the converter writes no sliding window and llama.cpp's llama arch has none,
+  so the reference has `sliding_window=None` (transformers reads such a file as a Llama).
+
+Two choices follow transformers rather than llama.cpp's run time, as pagecli does: Phi-3's
+`attention.sliding_window` is applied (llama.cpp switches SWA off for phi3), and its LongRoPE
+factor set is picked per sequence length past the original context (llama.cpp picks it once
+from the configured context size).
+
+`fmt` picks the block format; a 2-D weight whose column count is not a multiple of the
+format's block width stays F32. `extra_configs` adds checkpoints the family configs lack:
+6-layer Gemma 3 files with a global layer (one of them readable by transformers' own GGUF
+reader) and a Granite without attention biases.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tests.gguf_models import _permute, quantize
+
+# the families of tests/tiny_models.family_configs() -> the GGUF arch llama.cpp converts them
+# to (Ministral's tiny checkpoint is left out: MinistralForCausalLM has no converter, and
+# Ministral-8B-2410 is a MistralForCausalLM, i.e. the same llama file as mistral_window)
+FAMILY_ARCHS = {
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+    "phi4": "phi3",
+    "smollm3": "smollm3",
+    "olmo2": "olmo2",
+    "granite": "granite",
+    "mistral_window": "llama",
+}
+PERMUTED_ARCHS = {"llama", "smollm3", "granite"}  # LlamaModel subclasses (undo_permute)
+NORM_PLUS_ONE_ARCHS = {"gemma3"}  # Gemma3Model.norm_shift
+FILE_TYPES = {
+    "q8_0": "MOSTLY_Q8_0",
+    "q4_0": "MOSTLY_Q4_0",
+    "q4_1": "MOSTLY_Q4_1",
+    "q5_0": "MOSTLY_Q5_0",
+    "q5_1": "MOSTLY_Q5_1",
+    "q4_k": "MOSTLY_Q4_K_M",
+    "q5_k": "MOSTLY_Q5_K_M",
+    "q6_k": "MOSTLY_Q6_K",
+}
+
+
+def extra_configs() -> dict:
+    """Checkpoints beside tests/tiny_models.family_configs() for the GGUF tests.
+
+    Two 6-layer Gemma 3 (five sliding layers, then a global one: llama.cpp's default pattern,
+    so the file needs no pattern key) with head_dim 256 = query_pre_attn_scalar, the real
+    models' attention scale, which llama.cpp hardcodes. "gemma3_linear": the global layers'
+    RoPE linearly scaled, the local base 20000 (keys transformers' GGUF reader ignores);
+    "gemma3_plain": the defaults that reader assumes (no scaling, local base 10000), so
+    transformers can read that file itself. "granite_nobias": Granite as the released
+    Granite 3 models are, without attention biases."""
+    from transformers import Gemma3TextConfig, GraniteConfig
+
+    from tests.tiny_models import COMMON, WINDOW, family_configs
+
+    common = {
+        **COMMON,
+        "num_hidden_layers": 6,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "sliding_window": WINDOW,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    granite = family_configs()["granite"].to_dict()
+    granite["attention_bias"] = False
+    return {
+        "gemma3_linear": Gemma3TextConfig(
+            **common,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0},
+            },
+        ),
+        "gemma3_plain": Gemma3TextConfig(
+            **common,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+        "granite_nobias": GraniteConfig.from_dict(granite),
+    }
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of `_permute` (transformers' LlamaTensorProcessor)."""
+    d2 = w.shape[0] // heads // 2
+    return w.reshape(heads, d2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _rope(hp: dict) -> dict:
+    """The checkpoint's RoPE parameters (transformers 5 `rope_parameters`, else 4's
+    `rope_scaling` with `rope_theta` beside it), as the converter's TextModel mirrors them."""
+    rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+    if "full_attention" not in rope and "sliding_attention" not in rope:
+        for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
+            if key not in rope and hp.get(key) is not None:
+                rope[key] = hp[key]
+    return rope
+
+
+def _text_model_keys(writer, hp: dict, rope: dict, fmt: str) -> None:
+    """TextModel.set_gguf_parameters (conversion/base.py) for the keys our configs have."""
+    import gguf
+
+    writer.add_block_count(hp["num_hidden_layers"])
+    writer.add_context_length(hp["max_position_embeddings"])
+    writer.add_embedding_length(hp["hidden_size"])
+    writer.add_feed_forward_length(hp["intermediate_size"])
+    writer.add_head_count(hp["num_attention_heads"])
+    writer.add_head_count_kv(hp["num_key_value_heads"])
+    full = rope.get("full_attention", rope)
+    rope_type = full.get("rope_type", "default")
+    if rope_type == "linear" and full.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
+    elif rope_type != "default":
+        raise NotImplementedError(f"rope_type {rope_type!r} in these tests")
+    if full.get("rope_theta") is not None:
+        writer.add_rope_freq_base(full["rope_theta"])
+    local = rope.get("sliding_attention", {}).get("rope_theta")
+    if local is not None:
+        writer.add_rope_freq_base_swa(local)
+    writer.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    if hp.get("head_dim") is not None:
+        writer.add_key_length(hp["head_dim"])
+        writer.add_value_length(hp["head_dim"])
+    writer.add_file_type(gguf.LlamaFileType[FILE_TYPES.get(fmt, "ALL_F32")])
+
+
+def _phi3_keys(writer, hp: dict, rope: dict, fmt: str) -> float | None:
+    """Phi3MiniModel.set_gguf_parameters (conversion/phi.py; it does not call TextModel's):
+    returns the LongRoPE attention factor it writes, if any (generate_extra_tensors)."""
+    import gguf
+
+    n_embd, n_head = hp["hidden_size"], hp["num_attention_heads"]
+    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head
+    writer.add_context_length(hp["max_position_embeddings"])
+    writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(hp["intermediate_size"])
+    writer.add_block_count(hp["num_hidden_layers"])
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(hp["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    writer.add_rope_dimension_count(rope_dims)
+    writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
+    writer.add_file_type(gguf.LlamaFileType[FILE_TYPES.get(fmt, "ALL_F32")])
+    writer.add_sliding_window(hp.get("sliding_window") or 0)  # 0: Phi-4 (no window)
+    if not rope.get("long_factor"):
+        return None
+    scale = hp["max_position_embeddings"] / rope["original_max_position_embeddings"]
+    assert rope["rope_type"] in ("longrope", "su"), rope
+    original = rope["original_max_position_embeddings"]
+    factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    writer.add_rope_scaling_attn_factors(factor)
+    assert len(rope["long_factor"]) == len(rope["short_factor"]) == rope_dims // 2
+    return factor
+
+
+def _write_metadata(writer, arch: str, hp: dict, fmt: str) -> None:
+    """The converter's metadata for `arch` from the checkpoint's config.json `hp`."""
+    rope = _rope(hp)
+    if arch == "phi3":
+        _phi3_keys(writer, hp, rope, fmt)
+        writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
+        return
+    if arch == "granite":
+        hp = {k: v for k, v in hp.items() if k != "head_dim"}  # GraniteModel pops it
+    if arch == "gemma3":  # Gemma3Model's defaults where the config lacks the value
+        hp = {**hp, "head_dim": hp.get("head_dim", 256)}
+    _text_model_keys(writer, hp, rope, fmt)
+    if arch in PERMUTED_ARCHS:  # LlamaModel.set_gguf_parameters
+        writer.add_vocab_size(hp["vocab_size"])
+        writer.add_rope_dimension_count(
+            hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+        )
+    else:
+        writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
+    if arch == "gemma3" and hp.get("sliding_window_pattern") != 1:
+        writer.add_sliding_window(hp["sliding_window"])
+    if arch == "granite":  # GraniteModel: the multipliers, under llama.cpp's names
+        for key, add in (
+            ("attention_multiplier", writer.add_attention_scale),
+            ("embedding_multiplier", writer.add_embedding_scale),
+            ("residual_multiplier", writer.add_residual_scale),
+            ("logits_scaling", writer.add_logit_scale),
+        ):
+            if hp.get(key):
+                add(hp[key])
+
+
+def _reference_config(config, arch: str):
+    """The checkpoint's config as llama.cpp reads the file (module docstring)."""
+    config = copy.deepcopy(config)
+    if arch == "gemma3":
+        layers = config.num_hidden_layers
+        config.layer_types = [
+            "full_attention" if i % 6 == 5 else "sliding_attention" for i in range(layers)
+        ]
+        if layers == 62:
+            config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
+        else:
+            config.query_pre_attn_scalar = config.head_dim
+    if arch == "llama":
+        config.sliding_window = None
+        if hasattr(config, "layer_types"):
+            config.layer_types = ["full_attention"] * config.num_hidden_layers
+    return config
+
+
+def _block_width(fmt: str) -> int:
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt.upper()]][0]
+
+
+def write_family_gguf(
+    model_dir: Path, out_dir: Path, arch: str, fmt: str = "q8_0"
+) -> tuple[Path, Path]:
+    """`model_dir` (a tiny safetensors checkpoint) as a GGUF file of llama.cpp architecture
+    `arch` with its 2-D weights in `fmt`, and a reference folder for transformers holding the
+    file's values (module docstring). Returns (gguf path, reference folder)."""
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hp = json.loads((model_dir / "config.json").read_text())
+    config = AutoConfig.from_pretrained(str(model_dir))
+    state = {k: v.float() for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    heads, kv_heads = hp["num_attention_heads"], hp["num_key_value_heads"]
+    model_arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
+    names = gguf.get_tensor_name_map(model_arch, hp["num_hidden_layers"])  # the converter's
+    qtype = gguf.GGMLQuantizationType[fmt.upper()]
+
+    path = out_dir / f"{model_dir.name}-{fmt}.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    _write_metadata(writer, arch, hp, fmt)
+    reference: dict[str, torch.Tensor] = {}
+    for hf_name, tensor in state.items():
+        if hf_name == "lm_head.weight" and bool(hp.get("tie_word_embeddings")):
+            continue  # the converter skips a tied head (Gemma 3 always)
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, f"{arch}: no GGUF name for {hf_name}"
+        values = tensor.numpy().astype(np.float32)  # [out, in] or [n]
+        perm_heads = None
+        if arch in PERMUTED_ARCHS and ".attn_q." in f".{name}":
+            perm_heads = heads
+        elif arch in PERMUTED_ARCHS and ".attn_k." in f".{name}":
+            perm_heads = kv_heads
+        if perm_heads is not None:
+            values = _permute(values, perm_heads)
+        plus_one = arch in NORM_PLUS_ONE_ARCHS and hf_name.endswith("norm.weight")
+        if plus_one:
+            values = values + np.float32(1.0)  # float32, as the float32 checkpoint converts
+        if values.ndim == 2 and "norm" not in name and values.shape[1] % _block_width(fmt) == 0:
+            blocks = quantize(values, fmt)  # [rows, row_bytes]
+            writer.add_tensor(name, blocks, raw_dtype=qtype)
+            stored = gguf.quants.dequantize(blocks, qtype).reshape(values.shape)
+        else:
+            writer.add_tensor(name, values)
+            stored = values
+        stored = np.asarray(stored, dtype=np.float32)
+        # back to transformers' conventions, as its GGUF reader does
+        if perm_heads is not None:
+            stored = _unpermute(stored, perm_heads)
+        if plus_one:
+            stored = stored - np.float32(1.0)
+        reference[hf_name] = torch.from_numpy(np.ascontiguousarray(stored))
+    if arch == "phi3":
+        rope = _rope(hp)
+        if rope.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors
+            for kind in ("long", "short"):
+                factors = np.asarray(rope[f"{kind}_factor"], dtype=np.float32)  # [rot / 2]
+                writer.add_tensor(f"rope_factors_{kind}.weight", factors)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    ref_config = _reference_config(config, arch)
+    model = AutoModelForCausalLM.from_config(ref_config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(reference, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    ref_dir = out_dir / f"{model_dir.name}-{fmt}-reference"
+    model.save_pretrained(str(ref_dir))
+    return path, ref_dir
