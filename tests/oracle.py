@@ -4,11 +4,14 @@
 argmax given the same prefix (one teacher-forced forward pass over prompt + output). By
 induction this is exactly transformers' greedy output, except at a near-tie (top-2 logit gap
 under NEAR_TIE in the reference), which is reported and allowed; any other difference fails.
-`hf_generate` runs transformers' own `generate` for a direct comparison.
+`hf_generate` runs transformers' own `generate` for a direct comparison. `check_logprobs`
+compares log-probabilities with transformers decoding as its generate does: stronger than the
+greedy ids where a tiny model's argmax is trivial (tied embeddings echo the input token).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 NEAR_TIE = 1e-4
@@ -71,3 +74,42 @@ def compare_with_generate(hf_model, prompt_ids, output_ids) -> None:
                 f"step {step}: pagecli {ours}, transformers.generate {theirs}, gap {gap:.3e}"
             )
             return
+
+
+@torch.inference_mode()
+def decoding_logprobs(hf, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """transformers' log-probabilities for each output token as its generate decodes them:
+    one at a time on its KV cache, except that a LongRoPE model's generate drops the cache
+    when the sequence grows past the original context and recomputes it whole with the long
+    factors (Phi3ForCausalLM.prepare_inputs_for_generation): [len(output), V] float32."""
+    rope = getattr(hf.config, "rope_parameters", None) or {}
+    longrope = rope.get("rope_type") == "longrope"
+    original = rope.get("original_max_position_embeddings") if longrope else None
+    tokens = list(prompt)
+    step = hf(input_ids=torch.tensor([tokens]), use_cache=True)
+    rows = [step.logits[0, -1]]
+    for token in output[:-1]:
+        tokens.append(token)
+        if original is not None and len(tokens) == original + 1:  # generate drops its cache
+            step = hf(input_ids=torch.tensor([tokens]), use_cache=True)
+        else:
+            # transformers 5.25 names the cache `cache`, earlier versions `past_key_values`
+            cache = {"cache": step.cache} if "cache" in step else {"past_key_values": step[1]}
+            step = hf(input_ids=torch.tensor([[token]]), use_cache=True, **cache)
+        rows.append(step.logits[0, -1])
+    return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+
+
+def check_logprobs(hf, prompt: list[int], output, top_k: int, tol: float = 1e-3) -> None:
+    """pagecli's log-probabilities (the chosen token's and the top `top_k`) equal transformers'
+    for the same ids, and its top `top_k` values are transformers' top `top_k` values."""
+    ref = decoding_logprobs(hf, prompt, output.token_ids)  # [N, V]
+    for step, (entry, row) in enumerate(zip(output.outputs[0].logprobs, ref)):
+        where = f"prompt of {len(prompt)} tokens, step {step}"
+        assert abs(entry.logprob - row[entry.token_id].item()) < tol, where
+        ours = {token: lp for token, lp in entry.top}
+        theirs = {token: row[token].item() for token in ours}
+        assert ours == pytest.approx(theirs, abs=tol), where
+        top = row.topk(top_k).values.tolist()
+        assert sorted(ours.values(), reverse=True) == pytest.approx(top, abs=tol), where
+        assert row[entry.token_id].item() > top[0] - tol, where  # greedy: the top

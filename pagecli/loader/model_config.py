@@ -4,8 +4,8 @@ The conversion writes, beside config.json, every attribute of the transformers c
 it made (`to_json_string(use_diff=False)`: the class defaults included). `ModelConfig` holds
 those values as attributes, which is all the engine reads from a config, so a GGUF start does
 not import transformers (about a second and 100 MB). Folders of other sources, and RoPE types
-other than the default one (their frequencies come from transformers' RoPE functions, which
-want transformers' config object), load transformers' config as before.
+other than the default one, for any layer type (their frequencies come from transformers'
+RoPE functions, which want transformers' config object), load transformers' config as before.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ def load_full_config(folder: Path) -> ModelConfig | None:
     if not isinstance(values, dict) or values.get("rope_scaling"):
         return None
     rope = values.get("rope_parameters") or {}
-    if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
+    if not isinstance(rope, dict):
+        return None
+    # one set of parameters, or one per layer type (Gemma 3): every one the default type
+    nested = [v for v in rope.values() if isinstance(v, dict)]
+    if any(p.get("rope_type", "default") != "default" for p in [rope, *nested]):
         return None
     return ModelConfig(**values)

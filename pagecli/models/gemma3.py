@@ -26,8 +26,10 @@ from pagecli.models.blocks import (
 
 def _fix_gguf_config(reader, arch: str, values: dict) -> None:
     """What transformers' GGUF map misses of Gemma 3 (llama.cpp's keys and conventions): the
-    global layers' linear RoPE scaling (4B and larger), the local layers' RoPE base, and the
-    62-layer 27B's query scale (hidden / heads, 168, where the others use head_dim)."""
+    text model's type (as transformers' own GGUF reader renames it), the global layers' linear
+    RoPE scaling (4B and larger), the local layers' RoPE base, and the query scale: llama.cpp
+    scales by 1/sqrt(head_dim), the 62-layer 27B by 1/sqrt(hidden / heads) (168)."""
+    values["model_type"] = "gemma3_text"
     rope = {
         "full_attention": {"rope_type": "default", "rope_theta": values.get("rope_theta", 1e6)},
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -40,8 +42,11 @@ def _fix_gguf_config(reader, arch: str, values: dict) -> None:
         rope["sliding_attention"]["rope_theta"] = float(local_base)
     values.pop("rope_theta", None)
     values["rope_parameters"] = rope
+    heads = values["num_attention_heads"]
     if values.get("num_hidden_layers") == 62:
-        values["query_pre_attn_scalar"] = values["hidden_size"] // values["num_attention_heads"]
+        values["query_pre_attn_scalar"] = values["hidden_size"] // heads
+    else:
+        values["query_pre_attn_scalar"] = values.get("head_dim") or values["hidden_size"] // heads
 
 
 class Gemma3ForCausalLM(DecoderModel):

@@ -20,6 +20,10 @@ def _gguf_config(reader, arch: str) -> dict:
     values["embedding_multiplier"] = float(require(reader, f"{arch}.embedding_scale"))
     values["residual_multiplier"] = float(require(reader, f"{arch}.residual_scale"))
     values["logits_scaling"] = float(require(reader, f"{arch}.logit_scale"))
+    # llama.cpp's granite takes biases where the file has them (optional tensors)
+    names = {t.name for t in reader.tensors}
+    values["attention_bias"] = "blk.0.attn_q.bias" in names
+    values["mlp_bias"] = "blk.0.ffn_up.bias" in names
     return values
 
 

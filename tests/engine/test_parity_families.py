@@ -16,7 +16,7 @@ import torch
 
 from pagecli import LLM, SamplingParams
 from pagecli_kernels import layers_cpu, native
-from tests.oracle import check_greedy, compare_with_generate
+from tests.oracle import check_greedy, check_logprobs, compare_with_generate
 from tests.tiny_models import VOCAB, WINDOW
 
 FAMILIES = [
@@ -31,6 +31,7 @@ FAMILIES = [
 ]
 LENGTHS = [1, 5, WINDOW, WINDOW + 1, 31, 64, 65, 100, 150, 230]
 NEW_TOKENS = 16
+TOP = 5
 
 
 def random_prompts(seed: int, lengths=LENGTHS) -> list[list[int]]:
@@ -61,9 +62,11 @@ def program_calls(monkeypatch) -> list[int]:
     return calls
 
 
-def generate(path, prompts, new_tokens=NEW_TOKENS, **engine_config):
+def generate(path, prompts, new_tokens=NEW_TOKENS, logprobs=None, **engine_config):
     llm = LLM(str(path), dtype="float32", **engine_config)
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=new_tokens, ignore_eos=True, logprobs=logprobs
+    )
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     llm.engine.check_invariants()
     return llm, outputs
@@ -72,13 +75,16 @@ def generate(path, prompts, new_tokens=NEW_TOKENS, **engine_config):
 def test_parity_mixed_batch(family, program_calls):
     name, path, hf = family
     prompts = random_prompts(FAMILIES.index(name))
-    llm, outputs = generate(path, prompts, block_size=4, max_num_batched_tokens=64)
+    llm, outputs = generate(path, prompts, block_size=4, max_num_batched_tokens=64, logprobs=TOP)
     assert llm.engine.stats().chunked_prefills > 0
     if native.enabled():
         assert program_calls[0] > 0  # the one-call path, not the Python loop
     for prompt, output in zip(prompts, outputs):
         assert len(output.token_ids) == NEW_TOKENS
         check(hf, name, prompt, output.token_ids)
+        # the whole distribution: tied tiny models echo their input token by a wide margin,
+        # so the greedy ids alone would not see the attention
+        check_logprobs(hf, prompt, output, TOP)
     compare_with_generate(hf, prompts[-1], outputs[-1].token_ids)
 
 
