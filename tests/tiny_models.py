@@ -72,6 +72,7 @@ def family_configs():
         MinistralConfig,
         MistralConfig,
         Olmo2Config,
+        Olmo3Config,
         Phi3Config,
         SmolLM3Config,
     )
@@ -110,6 +111,17 @@ def family_configs():
         "phi4": Phi3Config(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=False),
         "smollm3": SmolLM3Config(**layers4, tie_word_embeddings=True),  # layer 3: no RoPE
         "olmo2": Olmo2Config(**common, tie_word_embeddings=False),
+        # OLMo 2's block, 3 sliding layers to 1 global, RoPE per layer type
+        "olmo3": Olmo3Config(
+            **layers4,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            tie_word_embeddings=False,
+        ),
         "granite": GraniteConfig(
             **common,
             attention_bias=True,

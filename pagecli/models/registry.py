@@ -7,6 +7,7 @@ from pagecli.models.gemma3 import Gemma3ForCausalLM
 from pagecli.models.granite import GraniteForCausalLM
 from pagecli.models.llama import LlamaForCausalLM
 from pagecli.models.olmo2 import Olmo2ForCausalLM
+from pagecli.models.olmo3 import Olmo3ForCausalLM
 from pagecli.models.phi3 import Phi3ForCausalLM
 from pagecli.models.smollm3 import SmolLM3ForCausalLM
 
@@ -17,6 +18,7 @@ FAMILIES: tuple[type[CausalLM], ...] = (
     SmolLM3ForCausalLM,
     Olmo2ForCausalLM,
     GraniteForCausalLM,
+    Olmo3ForCausalLM,
 )
 ARCHITECTURES = {arch: cls for cls in FAMILIES for arch in cls.hf_architectures}
 MODEL_TYPES = {model_type: cls for cls in FAMILIES for model_type in cls.model_types}

@@ -1,8 +1,9 @@
 """Greedy parity with transformers for the families of models/ (tiny random safetensors):
 Gemma 3 (3 sliding layers to 1 global, per-type RoPE, sandwich norms, 1 + w, gelu-tanh,
 scaled embeddings), Phi-3 (fused checkpoint tensors, partial rotary, LongRoPE, a window),
-Phi-4, SmolLM3 (NoPE layers), OLMo 2 (post-norms, full-width q/k norm), Granite (the four
-multipliers), Mistral and Ministral (real sliding windows).
+Phi-4, SmolLM3 (NoPE layers), OLMo 2 (post-norms, full-width q/k norm), OLMo 3 (OLMo 2 with
+windows and RoPE per layer type), Granite (the four multipliers), Mistral and Ministral (real
+sliding windows).
 
 Prompts run past the windows (24 tokens) and past Phi-3's original context (64), in chunked
 prefills, under preemption (recompute and swap), with prefix-cache hits; each run must take
@@ -25,6 +26,7 @@ FAMILIES = [
     "phi4",
     "smollm3",
     "olmo2",
+    "olmo3",
     "granite",
     "mistral_window",
     "ministral",
