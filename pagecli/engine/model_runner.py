@@ -750,8 +750,9 @@ def _cut_of(model: CausalLM, shard: RankShard | None):
 def _row_blocks(hf_config, plan: WeightPlan) -> dict[str, int]:
     """For each axis row-parallel weights are cut along, the widest block (values) of the
     block-format tensors cut along it: columns a tensor-parallel split must not cut."""
+    cls = model_class(hf_config)  # outside the meta context: it checks RoPE tables on the CPU
     with torch.device("meta"):
-        probe = model_class(hf_config)(hf_config, max_position=1)
+        probe = cls(hf_config, max_position=1)
     blocks: dict[str, int] = {}
     for name, values in plan.block_values.items():
         found = weight_methods.split_of(probe, name)

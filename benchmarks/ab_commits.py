@@ -1,0 +1,80 @@
+"""pagecli against an earlier pagecli on one file: the A/B that says a change kept the speed.
+
+Runs `pagecli bench --scenario latency --pp P --tg T --json` from two checkouts of pagecli (this
+one, B, and another one, A, given by --base: a `git worktree` of the commit to compare with),
+--rounds times, in turn first, each on the same GGUF file (or the default model) and thread
+count. Both use this venv's packages; PYTHONPATH points each run at its own checkout (its
+native library is built from its own C sources, into the same cache keyed by them). Prints
+each side's median pp and tg rates and the median of the rounds' own B/A ratios, with the CPU
+named. Quiet machines only.
+
+    .venv/bin/python benchmarks/ab_commits.py --base /path/to/worktree [--model FILE.gguf]
+        [--threads 2] [--rounds 5] [--pp 512] [--tg 128] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from quant_vs_llamacpp import cpu_name
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def bench(checkout: Path, model: str | None, threads: int, pp: int, tg: int) -> dict:
+    """One `pagecli bench` run of `checkout`'s code: {"pp": t/s, "tg": t/s}."""
+    code = "import sys; from pagecli.cli.entry import main; sys.argv[0] = 'pagecli'; main()"
+    args = [sys.executable, "-c", code, "bench", "--scenario", "latency", "--pp", str(pp)]
+    args += ["--tg", str(tg), "--num-threads", str(threads), "--json"]
+    if model is not None:
+        args += ["--model", model]
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    out = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
+    rates = {row["test"]: row["tokens_per_s_mean"] for row in json.loads(out)["results"]}
+    return {"pp": rates[f"pp{pp}"], "tg": rates[f"tg{tg}"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", type=Path, required=True, help="the A checkout")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pp", type=int, default=512)
+    parser.add_argument("--tg", type=int, default=128)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    sides = {"A": args.base.resolve(), "B": HERE}
+    rounds = []
+    for number in range(args.rounds):
+        order = ["A", "B"] if number % 2 == 0 else ["B", "A"]
+        row = {
+            side: bench(sides[side], args.model, args.threads, args.pp, args.tg) for side in order
+        }
+        row["pp_ratio"] = row["B"]["pp"] / row["A"]["pp"]
+        row["tg_ratio"] = row["B"]["tg"] / row["A"]["tg"]
+        print(f"ab_commits: round {number}: {json.dumps(row)}", file=sys.stderr, flush=True)
+        rounds.append(row)
+    model = args.model or "the default model"
+    print(f"CPU: {cpu_name()}; {args.threads} threads; {model}; A = {sides['A']}, B = {HERE}")
+    print("| | A t/s | B t/s | B/A (median of rounds; each round) |")
+    print("| --- | --- | --- | --- |")
+    for key in ("pp", "tg"):
+        a = statistics.median(r["A"][key] for r in rounds)
+        b = statistics.median(r["B"][key] for r in rounds)
+        each = ", ".join(f"{r[f'{key}_ratio']:.3f}" for r in rounds)
+        median = statistics.median(r[f"{key}_ratio"] for r in rounds)
+        print(f"| {key}{args.pp if key == 'pp' else args.tg} | {a:.1f} | {b:.1f} | "
+              f"{median:.3f} ({each}) |")  # fmt: skip
+    if args.json is not None:
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "model": model, "rounds": rounds}))
+
+
+if __name__ == "__main__":
+    main()
