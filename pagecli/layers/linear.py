@@ -9,7 +9,8 @@ format oneDNN picks for a batch of `BATCH_HINT` rows; it serves any batch size) 
 halves the time of decode-sized products here (see benchmarks/RESULTS.md).
 
 With the native CPU library, float32 projections without a bias take its kernels instead
-(`LlamaForCausalLM.pack_weights`, pagecli_kernels/quant_formats.F32); packing serves the rest.
+(`models/weight_methods.prepare_float32`, pagecli_kernels/quant_formats.F32); packing serves
+the rest.
 
 The packed forward is the same product with a different summation order, so results differ
 from `F.linear` by float32 rounding only (`tests/unit/test_linear.py` bounds it).
