@@ -172,7 +172,10 @@ class Attention(nn.Module):
         # tensor parallelism: this rank's heads only; o_proj's partial sums are all-reduced
         self.tp: TensorParallel | None = None
 
-    part_sizes = property(lambda self: {"qkv_proj": [self.q_size, self.kv_size, self.kv_size]})
+    @property
+    def part_sizes(self) -> dict[str, list[int]]:
+        """The output rows of each part of the fused projections (models/weight_methods.py)."""
+        return {"qkv_proj": [self.q_size, self.kv_size, self.kv_size]}
 
     def post_load(self) -> None:
         if self.sinks is not None:  # the kernels read them as float32
@@ -269,7 +272,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(spec.intermediate_size, hidden_size, spec.bias)
         self.tp: TensorParallel | None = None  # this rank's columns; down_proj all-reduced
 
-    part_sizes = property(lambda self: {"gate_up_proj": [self.intermediate_size] * 2})
+    @property
+    def part_sizes(self) -> dict[str, list[int]]:
+        """The output rows of each part of the fused projections (models/weight_methods.py)."""
+        return {"gate_up_proj": [self.intermediate_size] * 2}
 
     def tp_splits(self) -> dict[str, Split]:
         return {

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F  # noqa: F401 - re-exported for callers' F.linear
 from torch import nn
 
 from pagecli.layers.linear import BF16Linear, PackedLinear, pack_linears, use_bf16_rows
