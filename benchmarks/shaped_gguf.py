@@ -87,6 +87,9 @@ SHAPES = {
     "gemma3-1b": Shape(
         1152, 26, 4, 1, 6912, 1000000.0, tied=True, arch="gemma3", head_dim=256, window=512
     ),
+    # Phi-4-mini's dimensions in the llama architecture (Llama-3.2-3B-like): what the phi3
+    # family's own graph costs, side by side
+    "phi4-mini-dims": Shape(3072, 32, 24, 8, 8192, 10000.0, tied=True),
     "phi4-mini": Shape(
         3072,
         32,
