@@ -180,6 +180,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     skip_special_tokens: bool = True
+    # Special tokens whose text stays in the output though skip_special_tokens is set (a
+    # tool-call format's tags, such as Mistral's [TOOL_CALLS]); set by the server.
+    keep_token_ids: frozenset[int] = field(default=frozenset(), metadata={"internal": True})
     # None: no log-probabilities; K >= 0: each generated token's log-probability and the K
     # most likely tokens at its position (log-softmax of the model's own logits).
     logprobs: int | None = None

@@ -157,9 +157,15 @@ class IncrementalDetokenizer:
     before, so leading-space handling is the same as in the full decode).
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        skip_special_tokens: bool = True,
+        keep_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.keep_token_ids = keep_token_ids  # special tokens kept in the text even so
         self.token_ids: list[int] = []
         self.text = ""
         self._prefix_offset = 0  # start of the decode window
@@ -168,7 +174,7 @@ class IncrementalDetokenizer:
     def add(self, new_token_ids: list[int]) -> str:
         """Append tokens; returns the new text that is complete so far."""
         self.token_ids.extend(new_token_ids)
-        decode = self.tokenizer.decode
+        decode = self._decode_keeping if self.keep_token_ids else self.tokenizer.decode
         skip = self.skip_special_tokens
         prefix_text = decode(self.token_ids[self._prefix_offset : self._read_offset], skip)
         full_text = decode(self.token_ids[self._prefix_offset :], skip)
@@ -185,3 +191,19 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self.token_ids)
         return delta
+
+    def _decode_keeping(self, token_ids: list[int], skip: bool) -> str:
+        """Decode with special tokens skipped (when `skip`) except the kept ones: the runs
+        between kept tokens decode as usual, each kept token as its own text."""
+        if not skip:
+            return self.tokenizer.decode(token_ids, False)
+        parts, run = [], []
+        for token_id in token_ids:
+            if token_id in self.keep_token_ids:
+                parts.append(self.tokenizer.decode(run, True))
+                parts.append(self.tokenizer.decode([token_id], False))
+                run = []
+            else:
+                run.append(token_id)
+        parts.append(self.tokenizer.decode(run, True))
+        return "".join(parts)

@@ -30,7 +30,9 @@ KEYS_HELP = (
 # Sampling parameters /set may change (chat shows one sample per turn, so not `n`); the
 # output constraint (`structured`) is set through `format` and `schema` instead.
 SAMPLING_SETTABLE = [
-    f.name for f in dataclasses.fields(SamplingParams) if f.name not in ("n", "structured")
+    f.name
+    for f in dataclasses.fields(SamplingParams)
+    if f.name not in ("n", "structured") and not f.metadata.get("internal")
 ]
 CONSTRAINT_SETTABLE = {"format": "json|text", "schema": "FILE|off"}
 SETTABLE = [*SAMPLING_SETTABLE, *CONSTRAINT_SETTABLE]  # every name /set takes

@@ -234,7 +234,7 @@ def _sampling_parameters() -> list[inspect.Parameter]:
     }
     params = []
     for f in dataclasses.fields(SamplingParams):
-        if f.name in _SAMPLING_SKIPPED:
+        if f.name in _SAMPLING_SKIPPED or f.metadata.get("internal"):
             continue
         annotation, decls = annotations.get(f.name, (type(defaults[f.name]), ()))
         default = defaults[f.name]

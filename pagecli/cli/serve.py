@@ -34,7 +34,7 @@ DISPLAY_INTERVAL_S = 0.25
 
 # the formats of server/tool_calls.py (not imported here: it is the server's, loaded late)
 ToolCallFormat = enum.Enum(
-    "ToolCallFormat", {n: n for n in ("hermes", "llama3_json", "qwen3_coder")}, type=str
+    "ToolCallFormat", {n: n for n in ("hermes", "llama3_json", "mistral", "qwen3_coder")}, type=str
 )
 
 

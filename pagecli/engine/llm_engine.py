@@ -210,6 +210,16 @@ class LLMEngine:
         except StructuredOutputError as exc:
             raise GrammarRejected(str(exc)) from None
 
+    def special_token_ids(self, texts: list[str]) -> dict[str, int]:
+        """Those of `texts` that are one special token of this model's vocabulary, by id (a
+        tool-call format's tags: its grammars name them as tokens). Any thread may call it."""
+        if self.tokenizer is None:
+            return {}
+        try:
+            return self.grammars.special_ids(texts)
+        except StructuredOutputError as exc:
+            raise GrammarRejected(str(exc)) from None
+
     def abort_request(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is None:
@@ -270,7 +280,9 @@ class LLMEngine:
             return
         detok = request.detokenizers.get(seq.sample_index)
         if detok is None:
-            detok = IncrementalDetokenizer(self.tokenizer, request.params.skip_special_tokens)
+            detok = IncrementalDetokenizer(
+                self.tokenizer, request.params.skip_special_tokens, request.params.keep_token_ids
+            )
             request.detokenizers[seq.sample_index] = detok
         before = len(detok.text)
         detok.add(seq.output_token_ids[len(detok.token_ids) :])

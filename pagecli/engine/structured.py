@@ -140,6 +140,17 @@ class GrammarCompiler:
                     ) from None
             return self._tokenizer
 
+    def special_ids(self, texts: list[str]) -> dict[str, int]:
+        """The texts that are one special token of the vocabulary as llguidance reads it
+        (every added token), by id; a grammar names those as tokens (`<[id]>`)."""
+        tokenizer = self.tokenizer
+        found = {}
+        for text in texts:
+            ids = tokenizer.tokenize_str(text, parse_special=True)
+            if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
+                found[text] = ids[0]
+        return found
+
     def compile(self, spec: StructuredOutputs, timeout_s: float | None = None) -> CompiledGrammar:
         """The compiled constraint; StructuredOutputError when it is invalid, uses a keyword
         the compiler lacks, or takes longer than the time limit."""

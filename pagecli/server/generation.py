@@ -41,9 +41,13 @@ from pagecli.server.responses import ChoiceState, ReplyParsing, ResponseFormat
 from pagecli.server.tool_calls import (
     FORMATS,
     THINK_CLOSE,
+    CallFormat,
+    Tags,
+    auto_grammar,
     call_grammar,
     detect_format,
     detect_reasoning,
+    get_format,
 )
 from pagecli.tokenizer import PromptTooLongError
 
@@ -96,6 +100,7 @@ class GenerationHandler:
         # Tokenizing off the event loop, one prompt at a time (transformers' fast tokenizers
         # are not meant to be driven from several threads at once).
         self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagecli-tok")
+        self._tags: dict[str, Tags] = {}  # per call format: its tags that are special tokens
 
     @property
     def tokenizer(self):
@@ -109,7 +114,7 @@ class GenerationHandler:
             raise APIError(400, "this model has no tokenizer: use /v1/completions with token ids")
         messages = [m.as_template_message() for m in body.messages]
         tools = [t.as_template_tool() for t in body.tools] if body.tools else None
-        call_format, params = self._tool_calls(body, tools, params)
+        call_format, params = await self._tool_calls(body, tools, params)
         tokenizer, limit = self.tokenizer, self._prompt_limit()
 
         def render() -> tuple[str, list[int]]:
@@ -139,9 +144,11 @@ class GenerationHandler:
         )
         return await self._respond(body, request, [_Prompt(ids, None)], params, fmt)
 
-    def _tool_calls(self, body: ChatCompletionRequest, tools, params):
-        """The call format to read replies in (None: calls are not parsed) and the params,
-        with the grammar that forces a call for tool_choice "required" or a named tool."""
+    async def _tool_calls(self, body: ChatCompletionRequest, tools, params):
+        """The call format to read replies in (None: calls are not parsed) and the params:
+        with the grammar that forces a call for tool_choice "required" or a named tool, or
+        (auto) the one that checks a call once the model opens it; the format's special tags
+        kept in the text."""
         choice = body.tool_choice or ("auto" if tools else "none")
         if not tools:
             if choice != "none":
@@ -149,7 +156,8 @@ class GenerationHandler:
             return None, params
         if choice == "none":
             return None, params  # the tools are shown to the model; its reply is text
-        call_format = self.tool_call_parser or detect_format(self.tokenizer.chat_template)
+        template = self.tokenizer.chat_template
+        call_format = self.tool_call_parser or detect_format(template)
         if call_format is None:
             raise APIError(
                 400,
@@ -157,8 +165,15 @@ class GenerationHandler:
                 f"(start the server with --tool-call-parser {'|'.join(FORMATS)})",
                 param="tools",
             )
+        fmt = get_format(call_format, template)
+        tags = await self._format_tags(fmt)
+        params = dataclasses.replace(params, keep_token_ids=frozenset(tags.ids.values()))
+        parallel = (body.model_extra or {}).get("parallel_tool_calls") is not False
         if choice == "auto":
-            return call_format, params
+            if params.structured is not None:  # the request's own constraint rules the reply
+                return fmt, params
+            grammar = auto_grammar(fmt, tools, parallel, tags)
+            return fmt, dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar))
         if params.structured is not None:
             raise APIError(
                 400,
@@ -167,13 +182,23 @@ class GenerationHandler:
                 param="tool_choice",
             )
         try:
-            parallel = (body.model_extra or {}).get("parallel_tool_calls") is not False
-            grammar = call_grammar(call_format, tools, body.tool_choice_name(), parallel)
+            grammar = call_grammar(fmt, tools, body.tool_choice_name(), parallel, tags)
         except ValueError as exc:
             raise APIError(400, f"tool_choice: {exc}", param="tool_choice") from None
-        return call_format, dataclasses.replace(
-            params, structured=StructuredOutputs(grammar=grammar)
-        )
+        return fmt, dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar))
+
+    async def _format_tags(self, fmt: CallFormat) -> Tags:
+        """The format's tags that this model's vocabulary holds as special tokens (looked up
+        once per format, off the event loop: the first builds llguidance's vocabulary)."""
+        tags = self._tags.get(fmt.name)
+        if tags is None:
+            lookup = self.engine.engine.special_token_ids
+            try:
+                ids = await self._in_worker(lookup, list(fmt.tags))
+            except GrammarRejected as exc:
+                raise APIError(400, f"tools: {exc}", param="tools") from None
+            tags = self._tags[fmt.name] = Tags(ids)
+        return tags
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         params = self._check(body)

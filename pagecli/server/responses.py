@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pagecli.outputs import CompletionOutput, TokenLogprob
-from pagecli.server.tool_calls import ParsedMessage, StreamParser, parse
+from pagecli.server.tool_calls import CallFormat, ParsedMessage, StreamParser, parse
 
 
 @dataclass
@@ -16,7 +16,7 @@ class ReplyParsing:
     """How a chat reply's text is read: tool calls in `fmt` (None: none are parsed) among
     `tools`, and reasoning before `</think>` when `reasoning` is set."""
 
-    fmt: str | None
+    fmt: str | CallFormat | None
     tools: list[dict]
     reasoning: bool
 
@@ -27,7 +27,7 @@ class ReplyParsing:
     def parse(self, text: str) -> ParsedMessage:
         return parse(text, *self._scanner(), tools=self.tools)
 
-    def _scanner(self) -> tuple[str, set[str], bool]:
+    def _scanner(self) -> tuple[str | CallFormat, set[str], bool]:
         # Reasoning alone: no tool name is known, so no text is ever taken for a call.
         return (self.fmt or "hermes", self.names if self.fmt else set(), self.reasoning)
 
@@ -93,6 +93,8 @@ class ResponseFormat:
         choice["logprobs"] = logprobs
         choice["finish_reason"] = finish_reason
         choice["stop_reason"] = c.stop_reason
+        if finish_reason == "error":
+            choice["error"] = self.choice_error(c)
         if prompt_token_ids is not None:
             choice["token_ids"] = c.token_ids
             choice["prompt_token_ids"] = prompt_token_ids
@@ -155,6 +157,8 @@ class ResponseFormat:
         choice["finish_reason"] = finish_reason
         if c.finish_reason is not None:
             choice["stop_reason"] = c.stop_reason
+        if c.finish_reason == "error":
+            choice["error"] = self.choice_error(c)
         if with_ids:
             choice["token_ids"], state.pending_ids = state.pending_ids + new_ids, []
         return choice
@@ -186,6 +190,20 @@ class ResponseFormat:
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {**self._head(True), "choices": [], "usage": usage}
+
+    def choice_error(self, c: CompletionOutput) -> dict[str, Any]:
+        """Why a choice ended in "error": never a silent short reply."""
+        if c.stop_reason == "grammar":
+            last = c.token_ids[-1] if c.token_ids else None
+            text = "" if last is None else f" (token {last}, {self._token_text(last)!r})"
+            message = (
+                f"generation stopped after {len(c.token_ids)} tokens: the output grammar "
+                f"(response_format, structured_outputs or the tool-call grammar) could not "
+                f"continue{text}"
+            )
+        else:
+            message = f"generation stopped by an error ({c.stop_reason})"
+        return {"message": message, "type": "server_error", "code": "generation_error"}
 
     def error_event(self, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}

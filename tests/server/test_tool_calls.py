@@ -12,10 +12,13 @@ import pytest
 from pagecli.server.tool_calls import (
     FORMATS,
     StreamParser,
+    Tags,
     ToolCall,
+    auto_grammar,
     call_grammar,
     detect_format,
     detect_reasoning,
+    get_format,
     parse,
 )
 
@@ -97,6 +100,34 @@ LLAMA32 = """{%- if tools is not none %}
 {{- '"parameters": ' }}
 {{- tool_call.arguments | tojson }}"""
 
+MISTRAL_V3 = """{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}{{- "[/AVAILABLE_TOOLS]" }}
+        {%- endif %}
+        {{- "[INST] " + message["content"] + "[/INST]" }}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "[TOOL_CALLS] [" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric, length 9!") }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "tool" %}
+        {{- '[TOOL_RESULTS] {"content": ' + content|string + ", " }}
+    {%- endif %}
+{%- endfor %}"""
+
+MISTRAL_V11 = """{%- for message in loop_messages %}
+    {%- if message['role'] == 'assistant' and message['tool_calls'] %}
+        {%- for tool in message['tool_calls'] %}
+            {{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + tool['function']['arguments']|tojson }}
+        {%- endfor %}
+    {%- elif message['role'] == 'tool' %}
+        {{- '[TOOL_RESULTS]' + message['content']|string + '[/TOOL_RESULTS]' }}
+    {%- endif %}
+{%- endfor %}"""  # noqa: E501
+
 LLAMA3_PLAIN = """{% set loop_messages = messages %}{% for message in loop_messages %}\
 {% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ \
 message['content'] | trim + '<|eot_id|>' %}{{ content }}{% endfor %}"""
@@ -118,6 +149,8 @@ You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
         (QWEN3_CODER, "qwen3_coder", False),
         (LLAMA31, "llama3_json", False),
         (LLAMA32, "llama3_json", False),
+        (MISTRAL_V3, "mistral", False),
+        (MISTRAL_V11, "mistral", False),
         (LLAMA3_PLAIN, None, False),
         (SMOLLM2, None, False),
         ("", None, False),
@@ -127,6 +160,11 @@ You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
 def test_detect(template, fmt, reasoning):
     assert detect_format(template) == fmt
     assert detect_reasoning(template) is reasoning
+
+
+def test_mistral_syntax_follows_the_template():
+    assert not get_format("mistral", MISTRAL_V3).args_syntax
+    assert get_format("mistral", MISTRAL_V11).args_syntax
 
 
 # ---- tools and call texts ------------------------------------------------------------------
@@ -166,6 +204,8 @@ SUM = {"a": 2, "b": 40}
 
 def render(fmt: str, name: str, args: dict) -> str:
     """One call the way the family's chat template writes it."""
+    if fmt == "mistral":
+        return "[TOOL_CALLS] " + json.dumps([{"name": name, "arguments": args}])
     if fmt == "hermes":
         return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
     if fmt == "llama3_json":
@@ -174,8 +214,23 @@ def render(fmt: str, name: str, args: dict) -> str:
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
+def render_many(fmt: str, calls: list[tuple[str, dict]]) -> str:
+    """Several calls in one reply (Mistral's JSON syntax puts them in one list)."""
+    if fmt == "mistral":
+        return "[TOOL_CALLS] " + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+    sep = "; " if fmt == "llama3_json" else "\n"
+    return sep.join(render(fmt, n, a) for n, a in calls)
+
+
 def calls_of(msg) -> list[tuple[str, dict]]:
     return [(c.name, json.loads(c.arguments)) for c in msg.tool_calls]
+
+
+ID_RE = {"mistral": r"[A-Za-z0-9]{9}"}  # Mistral's templates take nine letters and digits
+
+
+def id_re(fmt: str) -> str:
+    return ID_RE.get(fmt, r"call_[0-9a-f]{24}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -184,7 +239,7 @@ def test_one_call(fmt):
     assert msg.content is None
     assert msg.reasoning_content is None
     assert calls_of(msg) == [("get_weather", WEATHER)]
-    assert re.fullmatch(r"call_[0-9a-f]{24}", msg.tool_calls[0].id)
+    assert re.fullmatch(id_re(fmt), msg.tool_calls[0].id)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -196,8 +251,7 @@ def test_brackets_and_quotes_inside_values(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_several_calls(fmt):
-    sep = "; " if fmt == "llama3_json" else "\n"
-    text = render(fmt, "get_weather", WEATHER) + sep + render(fmt, "add", SUM)
+    text = render_many(fmt, [("get_weather", WEATHER), ("add", SUM)])
     msg = parse(text, fmt, NAMES, tools=TOOLS)
     assert msg.content is None
     assert calls_of(msg) == [("get_weather", WEATHER), ("add", SUM)]
@@ -232,6 +286,20 @@ def test_llama3_json_answer_is_no_call():
     text = '{"name": "Alice", "age": 30}'  # a JSON reply that has a "name" but no parameters
     msg = parse(text, "llama3_json")
     assert (msg.content, msg.tool_calls) == (text, [])
+
+
+def test_mistral_args_syntax_and_call_ids():
+    text = (
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}'
+        '[TOOL_CALLS]add[CALL_ID]abcDEF123[ARGS]{"a": 2, "b": 40}'
+    )
+    msg = parse(text, "mistral", NAMES)
+    assert msg.content is None
+    assert calls_of(msg) == [("get_weather", WEATHER), ("add", SUM)]
+    assert re.fullmatch(ID_RE["mistral"], msg.tool_calls[0].id)
+    assert msg.tool_calls[1].id == "abcDEF123"  # the model's own id is kept
+    listed = '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 40}, "id": "k9x8y7w6v"}]'
+    assert [c.id for c in parse(listed, "mistral", NAMES).tool_calls] == ["k9x8y7w6v"]
 
 
 def test_qwen3_coder_values_follow_the_schema():
@@ -321,6 +389,17 @@ MALFORMED = {
         '<|python_tag|>brave_search.call(query="weather")',
         '<|python_tag|>{"name": "add", "parameters": "a=1"}',
     ],
+    "mistral": [
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": }}]',  # bad JSON
+        '[TOOL_CALLS] [{"name": "rm_rf", "arguments": {}}]',  # unknown tool
+        '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1}}, {"name": "rm_rf", "arguments": {}}]',
+        '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1, "b": 2}}',  # never closed
+        '[TOOL_CALLS] {"name": "add", "arguments": {"a": 1}}',  # no list, no [ARGS]
+        "[TOOL_CALLS] []",
+        "[TOOL_CALLS]add[ARGS][1, 2]",  # arguments not an object
+        '[TOOL_CALLS]add[ARGS]{"a": 1',
+        "[TOOL_CALLS]add and more",
+    ],
     "qwen3_coder": [
         "<tool_call>\n<function=rm_rf>\n<parameter=path>\n/\n</parameter>\n</function>\n</tool_call>",
         "<tool_call>\n<function=add>\n<parameter=a>\n1\n</function>\n</tool_call>",
@@ -352,7 +431,7 @@ def test_malformed_call_beside_a_good_one():
 
 def test_unknown_format():
     with pytest.raises(ValueError, match="not one of"):
-        StreamParser("mistral")
+        StreamParser("harmony")
 
 
 def test_tool_call_shape():
@@ -372,14 +451,14 @@ def corpus() -> list[tuple[str, str, bool]]:
     cases = []
     for fmt in FORMATS:
         sep = "; " if fmt == "llama3_json" else "\n"
-        one, two = render(fmt, "get_weather", WEATHER), render(fmt, "add", SUM)
+        one = render(fmt, "get_weather", WEATHER)
         tag = "<|python_tag|>" if fmt == "llama3_json" else ""
         cases += [
             (fmt, one, False),
-            (fmt, "  " + one + sep + two + "\n", False),
+            (fmt, "  " + render_many(fmt, [("get_weather", WEATHER), ("add", SUM)]) + "\n", False),
             (fmt, "Checking.\n" + tag + one, False),
             (fmt, "<think>\nhmm <tool_call> {x}\n</think>\n\n" + one, True),
-            (fmt, "a < b and {c} <tool <|python <think", False),
+            (fmt, "a < b and {c} <tool <|python <think [TOOL [x]", False),
             (fmt, render(fmt, "get_weather", {"city": 'a "}]" {b\\'}), False),
             (fmt, "<think>only thinking </thi", True),
             (fmt, "", True),
@@ -388,10 +467,17 @@ def corpus() -> list[tuple[str, str, bool]]:
         cases += [(fmt, t, False) for t in MALFORMED[fmt]]
         cases += [(fmt, one + sep + t, False) for t in MALFORMED[fmt]]
     cases.append(("hermes", "A\n" + render("hermes", "add", SUM) + "\nB", False))
+    cases.append(
+        ("mistral", '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 40}[TOOL_CALLS]add[ARGS]{"a": 1}', False)
+    )
+    cases.append(
+        ("mistral", 'So [TOOL_CALLS]add[CALL_ID]abcDEF123[ARGS]{"a": 2, "b": 4} ok', False)
+    )
     return cases
 
 
 def streamed(fmt: str, chunks: list[str], reasoning: bool) -> tuple[str, str, list]:
+    """Content, reasoning and calls (ids left out: they are drawn anew each time)."""
     parser = StreamParser(fmt, NAMES, reasoning, tools=TOOLS)
     events = [e for c in chunks for e in parser.feed(c)] + parser.finish()
     content, thought, calls = "", "", []
@@ -401,7 +487,7 @@ def streamed(fmt: str, chunks: list[str], reasoning: bool) -> tuple[str, str, li
         thought += e.get("reasoning_content", "")
         for d in e.get("tool_calls", []):
             assert d["index"] == len(calls) and d["type"] == "function"
-            assert re.fullmatch(r"call_[0-9a-f]{24}", d["id"])
+            assert re.fullmatch(id_re(fmt), d["id"]) or d["id"] == "abcDEF123"
             calls.append((d["function"]["name"], json.loads(d["function"]["arguments"])))
     return content, thought, calls
 
@@ -432,7 +518,7 @@ def test_text_with_brackets_streams_through(fmt):
     parser = StreamParser(fmt, NAMES)
     text = "Use x < y, {braces} and <b>bold</b> here"
     assert feed_chars(parser, text) == text  # nothing held: no marker could start here
-    partial = "<|pyt" if fmt == "llama3_json" else "<tool"
+    partial = {"llama3_json": "<|pyt", "mistral": "[TOOL_C"}.get(fmt, "<tool")
     assert feed_chars(parser, " " + partial) == " "  # might become a call marker: held
     assert feed_chars(parser, "box>") == partial + "box>"
     assert parser.finish() == []
@@ -492,12 +578,12 @@ def accepts(tokenizer, lark: str, text: str) -> bool:
 
 def grammar_cases(fmt: str) -> tuple[list[str], list[str]]:
     """Texts a grammar for both tools must accept, and texts it must refuse."""
-    sep = "; " if fmt == "llama3_json" else "\n"
     good = [
         render(fmt, "get_weather", {"city": "Paris"}),
         render(fmt, "get_weather", WEATHER),
         render(fmt, "add", SUM),
-        render(fmt, "get_weather", WEATHER) + sep + render(fmt, "add", SUM),
+        render_many(fmt, [("get_weather", WEATHER), ("add", SUM)]),
+        render(fmt, "add", SUM) + "\n",  # a newline before the end of the turn
     ]
     bad = [
         render(fmt, "get_time", {"city": "Paris"}),  # no such tool
@@ -529,10 +615,12 @@ def test_grammar_any_tool(tokenizer, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_grammar_named_tool(tokenizer, fmt):
     lark = call_grammar(fmt, TOOLS, name="add")
-    sep = "; " if fmt == "llama3_json" else "\n"
     assert accepts(tokenizer, lark, render(fmt, "add", SUM))
     assert not accepts(tokenizer, lark, render(fmt, "get_weather", WEATHER))
-    assert not accepts(tokenizer, lark, render(fmt, "add", SUM) + sep + render(fmt, "add", SUM))
+    assert not accepts(tokenizer, lark, render_many(fmt, [("add", SUM), ("add", SUM)]))
+    unparallel = call_grammar(fmt, TOOLS, parallel=False)
+    assert accepts(tokenizer, unparallel, render(fmt, "add", SUM))
+    assert not accepts(tokenizer, unparallel, render_many(fmt, [("add", SUM), ("add", SUM)]))
 
 
 def test_grammar_tool_without_parameters(tokenizer):
@@ -548,4 +636,145 @@ def test_grammar_errors():
     with pytest.raises(ValueError, match="at least one tool"):
         call_grammar("hermes", [])
     with pytest.raises(ValueError, match="not one of"):
-        call_grammar("mistral", TOOLS)
+        call_grammar("harmony", TOOLS)
+
+
+# ---- tags that are single special tokens ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tagged():
+    """llguidance's view of a vocabulary whose tags are special tokens (tests/tool_tokenizer.py),
+    and the tags as the engine's compiler finds them."""
+    import llguidance as llg
+
+    from pagecli.engine.structured import GrammarCompiler
+    from pagecli.loader.resolve import float_checkpoint, resolve_model
+    from tests.tool_tokenizer import TAGS, tool_tokenizer_json
+
+    text = tool_tokenizer_json(float_checkpoint(resolve_model(None)))
+    compiler = GrammarCompiler(text, 49152, [2], 5.0)
+    found = compiler.special_ids([*TAGS, "<tool_call>x", "plain", "<|im_end|>"])
+    compiler.close()
+    assert found == {**TAGS, "<|im_end|>": 2}
+    return llg.LLTokenizer(text, n_vocab=49152, eos_token=[2]), Tags(TAGS)
+
+
+def tokens_accepted(tokenizer, lark: str, tokens: list[int]) -> bool:
+    """Every token allowed by the mask and consumed, and the grammar complete after."""
+    import llguidance as llg
+    import numpy as np
+
+    matcher = llg.LLMatcher(tokenizer, llg.LLMatcher.grammar_from_lark(lark), log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    mask = np.zeros((49152 + 31) // 32, dtype=np.int32)
+    for token in tokens:
+        matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        if not (int(mask[token // 32]) >> (token % 32)) & 1:
+            return False
+        assert matcher.consume_token(token), matcher.get_error()  # what the mask offers, goes
+    return matcher.is_accepting()
+
+
+def spelled(tokenizer, text: str, tags: Tags) -> list[int]:
+    """`text` as tokens with every tag spelled out character by character."""
+    pattern = "(" + "|".join(re.escape(t) for t in tags.ids) + ")"
+    out = []
+    for i, part in enumerate(re.split(pattern, text)):
+        pieces = list(part) if i % 2 else [part] if part else []
+        out += [t for piece in pieces for t in tokenizer.tokenize_str(piece)]
+    return out
+
+
+FORMS = [*FORMATS, "mistral_args"]
+
+
+def form(name: str):
+    return get_format("mistral", "[ARGS]") if name == "mistral_args" else get_format(name)
+
+
+def render_form(name: str, calls: list[tuple[str, dict]]) -> str:
+    if name == "mistral_args":
+        return "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a)}" for n, a in calls)
+    if name == "llama3_json":  # the tag Llama 3.1 may open its calls with
+        return "<|python_tag|>" + render_many(name, calls)
+    return render_many(name, calls)
+
+
+@pytest.mark.parametrize("name", FORMS)
+def test_forced_grammar_takes_the_special_tags(tagged, name):
+    """The original failure: the tag spelled as a string let the mask offer the special token
+    and the matcher refuse it, a one-token reply ending in "error"."""
+    tokenizer, tags = tagged
+    fmt = form(name)
+    lark = call_grammar(fmt, TOOLS, tags=tags)
+    for calls in ([("add", SUM)], [("get_weather", WEATHER), ("add", SUM)]):
+        text = render_form(name, calls)
+        as_model_writes = tokenizer.tokenize_str(text, parse_special=True)
+        assert set(as_model_writes) & set(tags.ids.values())
+        assert tokens_accepted(tokenizer, lark, as_model_writes), text
+        # the same characters as plain text are no call of this vocabulary
+        assert not tokens_accepted(tokenizer, lark, spelled(tokenizer, text, tags)), text
+        assert calls_of(parse(text, fmt, NAMES, tools=TOOLS)) == calls
+    bad = tokenizer.tokenize_str(render_form(name, [("add", {"a": 2})]), parse_special=True)
+    assert not tokens_accepted(tokenizer, lark, bad)
+    if name == "llama3_json":  # the tag is optional
+        assert tokens_accepted(tokenizer, lark, tokenizer.tokenize_str(render(name, "add", SUM)))
+
+
+@pytest.mark.parametrize("name", FORMS)
+def test_auto_grammar_leaves_text_free_and_checks_calls(tagged, name):
+    tokenizer, tags = tagged
+    fmt = form(name)
+    lark = auto_grammar(fmt, TOOLS, tags=tags)
+    ids = lambda text: tokenizer.tokenize_str(text, parse_special=True)  # noqa: E731
+    eos = [2]
+    assert tokens_accepted(tokenizer, lark, ids("No call: x < y, {a} <b> [c]") + eos)
+    # Other special tokens (Qwen3's <think>) pass where the trigger is a token; Llama 3's
+    # replies are text or JSON, read at the character level.
+    others = ids("<|im_start|> other special tokens") + eos
+    assert tokens_accepted(tokenizer, lark, others) is (name != "llama3_json")
+    call = render_form(name, [("get_weather", WEATHER)])
+    lead = "" if name == "llama3_json" else "Let me check.\n"  # llama3: JSON opens the reply
+    assert tokens_accepted(tokenizer, lark, ids(lead + call) + eos)
+    assert not tokens_accepted(tokenizer, lark, ids(lead + render_form(name, [("add", {"a": 2})])))
+    assert not tokens_accepted(tokenizer, lark, ids(lead + render_form(name, [("rm", {})])))
+    two = render_form(name, [("add", SUM), ("add", SUM)])
+    assert tokens_accepted(tokenizer, lark, ids(lead + two) + eos)
+    one_only = auto_grammar(fmt, TOOLS, parallel=False, tags=tags)
+    assert not tokens_accepted(tokenizer, one_only, ids(lead + two) + eos)
+
+
+@pytest.mark.parametrize("name", ["hermes", "qwen3_coder"])
+def test_auto_grammar_with_a_text_trigger(tokenizer, name):
+    """Where the tag is plain text (no special token), a lazy lexeme ends free text at it."""
+    lark = auto_grammar(name, TOOLS)
+    ids = tokenizer.tokenize_str
+    assert tokens_accepted(tokenizer, lark, ids("Plain words <b>bold</b> and <tool no") + [2])
+    assert tokens_accepted(tokenizer, lark, ids("Ok.\n" + render(name, "add", SUM) + " done") + [2])
+    assert not tokens_accepted(tokenizer, lark, ids("Ok.\n" + render(name, "add", {"a": "x"})))
+
+
+def test_kept_special_tags_stay_in_the_text(tagged):
+    """The engine's detokenizer drops special tokens but the format's tags."""
+    import tempfile
+    from pathlib import Path
+
+    from pagecli.tokenizer import IncrementalDetokenizer, Tokenizer
+    from tests.tool_tokenizer import TAGS, tool_model_dir
+
+    with tempfile.TemporaryDirectory() as tmp:
+        template = Path(__file__).parent / "templates" / "hermes.jinja"
+        folder = tool_model_dir(Path(tmp) / "m", template)
+        tok = Tokenizer(folder, "tool-tags")
+        text = '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 40}<|im_end|>'
+        token_ids = tok.encode(text, 1000, add_special_tokens=False)
+        assert TAGS["[TOOL_CALLS]"] in token_ids
+        keep = frozenset({TAGS["[TOOL_CALLS]"], TAGS["[ARGS]"]})
+        for kept, want in (
+            (keep, text[: -len("<|im_end|>")]),
+            (frozenset(), 'add{"a": 2, "b": 40}'),
+        ):
+            detok = IncrementalDetokenizer(tok, True, kept)
+            streamed = "".join(detok.add([t]) for t in token_ids)
+            assert streamed == detok.text == want
