@@ -181,7 +181,7 @@ _pagecli() {
                 --max-queued-requests) COMPREPLY=(); return ;;
                 --shutdown-timeout) COMPREPLY=(); return ;;
                 --allowed-origins) COMPREPLY=(); return ;;
-                --tool-call-parser) COMPREPLY=($(compgen -W "hermes llama3_json qwen3_coder" -- "$cur")); return ;;
+                --tool-call-parser) COMPREPLY=($(compgen -W "hermes llama3_json mistral qwen3_coder" -- "$cur")); return ;;
                 -m|--model) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --dtype) COMPREPLY=($(compgen -W "auto float32 bfloat16 float16" -- "$cur")); return ;;
                 --device) COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur")); return ;;

@@ -212,7 +212,7 @@ complete -c pagecli -n '__fish_seen_subcommand_from serve' -l max-request-bytes 
 complete -c pagecli -n '__fish_seen_subcommand_from serve' -l max-queued-requests -x -d 'Most requests waiting for the engine (503 with Retry-After above it).'
 complete -c pagecli -n '__fish_seen_subcommand_from serve' -l shutdown-timeout -x -d 'Seconds in-flight requests get to finish after SIGINT/SIGTERM.'
 complete -c pagecli -n '__fish_seen_subcommand_from serve' -l allowed-origins -x -d 'Allow cross-origin requests from this origin (repeatable; default: none).'
-complete -c pagecli -n '__fish_seen_subcommand_from serve' -l tool-call-parser -x -a 'hermes llama3_json qwen3_coder' -d 'How the model writes tool calls (default: found from its chat template).'
+complete -c pagecli -n '__fish_seen_subcommand_from serve' -l tool-call-parser -x -a 'hermes llama3_json mistral qwen3_coder' -d 'How the model writes tool calls (default: found from its chat template).'
 complete -c pagecli -n '__fish_seen_subcommand_from serve' -l display -d 'The live block display on stderr (default: when stderr is a terminal; otherwise one access line per request).'
 complete -c pagecli -n '__fish_seen_subcommand_from serve' -l no-display -d 'The live block display on stderr (default: when stderr is a terminal; otherwise one access line per request).'
 complete -c pagecli -n '__fish_seen_subcommand_from serve' -s v -l verbose -d 'Show library warnings and full tracebacks.'

@@ -182,7 +182,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # Special tokens whose text stays in the output though skip_special_tokens is set (a
     # tool-call format's tags, such as Mistral's [TOOL_CALLS]); set by the server.
-    keep_token_ids: frozenset[int] = field(default=frozenset(), metadata={"internal": True})
+    keep_token_ids: tuple[int, ...] = field(default=(), metadata={"internal": True})
     # None: no log-probabilities; K >= 0: each generated token's log-probability and the K
     # most likely tokens at its position (log-softmax of the model's own logits).
     logprobs: int | None = None
@@ -247,7 +247,8 @@ class SamplingParams:
 
     @classmethod
     def field_names(cls) -> set[str]:
-        return {f.name for f in fields(cls)}
+        """The fields a user sets (internal ones, set by the server, left out)."""
+        return {f.name for f in fields(cls) if not f.metadata.get("internal")}
 
 
 def _closed_objects(schema: Any) -> Any:

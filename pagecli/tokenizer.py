@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from pagecli.loader.resolve import ModelLoadError, converted_tokenizer_backend
@@ -161,11 +162,11 @@ class IncrementalDetokenizer:
         self,
         tokenizer: Tokenizer,
         skip_special_tokens: bool = True,
-        keep_token_ids: frozenset[int] = frozenset(),
+        keep_token_ids: Iterable[int] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.keep_token_ids = keep_token_ids  # special tokens kept in the text even so
+        self.keep_token_ids = frozenset(keep_token_ids)  # special tokens kept in the text even so
         self.token_ids: list[int] = []
         self.text = ""
         self._prefix_offset = 0  # start of the decode window

@@ -68,7 +68,7 @@ class Conversation:
 
     def __init__(self, session: ChatSession, params: dict[str, Any]) -> None:
         self.session = session
-        self.params = dataclasses.asdict(SamplingParams(**params))  # every field, checked
+        self.params = _user_fields(SamplingParams(**params))  # every field, checked
         self.turn_starts: list[TurnStart] = []
 
     @property
@@ -94,7 +94,7 @@ class Conversation:
             raise ChatError(str(exc)) from None
         # Every field in its asdict form (`structured` as a dict of all its fields), as
         # __init__ stores them: what /save writes and SamplingParams(**params) reads back.
-        self.params = dataclasses.asdict(checked)
+        self.params = _user_fields(checked)
 
     # ---- turns -----------------------------------------------------------------------------
 
@@ -295,3 +295,9 @@ class ChatState:
         while f"chat-{i}" in self.conversations:
             i += 1
         return f"chat-{i}"
+
+
+def _user_fields(params: SamplingParams) -> dict[str, Any]:
+    """The parameters in their asdict form, without the internal ones (set by the server)."""
+    names = SamplingParams.field_names()
+    return {k: v for k, v in dataclasses.asdict(params).items() if k in names}

@@ -100,7 +100,8 @@ class GenerationHandler:
         # Tokenizing off the event loop, one prompt at a time (transformers' fast tokenizers
         # are not meant to be driven from several threads at once).
         self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagecli-tok")
-        self._tags: dict[str, Tags] = {}  # per call format: its tags that are special tokens
+        # per call format: its tags that are special tokens, and why no grammar can run
+        self._tags: dict[str, tuple[Tags, str | None]] = {}
 
     @property
     def tokenizer(self):
@@ -166,12 +167,12 @@ class GenerationHandler:
                 param="tools",
             )
         fmt = get_format(call_format, template)
-        tags = await self._format_tags(fmt)
-        params = dataclasses.replace(params, keep_token_ids=frozenset(tags.ids.values()))
+        tags, no_grammar = await self._format_tags(fmt)
+        params = dataclasses.replace(params, keep_token_ids=tuple(sorted(tags.ids.values())))
         parallel = (body.model_extra or {}).get("parallel_tool_calls") is not False
         if choice == "auto":
-            if params.structured is not None:  # the request's own constraint rules the reply
-                return fmt, params
+            if params.structured is not None or no_grammar:
+                return fmt, params  # the request's own constraint rules the reply, or none can
             grammar = auto_grammar(fmt, tools, parallel, tags)
             return fmt, dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar))
         if params.structured is not None:
@@ -181,24 +182,27 @@ class GenerationHandler:
                 "with response_format or structured_outputs",
                 param="tool_choice",
             )
+        if no_grammar:
+            raise APIError(400, f"tool_choice: {no_grammar}", param="tool_choice")
         try:
             grammar = call_grammar(fmt, tools, body.tool_choice_name(), parallel, tags)
         except ValueError as exc:
             raise APIError(400, f"tool_choice: {exc}", param="tool_choice") from None
         return fmt, dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar))
 
-    async def _format_tags(self, fmt: CallFormat) -> Tags:
-        """The format's tags that this model's vocabulary holds as special tokens (looked up
-        once per format, off the event loop: the first builds llguidance's vocabulary)."""
-        tags = self._tags.get(fmt.name)
-        if tags is None:
+    async def _format_tags(self, fmt: CallFormat) -> tuple[Tags, str | None]:
+        """The format's tags that this model's vocabulary holds as special tokens, and why no
+        grammar can run on it (None: one can). Looked up once per format, off the event loop
+        (the first builds llguidance's view of the vocabulary)."""
+        found = self._tags.get(fmt.name)
+        if found is None:
             lookup = self.engine.engine.special_token_ids
             try:
-                ids = await self._in_worker(lookup, list(fmt.tags))
-            except GrammarRejected as exc:
-                raise APIError(400, f"tools: {exc}", param="tools") from None
-            tags = self._tags[fmt.name] = Tags(ids)
-        return tags
+                found = Tags(await self._in_worker(lookup, list(fmt.tags))), None
+            except GrammarRejected as exc:  # a tokenizer llguidance cannot read
+                found = Tags(), str(exc)
+            self._tags[fmt.name] = found
+        return found
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         params = self._check(body)
