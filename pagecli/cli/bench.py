@@ -13,8 +13,6 @@ import dataclasses
 import enum
 import gc
 import math
-import os
-import platform
 import random
 import sys
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 
 from pagecli import __version__
-from pagecli.cli.bench_report import print_report
+from pagecli.cli.bench_report import machine, note, print_report
 from pagecli.cli.bench_scenarios import (
     EngineRunner,
     Range,
@@ -322,11 +320,6 @@ def bench(
     print_report(report, json_out, csv_out)
 
 
-def note(message: str) -> None:
-    """A progress line on stderr."""
-    print(f"pagecli: bench: {message}", file=sys.stderr, flush=True)
-
-
 def _bf16_gemm_name(quant_cpu) -> str:
     """Who multiplies bfloat16 batches of three rows or more (pagecli_kernels.quant_cpu)."""
     from pagecli.layers.linear import BF16Linear
@@ -336,22 +329,6 @@ def _bf16_gemm_name(quant_cpu) -> str:
     if quant_cpu.bf16_gemm() != "pairs":
         return "torch (oneDNN)"
     return "native (VDPBF16PS)" if quant_cpu.bf16_gemm_native() else "native (portable loop)"
-
-
-def machine() -> str:
-    """The CPU model and core count (and the GPU, when the engine runs on one)."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from pagecli.baselines import gpu_name
-
-    gpu = gpu_name()
-    return f"{name}, {os.cpu_count()} CPUs" + (f", {gpu}" if gpu else "")
 
 
 def baseline_rows(

@@ -1,10 +1,14 @@
-"""The results of `pagecli bench` on stdout: a Rich table, one JSON object, or CSV rows."""
+"""The results of `pagecli bench` on stdout (a Rich table, one JSON object, or CSV rows), the
+machine they ran on, and the progress lines on stderr."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import platform
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -166,3 +170,24 @@ def flatten(row: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def note(message: str) -> None:
+    """A progress line on stderr."""
+    print(f"pagecli: bench: {message}", file=sys.stderr, flush=True)
+
+
+def machine() -> str:
+    """The CPU model and core count (and the GPU, when the engine runs on one)."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from pagecli.baselines import gpu_name
+
+    gpu = gpu_name()
+    return f"{name}, {os.cpu_count()} CPUs" + (f", {gpu}" if gpu else "")

@@ -54,7 +54,7 @@ from typing import Any
 from pagecli import __version__
 from pagecli.backends.base import Backend, BackendError, Prompt, RequestRejected
 from pagecli.backends.base import Request as BackendRequest
-from pagecli.cli.bench import machine, note
+from pagecli.cli.bench_report import machine, note
 from pagecli.cli.bench_scenarios import (
     USER_TURNS,
     Range,

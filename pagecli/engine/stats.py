@@ -6,11 +6,20 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from pagecli.engine.llm_engine import LLMEngine
     from pagecli.engine.scheduler import ScheduledBatch
+
+
+class EngineParts(Protocol):
+    """What a snapshot reads of the engine (LLMEngine has these; named here so that this
+    module does not import the engine)."""
+
+    block_manager: Any
+    scheduler: Any
+    timer: StepTimer
+    config: Any
 
 
 class StepTimer:
@@ -86,7 +95,7 @@ class EngineStats:
         return data
 
     @classmethod
-    def snapshot(cls, engine: LLMEngine) -> EngineStats:
+    def snapshot(cls, engine: EngineParts) -> EngineStats:
         bm = engine.block_manager
         sched = engine.scheduler
         timer = engine.timer

@@ -13,35 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-
-class GGUFError(ValueError):
-    """The file is not a GGUF model pagecli can read."""
-
-
-def file_arch(reader, path=None):
-    """The file's architecture as pagecli reads it (models/base.GGUFArch); GGUFError naming
-    it and the supported ones when no family of pagecli has it."""
-    from pagecli.models.registry import gguf_arch, supported_gguf_archs
-
-    name = reader.get("general.architecture")
-    arch = gguf_arch(name)
-    if arch is None:
-        where = f"{path}: " if path is not None else ""
-        raise GGUFError(
-            f"{where}unsupported GGUF architecture {name!r} "
-            f"(supported: {', '.join(supported_gguf_archs())})"
-        )
-    return arch
-
-
-def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's interleaving of each head's rotary halves in Q/K rows."""
-    rows = weight.shape[0]
-    rest = weight.shape[1:]
-    w = weight.reshape(num_heads, rows // num_heads // 2, 2, *rest)
-    return w.transpose(1, 2).reshape(rows, *rest)
+from pagecli.loader.gguf_weights import GGUFError, file_arch
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:

@@ -26,10 +26,37 @@ from pagecli_kernels.quant_formats import BY_GGML_TYPE, QuantWeight
 Weight = QuantWeight | torch.Tensor
 
 
+class GGUFError(ValueError):
+    """The file is not a GGUF model pagecli can read."""
+
+
+def file_arch(reader, path=None):
+    """The file's architecture as pagecli reads it (models/base.GGUFArch); GGUFError naming
+    it and the supported ones when no family of pagecli has it."""
+    from pagecli.models.registry import gguf_arch, supported_gguf_archs
+
+    name = reader.get("general.architecture")
+    arch = gguf_arch(name)
+    if arch is None:
+        where = f"{path}: " if path is not None else ""
+        raise GGUFError(
+            f"{where}unsupported GGUF architecture {name!r} "
+            f"(supported: {', '.join(supported_gguf_archs())})"
+        )
+    return arch
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's interleaving of each head's rotary halves in Q/K rows."""
+    rows = weight.shape[0]
+    rest = weight.shape[1:]
+    w = weight.reshape(num_heads, rows // num_heads // 2, 2, *rest)
+    return w.transpose(1, 2).reshape(rows, *rest)
+
+
 def open_gguf(path: Path) -> GGUFFile:
     """The process's reader of the file (parsed once); GGUFError (with the path) when it
     cannot be read."""
-    from pagecli.loader.gguf_convert import GGUFError
 
     try:
         return open_gguf_file(path)
@@ -42,7 +69,6 @@ def keeps_qk_pairs(reader: GGUFFile, keep_quantized: bool) -> bool:
     """Whether `iter_gguf_weights` hands over Q/K weights (and biases) in llama.cpp's row
     order, each head's rotary halves interleaved: the model must then deinterleave the
     projection's q and k outputs (`DecoderModel.use_qk_pairs`)."""
-    from pagecli.loader.gguf_convert import file_arch
 
     return keep_quantized and file_arch(reader).qk_permuted
 
@@ -53,7 +79,6 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
     `QuantWeight` is a view of the file's map that stays valid as long as it is held: keep
     it, never write it. With `keep_quantized`, Q/K tensors of a permuted architecture keep
     the file's row order (`keeps_qk_pairs`); otherwise they are unpermuted."""
-    from pagecli.loader.gguf_convert import file_arch
 
     family = file_arch(reader)
     arch = reader.get("general.architecture")
@@ -85,8 +110,6 @@ def tensor_weight(
     `heads` heads when given; 1 subtracted with `offset`)."""
     import gguf
 
-    from pagecli.loader.gguf_convert import unpermute_qk
-
     shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
     fmt = BY_GGML_TYPE.get(int(t.tensor_type))
     if keep_quantized and fmt is not None and len(shape) == 2:
@@ -103,7 +126,6 @@ def tensor_weight(
 
 def gguf_tensor_bytes(path: Path) -> int:
     """Bytes of the file's model tensors as stored (the resident size when kept quantized)."""
-    from pagecli.loader.gguf_convert import file_arch
 
     reader = open_gguf(path)
     family = file_arch(reader, path)

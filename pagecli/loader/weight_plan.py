@@ -133,8 +133,13 @@ def plan_weights(
 
 
 def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
-    from pagecli.loader.gguf_convert import GGUFError, file_arch
-    from pagecli.loader.gguf_weights import iter_gguf_weights, keeps_qk_pairs, open_gguf
+    from pagecli.loader.gguf_weights import (
+        GGUFError,
+        file_arch,
+        iter_gguf_weights,
+        keeps_qk_pairs,
+        open_gguf,
+    )
 
     try:
         reader = open_gguf(path)

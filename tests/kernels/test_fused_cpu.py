@@ -75,7 +75,7 @@ def test_rotary_of_llama_cpp_pairs_gives_the_unpermuted_rows_rotated(dtype, monk
     """A GGUF's Q/K rows read in place give each head's rotary halves interleaved; the
     kernel (and the torch fallback) must give exactly what unpermuted weights give."""
     from pagecli.layers.rotary import apply_rotary
-    from pagecli.loader.gguf_convert import unpermute_qk
+    from pagecli.loader.gguf_weights import unpermute_qk
 
     gen = torch.Generator().manual_seed(1)
     num_tokens, num_q_heads, num_k_heads, head_dim = 4, 4, 2, 32

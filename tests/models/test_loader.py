@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pagecli import LLM, SamplingParams
-from pagecli.loader.gguf_convert import unpermute_qk
+from pagecli.loader.gguf_weights import unpermute_qk
 from pagecli.loader.resolve import ModelLoadError, default_gguf_path, resolve_model
 from pagecli.models.registry import UnsupportedModelError
 
