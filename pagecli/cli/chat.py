@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, TextIO
 
@@ -19,6 +19,7 @@ from rich.console import Console, RenderableType
 
 from pagecli.backends.sync import SyncBackend
 from pagecli.cli.chat_commands import check_compiles, run_command
+from pagecli.cli.chat_input import messages
 from pagecli.cli.chat_state import SESSION_NAME, ChatError, ChatState, sessions_dir
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
 from pagecli.cli.options import (
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # chat_turn imports the engine (torch): loaded with the first
 
 CHAT_PANEL = "Chat"
 BROKEN_PIPE_EXIT_CODE = 141  # what a tool killed by SIGPIPE reports
-FENCE = '"""'
 
 
 class Chat:
@@ -101,43 +101,6 @@ class Chat:
             self.info(stats.line(), style="dim")
         if self.autosave is not None and conversation.name == self.autosave:
             self.state.save()
-
-
-def messages(lines: Iterable[str]) -> Iterator[str]:
-    """User messages from input lines: one per non-blank line, or a block between lines that
-    start and end with triple quotes."""
-    block: Optional[list[str]] = None
-    for line in lines:
-        line = line.rstrip("\r\n")
-        if block is not None:
-            if line.rstrip().endswith(FENCE):
-                block.append(line.rstrip()[: -len(FENCE)])
-                yield "\n".join(block).strip("\n")
-                block = None
-            else:
-                block.append(line)
-        elif line.strip().startswith(FENCE) and not is_closed_block(line):
-            block = [line.strip()[len(FENCE) :]]
-        elif line.strip():
-            yield unfence(line)
-    if block is not None and "\n".join(block).strip():
-        yield "\n".join(block).strip("\n")
-
-
-def is_closed_block(text: str) -> bool:
-    """False for text that opens a triple-quoted block and has not closed it yet."""
-    text = text.strip()
-    if not text.startswith(FENCE):
-        return True
-    return len(text) >= 2 * len(FENCE) and text.endswith(FENCE)
-
-
-def unfence(text: str) -> str:
-    """The message inside a closed triple-quoted block (other text as it is)."""
-    stripped = text.strip()
-    if stripped.startswith(FENCE) and is_closed_block(stripped):
-        return stripped[len(FENCE) : -len(FENCE)].strip("\n")
-    return text.strip()
 
 
 def run_piped(chat: Chat, lines: Iterable[str]) -> int:

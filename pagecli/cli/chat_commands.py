@@ -13,14 +13,29 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Optional, Protocol
 
-from pagecli.cli.chat_state import ChatError, turns_text
+from pagecli.cli.chat_state import ChatError, ChatState, turns_text
 from pagecli.cli.options import CliError, read_json_schema
 from pagecli.sampling_params import SamplingParams, StructuredOutputs
 
-if TYPE_CHECKING:
-    from pagecli.cli.chat import Chat
+
+class Chat(Protocol):
+    """What the commands and the terminal use of a chat (pagecli.cli.chat.Chat is one): named
+    here so that neither imports the command-line shell."""
+
+    state: ChatState
+    console: Any  # rich.console.Console, on stderr
+    last_stats: Any  # the last turn's chat_turn.TurnStats, or None
+
+    def info(self, text: str, style: Optional[str] = None, markup: bool = False) -> None: ...
+
+    def show(self, renderable: Any) -> None: ...
+
+    def reply(self, text: str) -> None: ...
+
+    def handle(self, message: str) -> bool: ...
+
 
 KEYS_HELP = (
     'Keys: Esc Enter adds a line; """ starts a multi-line block that """ ends; '

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from pagecli.cli.jsonl import (
+from pagecli.cli.jsonl_fields import (
     SAMPLING_FIELDS,
     BadLine,
     Job,

@@ -15,10 +15,6 @@ PACKAGES = ("pagecli", "pagecli_kernels")
 KNOWN_LOOPS = {
     # the runner starts its own tensor-parallel workers, which build runners
     frozenset({"pagecli.engine.model_runner", "pagecli.engine.parallel"}),
-    # the JSONL reader hands OpenAI batch lines to the module that uses its parsers
-    frozenset({"pagecli.cli.jsonl", "pagecli.cli.openai_batch"}),
-    # the chat shell, its commands and its read loop
-    frozenset({"pagecli.cli.chat", "pagecli.cli.chat_commands", "pagecli.cli.chat_repl"}),
 }
 
 
