@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo completions chat
+.PHONY: install test lint demo completions chat docs
 
 install: $(STAMP)
 
@@ -35,3 +35,6 @@ bench: install
 
 completions: install
 	$(BIN)/python scripts/gen_completions.py
+
+docs: install
+	$(BIN)/python scripts/gen_docs.py
