@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from pagecli.errors import PromptTooLongError
 from pagecli.loader.resolve import ModelLoadError, converted_tokenizer_backend
 
 # For models that ship no chat template (base models such as Llama-2-7b-hf): each message on
@@ -24,15 +25,6 @@ PREFIX_CHARS_PER_TOKEN = 4
 # Tokens that cutting a prefix can add over the same characters inside the whole text (the
 # word at the cut tokenized in two parts).
 CUT_TOKENS = 16
-
-
-class PromptTooLongError(ValueError):
-    """Text with more tokens than allowed, found by tokenizing a prefix of it."""
-
-    def __init__(self, num_chars: int, max_tokens: int) -> None:
-        super().__init__(f"prompt of {num_chars} characters has more than {max_tokens} tokens")
-        self.num_chars = num_chars
-        self.max_tokens = max_tokens
 
 
 class Tokenizer:

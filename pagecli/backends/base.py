@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Union
 
+from pagecli.errors import BackendError, RequestRejected
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import SamplingParams
 
@@ -29,22 +30,6 @@ class Request:
     prompt: Prompt
     params: SamplingParams
     stream: bool = False
-
-
-class BackendError(Exception):
-    """The backend cannot run anything (a model that does not load, a refused connection, a
-    bad URL, a 401): the command ends in this one line."""
-
-
-class RequestRejected(Exception):
-    """This request failed and will not succeed as it is (a 4xx, a prompt too long, retries
-    run out); the other requests go on. `status` is the HTTP status, where there was one;
-    `num_prompt_tokens` the prompt's length, where it is known."""
-
-    def __init__(self, message: str, status: int | None = None, num_prompt_tokens: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
-        self.num_prompt_tokens = num_prompt_tokens
 
 
 class EngineFailed(BackendError):

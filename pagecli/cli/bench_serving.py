@@ -52,7 +52,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from pagecli import __version__
-from pagecli.backends.base import Backend, BackendError, Prompt, RequestRejected
+from pagecli.backends.base import Backend, Prompt
 from pagecli.backends.base import Request as BackendRequest
 from pagecli.cli.bench_report import machine, note
 from pagecli.cli.bench_scenarios import (
@@ -69,6 +69,7 @@ from pagecli.cli.bench_scenarios import (
 from pagecli.cli.endpoint import EndpointSettings, start_error
 from pagecli.cli.options import CliError, load_error
 from pagecli.config import EngineConfig
+from pagecli.errors import BackendError, RequestRejected
 
 SCENARIOS = ("throughput", "prefix", "chat")
 WARMUP_PROMPT_TOKENS = 16

@@ -213,7 +213,7 @@ def check_compiles(llm: Any, structured: Any) -> None:
     engine = llm.engine
     if structured is None or engine is None:
         return
-    from pagecli.engine.llm_engine import RequestError
+    from pagecli.errors import RequestError
 
     try:
         engine.compile_grammar(StructuredOutputs.coerce(structured))

@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pagecli.backends.base import BackendError, RequestRejected
 from pagecli.cli.chat_state import ChatError, Conversation
-from pagecli.engine.llm_engine import RequestError
+from pagecli.errors import BackendError, RequestError, RequestRejected
 from pagecli.outputs import RequestOutput
 
 

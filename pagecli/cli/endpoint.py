@@ -10,9 +10,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from pagecli.backends.base import Backend, BackendError
+from pagecli.backends.base import Backend
 from pagecli.cli.options import CliError, _inject, _keyword, is_verbose, load_error
 from pagecli.config import EngineConfig
+from pagecli.errors import BackendError
 
 ENDPOINT_PANEL = "Endpoint (an OpenAI-compatible server instead of the local engine)"
 LOCAL = "local"  # `--endpoint local` (bench): the in-process engine as one of the rows
@@ -81,7 +82,7 @@ def start_error(backend: Backend, engine_config: EngineConfig, exc: BaseExceptio
     """The one line (exit 2) for a backend that did not start."""
     if isinstance(exc, BackendError):
         return CliError(str(exc), exit_code=2)
-    from pagecli.loader.resolve import ModelLoadError
+    from pagecli.errors import ModelLoadError
 
     if is_verbose() and not isinstance(exc, (ModelLoadError, ValueError)):
         raise exc

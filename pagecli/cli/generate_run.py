@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from pagecli.backends.base import Backend, BackendError, Request, RequestRejected
+from pagecli.backends.base import Backend, Request
 from pagecli.cli.jsonl import (
     BadLine,
     Job,
@@ -33,6 +33,7 @@ from pagecli.cli.jsonl import (
 from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, LongLine, read_lines
 from pagecli.cli.options import CliError
 from pagecli.cli.progress import GenerateProgress
+from pagecli.errors import BackendError, RequestRejected
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import StructuredOutputs
 

@@ -345,8 +345,8 @@ def is_verbose() -> bool:
 
 def load_llm(config: EngineConfig):
     """Load the model once for this process; a bad model is a one-line CliError (exit 2)."""
+    from pagecli.errors import ModelLoadError
     from pagecli.llm import LLM
-    from pagecli.loader.resolve import ModelLoadError
 
     try:
         return LLM(**dataclasses.asdict(config))
@@ -358,7 +358,7 @@ def load_llm(config: EngineConfig):
 
 def load_error(config: EngineConfig, exc: Exception) -> CliError:
     """The one line (exit 2) for an engine that failed to load."""
-    from pagecli.loader.resolve import ModelLoadError
+    from pagecli.errors import ModelLoadError
 
     if isinstance(exc, ModelLoadError):
         return CliError(str(exc), exit_code=2)

@@ -15,6 +15,7 @@ from pagecli.engine.scheduler import Scheduler
 from pagecli.engine.sequence import FinishReason, Sequence
 from pagecli.engine.stats import EngineStats, StepTimer
 from pagecli.engine.structured import CompiledGrammar, GrammarCompiler, StructuredOutputError
+from pagecli.errors import GrammarRejected, RequestError
 from pagecli.loader.resolve import ModelLoadError, resolve_model
 from pagecli.loader.weight_plan import quantizes
 from pagecli.loader.weights import load_hf_config
@@ -22,15 +23,6 @@ from pagecli.models.registry import UnsupportedModelError, model_class
 from pagecli.outputs import CompletionOutput, RequestOutput
 from pagecli.sampling_params import SamplingParams, StructuredOutputs
 from pagecli.tokenizer import IncrementalDetokenizer, Tokenizer
-
-
-class RequestError(ValueError):
-    """A request the engine cannot run (too long for the context or the KV cache)."""
-
-
-class GrammarRejected(RequestError):
-    """A structured-output constraint that cannot run: invalid, unsupported or too slow to
-    compile. The request is refused, never run unconstrained."""
 
 
 @dataclass

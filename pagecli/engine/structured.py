@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pagecli.errors import StructuredOutputError, one_line
 from pagecli.sampling_params import StructuredOutputs
 
 # JSON may put whitespace between any two of its tokens. A model that starts emitting it can
@@ -35,10 +36,6 @@ _BOUNDED_WHITESPACE = {"whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_JS
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 COMPILED_CACHE_SIZE = 64  # distinct constraints kept compiled (equal requests reuse them)
 COMPILE_THREADS = 2
-
-
-class StructuredOutputError(ValueError):
-    """A constraint that cannot run: bad syntax, an unsupported keyword, a compile time-out."""
 
 
 def _llguidance():
@@ -76,7 +73,7 @@ def grammar_text(spec: StructuredOutputs) -> str:
     except StructuredOutputError:
         raise
     except Exception as exc:  # gguf's converter and the schema reader raise ValueError
-        raise StructuredOutputError(f"{kind}: {_one_line(exc)}") from None
+        raise StructuredOutputError(f"{kind}: {one_line(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,7 @@ class GrammarCompiler:
                     )
                 except Exception as exc:
                     raise StructuredOutputError(
-                        f"structured outputs cannot read this tokenizer: {_one_line(exc)}"
+                        f"structured outputs cannot read this tokenizer: {one_line(exc)}"
                     ) from None
             return self._tokenizer
 
@@ -171,7 +168,7 @@ class GrammarCompiler:
                 f"{spec.kind}: the grammar did not compile within {limit:g} s"
             ) from None
         if matcher.is_error():
-            raise StructuredOutputError(f"{spec.kind}: {_one_line(matcher.get_error())}")
+            raise StructuredOutputError(f"{spec.kind}: {one_line(matcher.get_error())}")
         compiled = CompiledGrammar(spec, matcher)
         with self._cache_lock:
             self._cache[key] = compiled
@@ -256,10 +253,3 @@ class BitmaskFiller:
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
-
-
-def _one_line(exc: object, limit: int = 300) -> str:
-    """A compiler's message on one line (regex errors span several, with a caret drawing)."""
-    parts = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^")]
-    text = " ".join(parts) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

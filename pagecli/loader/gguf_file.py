@@ -32,6 +32,8 @@ from gguf.constants import (
     GGUFValueType,
 )
 
+from pagecli.errors import GGUFFormatError
+
 _SUPPORTED_VERSIONS = (2, 3)
 # Fixed-size value types: struct format (little-endian) and numpy dtype.
 _SCALARS: dict[int, tuple[str, np.dtype]] = {
@@ -60,10 +62,6 @@ _VALUE_DTYPES = {
 _U64 = struct.Struct("<Q")
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 _MAX_NESTING = 8  # arrays of arrays: no model key has any
-
-
-class GGUFFormatError(ValueError):
-    """The bytes are not a GGUF file this reader understands (the message says where)."""
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pagecli.errors import GGUFError
 from pagecli.loader.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, open_gguf_file
 from pagecli_kernels.quant_formats import BY_GGML_TYPE, QuantWeight
 
 Weight = QuantWeight | torch.Tensor
-
-
-class GGUFError(ValueError):
-    """The file is not a GGUF model pagecli can read."""
 
 
 def file_arch(reader, path=None):

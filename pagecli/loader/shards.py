@@ -24,17 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pagecli.errors import ModelLoadError
+from pagecli.errors import SplitError
 
 Range = tuple[int, int]  # [start, stop)
 # rows: the rank's row ranges, in order; cols: one column range
 Cut = tuple[Literal["rows"], tuple[Range, ...]] | tuple[Literal["cols"], Range]
 
 MAX_SIZE_LISTED = 64  # the valid sizes a SplitError lists go up to this
-
-
-class SplitError(ModelLoadError):
-    """The model cannot be split over this many ranks (one line, with the sizes that work)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from pagecli.errors import KVCacheMemoryError
 from pagecli.loader.resolve import ModelLoadError, ModelSource
 from pagecli.loader.shards import RankShard
 
@@ -154,10 +155,6 @@ def check_memory_fits(plan: MemoryPlan, device: torch.device, flag: str, value: 
             f"the engine needs {plan.line()}, more than the {free / GIB:.1f} GiB of memory "
             f"available; lower {flag}"
         )
-
-
-class KVCacheMemoryError(ValueError):
-    """The KV cache (and swap space) asked for does not fit the memory that is available."""
 
 
 def check_kv_fits(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pagecli.errors import UnsupportedModelError
 from pagecli.models.base import CausalLM, GGUFArch
 from pagecli.models.gemma3 import Gemma3ForCausalLM
 from pagecli.models.granite import GraniteForCausalLM
@@ -25,11 +26,6 @@ MODEL_TYPES = {model_type: cls for cls in FAMILIES for model_type in cls.model_t
 GGUF_ARCHS: dict[str, tuple[GGUFArch, type[CausalLM]]] = {
     arch.name: (arch, cls) for cls in FAMILIES for arch in cls.gguf
 }
-
-
-class UnsupportedModelError(ValueError):
-    """The checkpoint's architecture is not one pagecli implements, or its config asks for
-    something the family's implementation lacks (the message says what)."""
 
 
 def model_class(config) -> type[CausalLM]:

@@ -31,7 +31,7 @@ from pagecli.engine.async_engine import (
     RequestFailed,
     RequestStream,
 )
-from pagecli.engine.llm_engine import GrammarRejected, RequestError
+from pagecli.errors import GrammarRejected, PromptTooLongError, RequestError
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import StructuredOutputs
 from pagecli.server.errors import APIError
@@ -49,7 +49,6 @@ from pagecli.server.tool_calls import (
     detect_reasoning,
     get_format,
 )
-from pagecli.tokenizer import PromptTooLongError
 
 logger = logging.getLogger("pagecli.server")
 RETRY_AFTER_S = "1"
