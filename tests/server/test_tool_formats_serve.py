@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import openai
 import pytest
 
 from pagecli.outputs import CompletionOutput
@@ -199,6 +200,26 @@ def test_a_reply_without_a_call_is_untouched(served):
     auto, none = (r.choices[0] for r in replies)
     assert auto.message.tool_calls is None and auto.finish_reason == none.finish_reason
     assert auto.message.content == none.message.content, name
+
+
+def test_auto_answers_even_when_a_schema_cannot_be_checked(served):
+    """A tool schema the grammar compiler lacks (uniqueItems) refuses a forced call with a 400
+    naming it; with tool_choice auto the reply is still made, its calls parsed unchecked."""
+    name, srv = served
+    client = srv.client()
+    model = client.models.list().data[0].id
+    unique = {"type": "array", "uniqueItems": True}
+    parameters = {"type": "object", "properties": {"tags": unique}}
+    odd = {"type": "function", "function": {"name": "tag", "parameters": parameters}}
+    reply = client.chat.completions.create(
+        model=model, messages=ASK, tools=[odd], temperature=0, max_tokens=8
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length"), name
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=model, messages=ASK, tools=[odd], tool_choice="required", max_tokens=8
+        )
+    assert "uniqueItems" in info.value.message and info.value.body["param"] == "tool_choice"
 
 
 def test_a_tool_result_goes_into_the_next_turn(served):
