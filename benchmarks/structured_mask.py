@@ -38,15 +38,7 @@ STORY_TOOL = {
     "type": "function",
     "function": {
         "name": "write_story",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "story": {"type": "string", "minLength": 300, "maxLength": 2000},
-                "mood": {"enum": ["happy", "sad"]},
-            },
-            "required": ["story", "mood"],
-            "additionalProperties": False,
-        },
+        "parameters": SCHEMA,  # the JSON-schema case's object, as a tool's arguments
     },
 }
 

@@ -174,7 +174,7 @@ class GenerationHandler:
                 return fmt, params  # the request's own constraint rules the reply, or none can
             grammar = auto_grammar(fmt, tools, parallel, tags)
             checked = dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar))
-            try:  # compiled now (and cached for the request): a tool schema the compiler
+            try:  # compiled here (and cached for the request): a tool schema the compiler
                 await self.engine.compile_grammar(checked)  # lacks must not fail an auto reply
             except GrammarRejected as exc:
                 logger.warning("tool_choice auto: calls are parsed, not checked (%s)", exc)
