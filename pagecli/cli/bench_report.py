@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -179,15 +178,10 @@ def note(message: str) -> None:
 
 def machine() -> str:
     """The CPU model and core count (and the GPU, when the engine runs on one)."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     from pagecli.baselines import gpu_name
+    from pagecli.engine.dtype_choice import cpu_model
+
+    name = cpu_model(platform.processor() or platform.machine())
 
     gpu = gpu_name()
     return f"{name}, {os.cpu_count()} CPUs" + (f", {gpu}" if gpu else "")

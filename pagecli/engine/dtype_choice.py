@@ -50,6 +50,17 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set()
 
 
+def cpu_model(default: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (`model name` of /proc/cpuinfo), else `default`."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default
+
+
 def _median_s(fn, budget_s: float) -> float:
     fn()  # warm-up: oneDNN picks and caches its kernel
     times: list[float] = []
@@ -83,15 +94,12 @@ def _cache_file() -> Path:
 
 
 def _machine_key(flags: set[str]) -> str:
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    parts = [model, " ".join(sorted(flags)), torch.__version__, str(torch.get_num_threads())]
+    parts = [
+        cpu_model(platform.processor()),
+        " ".join(sorted(flags)),
+        torch.__version__,
+        str(torch.get_num_threads()),
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 

@@ -126,3 +126,21 @@ def server():
 def tiny_server_args(tiny_models) -> list[str]:
     """A tiny random-weight model with no tokenizer: fast to start, token-id prompts only."""
     return ["--model", str(tiny_models["llama3"]), "--num-kv-blocks", "64", "--block-size", "4"]
+
+
+def streamed_chat(client, **kwargs) -> tuple[str, list[dict], list[str]]:
+    """A streamed chat completion put back together: its content, its tool calls ({id, name,
+    arguments} by index, arguments joined from their deltas) and its finish reasons."""
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            entry = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            entry["id"] = d.id or entry["id"]
+            entry["name"] += d.function.name or ""
+            entry["arguments"] += d.function.arguments or ""
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    return content, [calls[i] for i in sorted(calls)], finish

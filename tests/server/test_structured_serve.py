@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from pagecli.server import tool_calls
-from tests.server.conftest import Server
+from tests.server.conftest import Server, streamed_chat
 
 TEMPLATES = Path(__file__).parent / "templates"
 GRAMMAR_TIMEOUT_S = 0.1
@@ -246,22 +246,6 @@ def _check_weather_call(calls) -> dict:
     return arguments
 
 
-def _streamed(client, **kwargs):
-    chunks = list(client.chat.completions.create(stream=True, **kwargs))
-    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    calls: dict[int, dict] = {}
-    for c in chunks:
-        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
-            entry = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
-            entry["id"] = d.id or entry["id"]
-            entry["name"] += d.function.name or ""
-            entry["arguments"] += d.function.arguments or ""
-    finish = [
-        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
-    ]
-    return content, [calls[i] for i in sorted(calls)], finish
-
-
 @pytest.mark.parametrize("template", ["hermes", "llama3"])
 def test_forced_tool_calls_come_back_parsed(template, hermes):
     srv = hermes if template == "hermes" else _server("llama3.jinja")
@@ -288,7 +272,7 @@ def test_forced_tool_calls_come_back_parsed(template, hermes):
                 assert len(message.tool_calls) == 1
             if choice == named:
                 _check_weather_call(message.tool_calls)
-            content, streamed, finish = _streamed(client, **kwargs)
+            content, streamed, finish = streamed_chat(client, **kwargs)
             assert finish == ["tool_calls"] and not content.strip()
             assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == [
                 (c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls
@@ -311,7 +295,7 @@ def test_auto_tool_calls_and_a_malformed_one(hermes):
         )  # fmt: skip
         reply = client.chat.completions.create(**kwargs)
         message = reply.choices[0].message
-        content, streamed, finish = _streamed(client, **kwargs)
+        content, streamed, finish = streamed_chat(client, **kwargs)
         if parsed:
             assert message.content is None
             assert _check_weather_call(message.tool_calls) == {"city": "Paris", "unit": "celsius"}

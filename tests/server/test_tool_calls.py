@@ -755,26 +755,23 @@ def test_auto_grammar_with_a_text_trigger(tokenizer, name):
     assert not tokens_accepted(tokenizer, lark, ids("Ok.\n" + render(name, "add", {"a": "x"})))
 
 
-def test_kept_special_tags_stay_in_the_text(tagged):
+def test_kept_special_tags_stay_in_the_text(tmp_path):
     """The engine's detokenizer drops special tokens but the format's tags."""
-    import tempfile
     from pathlib import Path
 
     from pagecli.tokenizer import IncrementalDetokenizer, Tokenizer
     from tests.tool_tokenizer import TAGS, tool_model_dir
 
-    with tempfile.TemporaryDirectory() as tmp:
-        template = Path(__file__).parent / "templates" / "hermes.jinja"
-        folder = tool_model_dir(Path(tmp) / "m", template)
-        tok = Tokenizer(folder, "tool-tags")
-        text = '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 40}<|im_end|>'
-        token_ids = tok.encode(text, 1000, add_special_tokens=False)
-        assert TAGS["[TOOL_CALLS]"] in token_ids
-        keep = frozenset({TAGS["[TOOL_CALLS]"], TAGS["[ARGS]"]})
-        for kept, want in (
-            (keep, text[: -len("<|im_end|>")]),
-            (frozenset(), 'add{"a": 2, "b": 40}'),
-        ):
-            detok = IncrementalDetokenizer(tok, True, kept)
-            streamed = "".join(detok.add([t]) for t in token_ids)
-            assert streamed == detok.text == want
+    template = Path(__file__).parent / "templates" / "hermes.jinja"
+    tok = Tokenizer(tool_model_dir(tmp_path / "m", template), "tool-tags")
+    text = '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 40}<|im_end|>'
+    token_ids = tok.encode(text, 1000, add_special_tokens=False)
+    assert TAGS["[TOOL_CALLS]"] in token_ids
+    keep = frozenset({TAGS["[TOOL_CALLS]"], TAGS["[ARGS]"]})
+    for kept, want in (
+        (keep, text[: -len("<|im_end|>")]),
+        (frozenset(), 'add{"a": 2, "b": 40}'),
+    ):
+        detok = IncrementalDetokenizer(tok, True, kept)
+        streamed = "".join(detok.add([t]) for t in token_ids)
+        assert streamed == detok.text == want

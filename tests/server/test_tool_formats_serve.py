@@ -18,7 +18,7 @@ import pytest
 
 from pagecli.outputs import CompletionOutput
 from pagecli.server.responses import ResponseFormat
-from tests.server.conftest import Server
+from tests.server.conftest import Server, streamed_chat
 from tests.tool_tokenizer import TAGS, tool_model_dir
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -76,22 +76,6 @@ def id_ok(name: str, call_id: str) -> bool:
     return re.fullmatch(pattern, call_id) is not None
 
 
-def streamed(client, **kwargs):
-    chunks = list(client.chat.completions.create(stream=True, **kwargs))
-    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    calls: dict[int, dict] = {}
-    for c in chunks:
-        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
-            entry = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
-            entry["id"] = d.id or entry["id"]
-            entry["name"] += d.function.name or ""
-            entry["arguments"] += d.function.arguments or ""
-    finish = [
-        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
-    ]
-    return content, [calls[i] for i in sorted(calls)], finish
-
-
 def test_forced_calls_whole_and_streamed(served):
     name, srv = served
     client = srv.client()
@@ -115,7 +99,7 @@ def test_forced_calls_whole_and_streamed(served):
             assert len(calls) == 1
         if choice == named:
             assert calls[0].function.name == "get_weather"
-        content, stream_calls, finish = streamed(client, **kwargs)
+        content, stream_calls, finish = streamed_chat(client, **kwargs)
         assert finish == ["tool_calls"] and not content.strip()
         assert [(c["name"], json.loads(c["arguments"])) for c in stream_calls] == [
             (c.function.name, json.loads(c.function.arguments)) for c in calls
@@ -175,7 +159,7 @@ def test_calls_the_model_writes_are_read_back(served):
         calls
     )
     assert (message.content or "").strip() == lead  # (with the newline between two calls)
-    content, stream_calls, finish = streamed(client, **kwargs)
+    content, stream_calls, finish = streamed_chat(client, **kwargs)
     assert finish == ["tool_calls"] and content == (message.content or "")
     assert [(c["name"], json.loads(c["arguments"])) for c in stream_calls] == calls
 

@@ -33,8 +33,8 @@ class Hermes(CallFormat):
     def call_step(self, scanner: StreamParser, final: bool) -> bool:
         return scanner.tagged_step(OPEN, CLOSE, lambda body: self.body(scanner, body), final)
 
-    @staticmethod
-    def body(scanner: StreamParser, body: str) -> ToolCall | None:
+    def body(self, scanner: StreamParser, body: str) -> ToolCall | None:
+        """The call between the tags, or None (then the block stays text)."""
         obj = json_object(body)
         if obj is not None and "arguments" not in obj and "parameters" not in obj:
             obj = {**obj, "arguments": {}}  # a call of a tool without parameters

@@ -1,6 +1,7 @@
 """Qwen3-Coder's XML calls:
 `<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n</function>\\n
-</tool_call>`. Values are plain text, read as the JSON type the tool's schema gives them."""
+</tool_call>`. Values are plain text, read as the JSON type the tool's schema gives them. The
+blocks and their tags are Hermes's; only what is inside them differs."""
 
 from __future__ import annotations
 
@@ -8,33 +9,21 @@ import json
 import re
 from typing import Any
 
-from pagecli.server.tool_calls.base import (
-    CallFormat,
-    StreamParser,
-    Tags,
-    ToolCall,
-    lit,
-    parameters,
-)
+from pagecli.server.tool_calls.base import StreamParser, Tags, ToolCall, lit, parameters
+from pagecli.server.tool_calls.hermes import CLOSE, Hermes
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PARAM_CLOSE = "</parameter>"
 
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
 _PARAM_OPEN_RE = re.compile(r"\s*<parameter=([^>\n]+)>")
 
 
-class Qwen3Coder(CallFormat):
+class Qwen3Coder(Hermes):
     name = "qwen3_coder"
-    tags = (OPEN, CLOSE)
-    markers = (OPEN,)
 
     @classmethod
     def detect(cls, template: str) -> bool:
         return "<function=" in template and "<parameter=" in template
-
-    def call_step(self, scanner: StreamParser, final: bool) -> bool:
-        return scanner.tagged_step(OPEN, CLOSE, lambda body: self.body(scanner, body), final)
 
     def body(self, scanner: StreamParser, body: str) -> ToolCall | None:
         m = _FUNCTION_RE.fullmatch(body)
