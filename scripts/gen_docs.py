@@ -1,20 +1,26 @@
 """The tables of docs/ that code knows: the model families (from models/registry.py), the
-GGUF block formats kept in memory (pagecli_kernels/quant_formats.py) and the tool-call formats
-(server/tool_calls). Each lives between two markers in its page:
+GGUF block formats kept in memory (pagecli_kernels/quant_formats.py), the tool-call formats
+(server/tool_calls), each command's flags (the Typer app in cli/app.py, as `--help` shows
+them) and the Prometheus metrics of `pagecli serve` (server/metrics.py, built in a registry of
+their own). Each lives between two markers in its page:
 
     <!-- generated: NAME (scripts/gen_docs.py) -->
     ...
     <!-- end generated: NAME -->
 
 `python scripts/gen_docs.py` rewrites them (`make docs`); `--check` exits 1 naming the stale
-ones (tests/unit/test_docs_tables.py runs it).
+ones (tests/unit/test_docs_tables.py runs it). The tables depend on the code only, never on
+the machine: a default computed at run time (threads, dtype) is an option whose default is
+None (or `show_default="..."`) and whose help text says what it will be.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
+from enum import Enum
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,10 +64,121 @@ def tool_formats() -> str:
     return "\n".join(rows)
 
 
+# Which docs page holds each command's flags; a command missing here fails the tests.
+FLAG_PAGES = {
+    "chat": "docs/chat.md",
+    "generate": "docs/generate.md",
+    "serve": "docs/serve.md",
+    "bench": "docs/bench.md",
+    "blocks": "docs/display.md",
+}
+
+
+def cell(text: str) -> str:
+    """Text as one table cell: one line, `|` escaped, `<` kept from reading as HTML outside
+    code spans."""
+    parts = " ".join(text.split()).replace("|", "\\|").split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
+
+
+def cli_commands() -> dict:
+    """The click commands of `pagecli`, by name, as Typer builds them."""
+    import typer
+
+    from pagecli.cli.app import app
+
+    return dict(typer.main.get_command(app).commands)
+
+
+def _default(param) -> str:
+    """The default as `--help` shows it; blank where the help text says it (default None)."""
+    if isinstance(param.show_default, str):
+        return param.show_default
+    value = param.default
+    if not param.show_default or value is None:
+        return ""
+    if callable(value):
+        return "(dynamic)"
+    if param.is_flag and param.secondary_opts:
+        return f"`{(param.opts if value else param.secondary_opts)[0]}`"
+    if param.is_flag and value is False:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(f"`{v}`" for v in value)
+    return f"`{value.value if isinstance(value, Enum) else value}`"
+
+
+def _flag_row(param, ctx) -> str:
+    opts = sorted(param.opts, key=lambda o: len(o) - len(o.lstrip("-")))  # -m before --model
+    spelled = ", ".join(f"`{o}`" for o in opts)
+    if param.secondary_opts:
+        spelled += " / " + ", ".join(f"`{o}`" for o in param.secondary_opts)
+    value = "" if param.is_flag else param.display_type_rich(ctx)
+    value = value.removeprefix("<").removesuffix(">").replace("|", "\\|")
+    value = f"`{value}`" if value else ""
+    meaning = param.help or ""
+    envvars = [param.envvar] if isinstance(param.envvar, str) else param.envvar or []
+    if envvars and param.show_envvar:
+        meaning += " Env: " + ", ".join(f"`{e}`" for e in envvars) + "."
+    if param.required:
+        meaning += " Required."
+    return f"| {spelled} | {value} | {_default(param)} | {cell(meaning)} |"
+
+
+def flags(command: str) -> str:
+    """The options of `pagecli COMMAND`, one table per help panel in `--help`'s order."""
+    return flag_tables(cli_commands()[command])
+
+
+def flag_tables(cmd) -> str:
+    """The visible options of a Typer-built click command, one table per help panel."""
+    import typer
+
+    ctx = typer.Context(cmd, info_name=cmd.name)
+    panels: dict[str, list] = {"Options": []}  # --help shows the unnamed panel first
+    for param in cmd.params:
+        if not param.hidden:
+            panels.setdefault(param.rich_help_panel or "Options", []).append(param)
+    blocks = []
+    for panel, params in panels.items():
+        if params:
+            rows = [_flag_row(p, ctx) for p in params]
+            header = ["| flag | value | default | meaning |", "| --- | --- | --- | --- |"]
+            blocks.append(f"**{panel}**\n\n" + "\n".join(header + rows))
+    return "\n\n".join(blocks)
+
+
+def metrics() -> str:
+    """The Prometheus families of `pagecli serve`'s /metrics, from a fresh ServerMetrics after
+    one request and with an engine snapshot (the engine's families exist only with one)."""
+    from pagecli.engine.stats import EngineStats
+    from pagecli.server.metrics import ServerMetrics
+
+    server = ServerMetrics("MODEL")
+    server.observe_request(1, 1, ["stop"], ttft_s=0.1, itl_s=[0.1], e2e_s=0.1)
+    zeros = {f.name: 0 for f in dataclasses.fields(EngineStats) if f.default is dataclasses.MISSING}
+    server.render(EngineStats(**zeros))
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for family in server.registry.collect():
+        labels = list(dict.fromkeys(k for s in family.samples for k in s.labels if k != "le"))
+        name, kind = family.name, family.type
+        if kind == "counter":
+            name += "_total"
+        if kind == "histogram":
+            bounds = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
+            finite = [b for b in bounds if b != "+Inf"]
+            kind += f" (`_bucket`, `_sum`, `_count`; le {finite[0]} to {finite[-1]})"
+        labelled = ", ".join(f"`{k}`" for k in labels)
+        rows.append(f"| `{name}` | {kind} | {labelled} | {cell(family.documentation)} |")
+    return "\n".join(rows)
+
+
 REGIONS = {
     "families": ("docs/models.md", families),
     "block-formats": ("docs/models.md", block_formats),
     "tool-formats": ("docs/serve.md", tool_formats),
+    "metrics": ("docs/serve.md", metrics),
+    **{f"flags-{c}": (page, lambda c=c: flags(c)) for c, page in FLAG_PAGES.items()},
 }
 
 
