@@ -19,6 +19,7 @@ import torch
 from _timing import median_ms  # benchmarks/ is on sys.path when a script here runs
 
 from pagecli_kernels import cpu, native
+from pagecli_kernels.settings import kernel_settings
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
@@ -69,9 +70,8 @@ def main() -> None:
 
             timings = []
             for isa in native.supported_isas():
-                native.set_isa(isa)
-                timings.append((f"native {isa}", median_ms(run, args.repeats)))
-            native.set_isa(None)
+                with kernel_settings(isa=isa):
+                    timings.append((f"native {isa}", median_ms(run, args.repeats)))
             if len(seq_lens) == 1:
                 max_len = max(seq_lens)
 
@@ -81,9 +81,8 @@ def main() -> None:
                     )
 
                 timings.append((f"{native.isa()} no split", median_ms(unsplit, args.repeats)))
-            native.set_enabled(False)
-            timings.append(("torch", median_ms(run, args.repeats)))
-            native.set_enabled(True)
+            with kernel_settings(native=False):
+                timings.append(("torch", median_ms(run, args.repeats)))
             for path, ms in timings:
                 gbps = kv_bytes / (ms / 1e3) / 1e9
                 print(

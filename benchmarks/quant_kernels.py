@@ -19,8 +19,8 @@ several choices, their passes alternate, so all see the same neighbours. GFLOP/s
 2 x rows x weights per pass.
 
 Each product goes through quant_cpu.PreparedLinear, the engine's own call (its Python cost is
-a few microseconds of the pass). Runs on older checkouts too (it needs only PreparedLinear and
-set_isa), so two commits can be compared on one machine, one after the other.
+a few microseconds of the pass); the choices are made through pagecli_kernels.settings (the
+checkouts that have it), so two commits can be compared on one machine, one after the other.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch
 
 from pagecli_kernels import quant_cpu
 from pagecli_kernels.quant_formats import FORMATS, QuantWeight
+from pagecli_kernels.settings import KernelSettings, apply
 
 # name: (hidden, intermediate, q + k + v rows, vocabulary, layers); 1b and 8b are Llama-3.2-1B
 # and Llama-3-8B with the default model's vocabulary (the K-quants need 256-value rows).
@@ -42,7 +43,7 @@ MODEL_SHAPES = {
     "1b": (2048, 8192, 3072, 49152, 16),
     "8b": (4096, 14336, 6144, 49152, 32),
 }
-FUSED_ROWS = 8  # csrc/quant_linear_cpu.c's FUSED_MAX_ROWS: up to it, never the panels or tiles
+FUSED_ROWS = 8  # csrc/quant_linear_cpu.c's FUSED_MAX_ROWS: up to it, never panels or AMX
 SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2]}
 
 
@@ -105,7 +106,6 @@ def main() -> None:
         for isa in quant_cpu.supported_isas():
             if isa == "portable":
                 continue  # for correctness, not speed
-            quant_cpu.set_isa(isa)
             for rows in map(int, args.rows.split(",")):
                 xs = {k: torch.randn(rows, k) for k in (hidden, intermediate)}
 
@@ -118,18 +118,18 @@ def main() -> None:
                 times: dict = {variant: [] for variant in variants}
                 for repeat in range(args.repeats + 1):
                     for variant in variants:
-                        choose(*variant)
+                        choose(isa, *variant)
                         took = _time(one_pass)
                         if repeat:  # the first round warms up
                             times[variant].append(took)
                 for variant in variants:
-                    choose(*variant)
-                    shown = quant_cpu.prefetch() if hasattr(quant_cpu, "prefetch") else "l1"
-                    tiled = "on" if getattr(quant_cpu, "tiles", lambda: False)() else "off"
-                    if rows <= FUSED_ROWS or fmt not in getattr(quant_cpu, "TILES_FORMATS", ()):
-                        tiled = "-"  # the fused path, or a format without tiles
-                    integer = "on" if getattr(quant_cpu, "int_dots", lambda: False)() else "off"
-                    if rows != 1 or fmt not in getattr(quant_cpu, "INT_DOTS_FORMATS", ()):
+                    choose(isa, *variant)
+                    shown = quant_cpu.prefetch()
+                    tiled = "on" if quant_cpu.tiles() else "off"
+                    if rows <= FUSED_ROWS or fmt not in quant_cpu.TILES_FORMATS:
+                        tiled = "-"  # the fused path, or a format without AMX's tiles
+                    integer = "on" if quant_cpu.int_dots() else "off"
+                    if rows != 1 or fmt not in quant_cpu.INT_DOTS_FORMATS:
                         integer = "-"
                     ms = statistics.median(times[variant]) * 1e3
                     print(
@@ -137,19 +137,16 @@ def main() -> None:
                         f"{total / 1e6:>7.1f}{total / (ms / 1e3) / 1e9:>7.1f}"
                         f"{2 * rows * values / (ms / 1e3) / 1e9:>9.0f}"
                     )
-        quant_cpu.set_isa(None)
-        choose(None, None, None)
+        apply(KernelSettings())
 
 
-def choose(level: str | None, tiles: str | None, int_dots: str | None) -> None:
-    """The prefetch level, tiles and int-dots choices (None: the default); older checkouts
-    lack them."""
-    if hasattr(quant_cpu, "set_prefetch"):
-        quant_cpu.set_prefetch(level)
-    if hasattr(quant_cpu, "set_tiles"):
-        quant_cpu.set_tiles(tiles or "auto")
-    if hasattr(quant_cpu, "set_int_dots"):
-        quant_cpu.set_int_dots(int_dots or "auto")
+def choose(isa: str, level: str | None, tiles: str | None, int_dots: str | None) -> None:
+    """The path, the prefetch level, and the tiles and int-dots choices (None: auto)."""
+    apply(
+        KernelSettings(
+            isa=isa, prefetch=level or "auto", tiles=tiles or "auto", int_dots=int_dots or "auto"
+        )
+    )
 
 
 if __name__ == "__main__":

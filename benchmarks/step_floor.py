@@ -42,6 +42,7 @@ from pagecli.layers import linear as linear_module
 from pagecli.layers import quant_linear as quant_module
 from pagecli.models.llama import LlamaForCausalLM
 from pagecli_kernels import layers_cpu
+from pagecli_kernels.settings import kernel_settings
 
 TARGET_RATIO_64, TARGET_RATIO_1 = 2.0, 1.5
 clock = time.perf_counter  # --clock thread: this thread's CPU time (with --threads 1 only)
@@ -77,6 +78,7 @@ class Timers:
     def __init__(self) -> None:
         self.spent: dict[str, float] = defaultdict(float)
         self._undo: list = []
+        self._timing = kernel_settings(timing=True)  # the one-call layers time their kernels
         self._depth = [0]  # only the outermost timed call counts (a head inside a head)
 
     def _wrap(self, owner, name: str, key: str) -> None:
@@ -99,7 +101,7 @@ class Timers:
 
     def clear(self) -> None:
         self.spent.clear()
-        layers_cpu.set_timing(True)  # the one-call decoder layers time their kernels in C
+        layers_cpu.reset_kernel_seconds()
 
     def collected(self) -> dict[str, float]:
         spent = dict(self.spent)
@@ -116,12 +118,13 @@ class Timers:
         self._wrap(quant_module.QuantLinear, "forward", "matmul")
         self._wrap(quant_module.QuantEmbedding, "as_linear", "matmul")  # the tied head
         self._wrap(LlamaForCausalLM, "compute_logits", "matmul")  # whichever head it is
+        self._timing.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         for owner, name, original in reversed(self._undo):
             setattr(owner, name, original)
-        layers_cpu.set_timing(False)
+        self._timing.__exit__(*exc)
 
 
 def model_sizes(llm: LLM) -> tuple[int, int, int]:

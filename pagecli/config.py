@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from pagecli_kernels.settings import KernelSettings
+
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
@@ -60,6 +62,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     # pin rank r to NUMA node r (and its cores) where the machine has one node per rank
     numa: bool = False
+    # the CPU kernels' choices (instruction set, GEMMs, AMX tiles...), process-wide: the
+    # engine applies them at start where they differ from the defaults (all "auto": the
+    # CPU's own choices, or what a test or benchmark set); pagecli_kernels/settings.py
+    kernels: KernelSettings = KernelSettings()
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, _DTYPES)
@@ -93,6 +99,10 @@ class EngineConfig:
             raise ValueError("numa pins tensor-parallel ranks: it needs tensor_parallel_size >= 2")
         if not (isinstance(self.grammar_timeout, (int, float)) and self.grammar_timeout > 0):
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout!r}")
+        if isinstance(self.kernels, (str, dict)):  # "NAME=VALUE,..." (--kernels), or asdict()'s
+            object.__setattr__(self, "kernels", KernelSettings.parse(self.kernels))
+        if not isinstance(self.kernels, KernelSettings):
+            raise ValueError(f"kernels must be a KernelSettings, got {self.kernels!r}")
 
     @classmethod
     def field_names(cls) -> set[str]:

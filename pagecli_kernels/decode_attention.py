@@ -3,7 +3,7 @@
 The context of each sequence is split across programs (split-K) so that a few long sequences
 still fill the GPU: `_decode_attention_kernel` computes, for one (sequence, KV head, split), the
 running max, the softmax denominator and the unnormalized output of up to 16 of the query heads
-sharing that KV head (the K/V tile is loaded once for all of them); `_decode_reduce_kernel`
+sharing that KV head (each chunk of K/V is loaded once for all of them); `_decode_reduce_kernel`
 merges the splits. With a single split the first
 kernel normalizes and writes the output itself.
 
@@ -29,11 +29,11 @@ MAX_SPLITS = 32
 BLOCK_H = 16
 
 
-def tiling(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
-    """Tile size and launch options for one head_dim and dtype (the compile test uses these).
+def launch_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+    """Chunk size and launch options for one head_dim and dtype (the compile test uses these).
 
-    BLOCK_N context tokens per tile; a tile gathers its tokens' slots through the block table,
-    so it does not depend on the cache's block size.
+    BLOCK_N context tokens per chunk; a chunk gathers its tokens' slots through the block
+    table, so it does not depend on the cache's block size.
     """
     if dtype == torch.float32:
         # float32 operands double the registers; 4 warps spill on sm_90 for head_dim 128.
@@ -229,7 +229,7 @@ def _num_splits(
     else:
         target = 4  # the interpreter: a few splits so that tests cross split boundaries
     wanted = triton.cdiv(target, num_seqs * num_kv_heads)
-    # Each split keeps at least a few tiles of work.
+    # Each split keeps at least a few chunks of work.
     most = triton.cdiv(max_context, 4 * block_n) if device.type == "cuda" else max_context
     return triton.next_power_of_2(max(1, min(wanted, most, MAX_SPLITS)))
 
@@ -266,13 +266,13 @@ def paged_decode_attention(
     if window is not None:
         max_context = min(max_context, window)
     window_arg = 0 if window is None else max_context  # 0: no window
-    config = tiling(head_dim, query.dtype)
+    config = launch_config(head_dim, query.dtype)
     block_n = config["BLOCK_N"]
     if num_splits is None:
         num_splits = _num_splits(num_seqs, cache.num_kv_heads, max_context, block_n, query.device)
     elif num_splits not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"num_splits must be a power of two in [1, 32], got {num_splits}")
-    # A multiple of BLOCK_N so that only the last split of a sequence has a partial tile.
+    # A multiple of BLOCK_N so that only the last split of a sequence has a partial chunk.
     tokens_per_split = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
     block_d = triton.next_power_of_2(head_dim)
     if num_splits == 1:

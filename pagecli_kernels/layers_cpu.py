@@ -11,8 +11,8 @@ order and thread count as the loop, so its results are bit-for-bit the loop's
 It takes float32 activations and caches with projections of block-format (or float32 rows)
 buffers, one to three parts each (stacked by rows, as `QuantLinear`'s parts), or bfloat16
 activations and caches with bfloat16 or block-format projections (rounding where the loop's
-bfloat16 tensors round), with or without a float32 bias. `set_enabled(False)` turns it off for
-this process (tests and benchmarks compare both).
+bfloat16 tensors round), with or without a float32 bias. The settings' `layers=False`
+(pagecli_kernels/settings.py) turns it off for the process (tests and benchmarks compare both).
 """
 
 from __future__ import annotations
@@ -57,13 +57,8 @@ COLLECTIVE_ERROR = -6  # a tensor-parallel all-reduce timed out or was aborted
 
 _state = {"enabled": True, "bound": False}
 # seconds inside the projections and inside K/V stores + attention, summed over the calls
-# made while timing is on (benchmarks/step_floor.py); None: not timed
+# made while timing is on (the settings' `timing`; benchmarks/step_floor.py); None: not timed
 _timings: dict = {"buffer": None}
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn the one-call decoder layers on or off for this process."""
-    _state["enabled"] = enabled
 
 
 def enabled() -> bool:
@@ -71,16 +66,31 @@ def enabled() -> bool:
     return _state["enabled"] and native.enabled() and _library() is not None
 
 
-def set_timing(on: bool) -> None:
-    """Start (from zero) or stop summing the time spent inside the kernels of each call."""
-    _timings["buffer"] = torch.zeros(2, dtype=torch.float64) if on else None
+def timing() -> bool:
+    """Whether each call sums the time spent inside its kernels (`kernel_seconds()`)."""
+    return _timings["buffer"] is not None
 
 
 def kernel_seconds() -> dict[str, float]:
-    """{"matmul": s, "attention": s} summed since `set_timing(True)` (zeros when off)."""
+    """{"matmul": s, "attention": s} summed since timing was turned on or
+    `reset_kernel_seconds()` (zeros when off)."""
     buffer = _timings["buffer"]
     matmul, attention = (0.0, 0.0) if buffer is None else buffer.tolist()
     return {"matmul": matmul, "attention": attention}
+
+
+def reset_kernel_seconds() -> None:
+    """Start `kernel_seconds()` from zero again (while timing is on)."""
+    if _timings["buffer"] is not None:
+        _timings["buffer"].zero_()
+
+
+def _configure(enabled: bool, timing: bool) -> None:
+    """The settings' part (pagecli_kernels/settings.py): the one-call layers on or off, and
+    their kernel timers on (from zero, where they were off) or off."""
+    _state["enabled"] = enabled
+    if timing != (_timings["buffer"] is not None):
+        _timings["buffer"] = torch.zeros(2, dtype=torch.float64) if timing else None
 
 
 def _library() -> ctypes.CDLL | None:

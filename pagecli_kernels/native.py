@@ -6,8 +6,9 @@ per-function target attributes) into the user cache, keyed by the source, the co
 the CPU's flags, and loaded with ctypes. It shares torch's OpenMP runtime (the library is
 loaded after torch's libgomp, under the same soname).
 
-The instruction-set path is chosen once at load time, the widest this CPU runs (`isa()`);
-`set_isa()` forces another one that `supported_isas()` lists (tests run them all).
+The CPU's features are read once, in C (csrc/cpu_features.c); the instruction-set path is
+the widest this CPU runs (`isa()`) unless pagecli_kernels/settings.py chose another one of
+`supported_isas()` (tests run them all). That module sets every kernel choice of the process.
 
 Every C file of csrc/ goes into this one library: the attention kernel (bound here), the
 fused small ops (fused_cpu.py), the quantized linear kernels (quant_cpu.py) and the decoder
@@ -16,7 +17,7 @@ types of its own functions; `build_and_load(name, sources, flags)` does the buil
 
 Nothing here is required: without a compiler, on a C library without OpenMP, or with
 PAGECLI_NATIVE_KERNELS=0, `library()` returns None, `unavailable_reason()` says why, and
-pagecli_kernels/cpu.py keeps its torch path.
+pagecli_kernels/cpu.py keeps its torch path (as it does with the settings' `native=False`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SOURCE = CSRC / "paged_attention_cpu.c"  # includes paged_attention_cpu_body.h o
 EXTRA_SOURCES = [
     CSRC / name
     for name in (
+        "cpu_features.c",
         "cpu_ops.c",
         "quant_linear_cpu.c",
         "quant_q4_q8.c",
@@ -58,17 +60,12 @@ EXTRA_SOURCES = [
 # No -march=native: each ISA path carries its own target attributes, so the portable one
 # runs anywhere and the choice is made at run time.
 FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
-ISAS = ("portable", "avx2", "avx512")  # the C enum's order
+ISAS = ("portable", "avx2", "avx512")  # csrc/cpu_features.h: enum cpu_isa's order
 KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 BUILD_TIMEOUT_S = 120
 
 _lock = threading.Lock()
 _state: dict = {"tried": False, "lib": None, "reason": None, "enabled": True, "isa": None}
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn the native kernel on or off for this process (tests and benchmarks compare both)."""
-    _state["enabled"] = enabled
 
 
 def enabled() -> bool:
@@ -85,18 +82,61 @@ def supported_isas() -> list[str]:
 
 
 def isa() -> str | None:
-    """The path the kernel runs: the widest supported unless `set_isa()` chose another."""
+    """The path every kernel runs: the widest supported unless the settings chose another."""
     if _state["isa"] is None:
         found = supported_isas()
         _state["isa"] = found[-1] if found else None
     return _state["isa"]
 
 
-def set_isa(name: str | None) -> None:
-    """Force one path of `supported_isas()` (tests, benchmarks); None: back to the widest."""
-    if name is not None and name not in supported_isas():
-        raise ValueError(f"ISA path {name!r} is not supported here: {supported_isas()}")
-    _state["isa"] = name
+# csrc/cpu_features.h: CPU_BIT_*
+_FEATURE_BITS = {
+    "intel": 1,
+    "avx512_bf16": 2,
+    "avx512_vnni": 4,
+    "amx": 8,
+    "amx_granted": 16,
+}
+
+
+def cpu_features() -> dict[str, object]:
+    """What the library found on this CPU ({} without it): its paths (`supported_isas()`),
+    and whether it is Intel's, AMD's family, AVX512_BF16, AVX512_VNNI (with AVX-512), AMX,
+    and AMX granted by Linux."""
+    lib = library()
+    if lib is None:
+        return {}
+    bits = lib.pagecli_cpu_feature_bits()
+    found: dict[str, object] = {"isas": supported_isas()}
+    found.update({name: bool(bits & bit) for name, bit in _FEATURE_BITS.items()})
+    found["amd_family"] = lib.pagecli_cpu_amd_family() or None
+    return found
+
+
+def loaded() -> bool:
+    """Whether the library is built and loaded already (`library()` builds it on first use)."""
+    return _state["lib"] is not None
+
+
+def status() -> str:
+    """One of "loaded", "not loaded" (not asked for yet), "unavailable: <why>"; builds nothing."""
+    if _state["lib"] is not None:
+        return "loaded"
+    return f"unavailable: {_state['reason']}" if _state["tried"] else "not loaded"
+
+
+def _configure(enabled: bool, isa: str | None) -> None:
+    """The settings' part (pagecli_kernels/settings.py): the native kernels on or off, and
+    the path of every kernel (None: the widest; a library not loaded yet starts there).
+    ValueError for a path this CPU lacks."""
+    if isa is not None and isa not in supported_isas():
+        raise ValueError(f"isa {isa!r} is not supported on this CPU (it runs {supported_isas()})")
+    if loaded():
+        found = supported_isas()
+        if _state["lib"].pagecli_quant_set_isa(ISAS.index(isa or found[-1])) != 0:
+            raise ValueError(f"isa {isa!r}: the quantized kernels refused it")
+    _state["enabled"] = enabled
+    _state["isa"] = isa
 
 
 def unavailable_reason() -> str | None:
@@ -201,6 +241,10 @@ def _load() -> ctypes.CDLL:
     fn.restype = i32
     lib.pagecli_isa_supported.argtypes = [i32]
     lib.pagecli_isa_supported.restype = i32
+    lib.pagecli_quant_set_isa.argtypes = [i32]
+    lib.pagecli_quant_set_isa.restype = i32
+    lib.pagecli_cpu_feature_bits.restype = i32
+    lib.pagecli_cpu_amd_family.restype = i32
     return lib
 
 

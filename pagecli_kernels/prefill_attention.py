@@ -2,9 +2,10 @@
 
 One program handles BLOCK_M new tokens of one sequence for one query head and walks that
 sequence's context through its block table, BLOCK_N tokens at a time, with an online softmax.
-Query tiles of all sequences share one flat grid axis: sequence i's tiles start at
-query_start_loc[i] // BLOCK_M + i, a monotone start that the kernel binary-searches, so the
-launcher never reads query_start_loc (no device sync, CUDA-graph friendly).
+Query slices (BLOCK_M new tokens) of all sequences share one flat grid axis: sequence i's
+slices start at query_start_loc[i] // BLOCK_M + i, a monotone start that the kernel
+binary-searches, so the launcher never reads query_start_loc (no device sync, CUDA-graph
+friendly).
 
 With a sliding window of w tokens the new token at position p sees positions
 max(0, p - w + 1)..p only: a program starts its walk at its first row's window start, so no
@@ -23,10 +24,11 @@ from pagecli_kernels._checks import check_attention, check_window_sinks
 from pagecli_kernels._triton_utils import check_triton_support, interpreting
 
 
-def tiling(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
-    """Tile sizes and launch options for one head_dim and dtype (the compile test uses these)."""
+def launch_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+    """Slice and chunk sizes and launch options for one head_dim and dtype (the compile test
+    uses these)."""
     if dtype == torch.float32:
-        # float32 operands take twice the registers of 16-bit ones: smaller tiles, more warps
+        # float32 operands take twice the registers of 16-bit ones: smaller blocks, more warps
         # (4 warps spill on sm_90 for head_dim > 64).
         return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
     return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
@@ -65,26 +67,26 @@ def _prefill_attention_kernel(
     HAS_SINKS: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    # Program (query tile, query head); window > 0: each new token sees its last `window`
+    # Program (query slice, query head); window > 0: each new token sees its last `window`
     # positions, 0: all of them.
-    tile = tl.program_id(0)
+    q_slice = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
 
-    # Find the sequence owning this tile: the last i with start_tile(i) <= tile.
+    # Find the sequence owning this slice: the last i with start_slice(i) <= q_slice.
     lo = 0
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
         mid_start = tl.load(query_start_loc_ptr + mid) // BLOCK_M + mid
-        lo = tl.where(mid_start <= tile, mid + 1, lo)
-        hi = tl.where(mid_start <= tile, hi, mid)
+        lo = tl.where(mid_start <= q_slice, mid + 1, lo)
+        hi = tl.where(mid_start <= q_slice, hi, mid)
     seq = lo - 1
     query_start = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
     seq_len = tl.load(seq_lens_ptr + seq)
     prefix_len = seq_len - query_len
-    row_start = (tile - (query_start // BLOCK_M + seq)) * BLOCK_M
+    row_start = (q_slice - (query_start // BLOCK_M + seq)) * BLOCK_M
 
     rows = row_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] index among the new tokens
     row_mask = rows < query_len
@@ -104,11 +106,11 @@ def _prefill_attention_kernel(
     # padding rows past the new tokens, which are not stored: they then see every loaded
     # position, not none, so that their 0/0 never happens).
     q_first = tl.where(row_mask & (window > 0), tl.maximum(q_pos - window + 1, 0), 0)
-    # Causal bound of the tile's last valid row; 0 for a tile past the sequence's new tokens.
+    # Causal bound of the slice's last valid row; 0 for a slice past the sequence's new tokens.
     context_end = tl.where(
         row_start < query_len, prefix_len + tl.minimum(row_start + BLOCK_M, query_len), 0
     )
-    # Window start of the tile's first row, the lowest of its rows: K/V tiles wholly before it
+    # Window start of the slice's first row, the lowest of its rows: K/V chunks wholly before it
     # are skipped, and nothing before it is loaded. The walk starts on a multiple of BLOCK_N,
     # as without a window, which keeps the gather's addressing as cheap (registers).
     context_start = tl.where(window > 0, tl.maximum(prefix_len + row_start - window + 1, 0), 0)
@@ -120,7 +122,7 @@ def _prefill_attention_kernel(
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     else:
-        # float32's lowest, not -inf: a row that sees nothing of a tile (its window starts past
+        # float32's lowest, not -inf: a row that sees nothing of a chunk (its window starts past
         # it) keeps alpha = e^0 = 1 and p = 0, where -inf - -inf would make NaN.
         m_i = tl.full([BLOCK_M], -3.4028234663852886e38, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -197,12 +199,12 @@ def paged_prefill_attention(
     out = torch.empty_like(query)  # [num_tokens, num_heads, D]
     if num_tokens == 0 or num_seqs == 0:
         return out
-    config = tiling(head_dim, query.dtype)
-    # An upper bound on the number of query tiles (see the module docstring).
-    num_tiles = num_tokens // config["BLOCK_M"] + num_seqs
+    config = launch_config(head_dim, query.dtype)
+    # An upper bound on the number of query slices (see the module docstring).
+    num_slices = num_tokens // config["BLOCK_M"] + num_seqs
     # 0: no window. A window past the table's capacity cuts nothing: clamped there (an int32).
     window_arg = 0 if window is None else min(window, block_tables.shape[1] * cache.block_size)
-    _prefill_attention_kernel[(num_tiles, num_heads)](
+    _prefill_attention_kernel[(num_slices, num_heads)](
         query,
         k_cache,
         v_cache,

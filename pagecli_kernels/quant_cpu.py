@@ -4,15 +4,16 @@
 blocks; `dequantize(w, row_ids)` turns whole rows into float32 (an embedding lookup, or the
 dequantize-everything fallback). The kernels are part of native.py's library, built for
 the architecture's baseline; their AVX2 and AVX-512 functions carry target attributes, and the
-path is chosen at run time from the CPU's flags (`isa()`, `set_isa()` for tests).
+path is chosen at run time from the CPU's features (`isa()`). Every choice below is set for
+the process by pagecli_kernels/settings.py (KernelSettings); the functions here report them.
 
 For more than a few input rows the kernels multiply cache-sized float32 panels of W with
 torch's own BLAS (MKL's `sgemm_` in libtorch_cpu, looked up once here), or with the library's
 own AVX-512 GEMM (csrc/gemm_f32.c) on AVX-512 CPUs that are not Intel's, where MKL runs its
-AVX2 code (`gemm()`, `set_gemm()`); with neither, every call takes the fused path, correct but
-slower for prefill. On CPUs with AMX, the formats with a scale per 32 values (Q8_0, Q4_0,
-Q4_1, Q4_K, Q5_K) multiply such batches on AMX's tiles instead (csrc/gemm_quant_amx.c: the
-activations split exactly into three bfloat16 parts, float32 sums; `tiles()`, `set_tiles()`).
+AVX2 code (`gemm()`); with neither, every call takes the fused path, correct but slower for
+prefill. On CPUs with AMX, the formats with a scale per 32 values (Q8_0, Q4_0, Q4_1, Q4_K,
+Q5_K) multiply such batches on AMX's tiles instead (csrc/gemm_quant_amx.c: the activations
+split exactly into three bfloat16 parts, float32 sums; `tiles()`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from pagecli_kernels import native
 from pagecli_kernels.quant_formats import BF16, QuantWeight
 
-ISAS = ("portable", "avx2", "avx512")  # enum quant_isa's order
+ISAS = native.ISAS
 _ERRORS = {-1: "unknown format or columns not whole blocks", -2: "row id out of range"}
 
 _lock = threading.Lock()
@@ -52,79 +53,38 @@ def unavailable_reason() -> str | None:
 
 def supported_isas() -> list[str]:
     """The instruction-set paths this CPU runs, narrowest first ([] without the library)."""
-    lib = library()
-    if lib is None:
-        return []
-    return list(ISAS[: lib.pagecli_quant_best_isa() + 1])
+    return native.supported_isas() if library() is not None else []
 
 
 def isa() -> str | None:
-    """The path the kernels run (the widest supported unless `set_isa` chose another)."""
+    """The path the kernels run (the widest supported unless the settings chose another)."""
     lib = library()
     return None if lib is None else ISAS[lib.pagecli_quant_isa()]
-
-
-def set_isa(name: str | None) -> None:
-    """Force one path of `supported_isas()` (tests, benchmarks); None: back to the widest."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
-    found = supported_isas()
-    if name is not None and name not in found:
-        raise ValueError(f"ISA path {name!r} is not supported here: {found}")
-    lib.pagecli_quant_set_isa(ISAS.index(name or found[-1]))
 
 
 PREFETCH_LEVELS = ("l1", "l2")  # pagecli_quant_set_prefetch's levels 1 and 2
 
 
 def prefetch() -> str | None:
-    """The cache level the batch-1 kernels prefetch W into: "l1" or "l2" (None: no library)."""
+    """The cache level the batch-1 kernels prefetch W into: "l1" or "l2" (None: no library).
+    By default the L2 on AMD CPUs before Zen 5, the L1 elsewhere."""
     lib = library()
     return None if lib is None else PREFETCH_LEVELS[lib.pagecli_quant_prefetch() - 1]
 
 
-def set_prefetch(level: str | None) -> None:
-    """Prefetch into "l1" or "l2" (benchmarks compare them); None: the CPU's default (the
-    L2 on AMD CPUs before Zen 5, the L1 elsewhere)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
-    if level is not None and level not in PREFETCH_LEVELS:
-        raise ValueError(f"prefetch level {level!r}: choose one of {PREFETCH_LEVELS}")
-    lib.pagecli_quant_set_prefetch(0 if level is None else PREFETCH_LEVELS.index(level) + 1)
-
-
-GEMMS = ("auto", "blas", "native")  # pagecli_quant_set_gemm's choices
+GEMMS = ("auto", "blas", "native", "off")  # pagecli_quant_set_gemm's choices
 
 
 def gemm() -> str | None:
     """Who multiplies the panels of large batches now: "native" (csrc/gemm_f32.c), "blas"
     (torch's sgemm), or None (no library, or neither: the fused path takes every batch).
-    Under "auto" on Intel's AVX-512 CPUs, "blas" takes prefill while batches of 32 to 128
-    rows (batched decode) take the native kernel."""
+    Under "auto": native where the path is AVX-512 on a CPU that is not Intel's, whose AVX-512
+    code MKL skips, the BLAS elsewhere; on Intel's AVX-512 CPUs, "blas" takes prefill while
+    batches of 32 to 128 rows (batched decode) take the native kernel."""
     lib = library()
     if lib is None:
         return None
     return {1: "blas", 2: "native"}.get(lib.pagecli_quant_gemm())
-
-
-def set_gemm(choice: str) -> None:
-    """Choose the panels' GEMM: "native", "blas", or "auto" (native where the path is
-    AVX-512 on a CPU that is not Intel's, whose AVX-512 code MKL skips; the BLAS elsewhere).
-    Tests and benchmarks."""
-    _choose("pagecli_quant_set_gemm", GEMMS, choice, "gemm")
-
-
-def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> None:
-    """Pass `choice`'s index in `choices` to the library's `setter`."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
-    if choice not in choices:
-        raise ValueError(f"{what} {choice!r}: choose one of {choices}")
-    if getattr(lib, setter)(choices.index(choice)) == -2:
-        raise ValueError(f"{what} {choice!r}: not available on this CPU, kernel or build")
 
 
 TILES = ("auto", "off", "on")  # pagecli_quant_set_tiles's choices
@@ -134,16 +94,10 @@ TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k")
 
 def tiles() -> bool:
     """Whether batches of more than a few rows of the formats with a scale per 32 values
-    multiply on AMX's tiles now (csrc/gemm_quant_amx.c); Q6_K and float rows never do."""
+    multiply on AMX's tiles now (csrc/gemm_quant_amx.c); Q6_K and float rows never do. Under
+    "auto": on the AVX-512 path where Linux grants the tiles; "on" needs AMX and AVX-512."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_tiles())
-
-
-def set_tiles(choice: str) -> None:
-    """Choose "on" (AMX that Linux grants, on a CPU with AVX-512, whatever the path), "off"
-    (the float32 panels of `gemm()`), or "auto" (on the AVX-512 path where the tiles are
-    granted). Tests and benchmarks."""
-    _choose("pagecli_quant_set_tiles", TILES, choice, "tiles")
 
 
 INT_DOTS = ("auto", "off", "on")  # pagecli_quant_set_int_dots's choices
@@ -152,26 +106,21 @@ INT_DOTS_FORMATS = ("q4_k", "q6_k")  # formats with an integer batch-1 path
 
 def int_dots() -> bool:
     """Whether batch-1 products of the formats in INT_DOTS_FORMATS take the integer path now
-    (csrc/quant_k.c: the input split into two int16 parts per super-block, AVX-512 VNNI)."""
+    (csrc/quant_k.c: the input split into two int16 parts per super-block, AVX-512 VNNI).
+    Under "auto": on the AVX-512 path where the CPU has VNNI; "on" needs VNNI."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_int_dots())
-
-
-def set_int_dots(choice: str) -> None:
-    """Choose "on" (a CPU with AVX512_VNNI only), "off" (the float kernels), or "auto" (on the
-    AVX-512 path where the CPU has VNNI). Tests and benchmarks."""
-    _choose("pagecli_quant_set_int_dots", INT_DOTS, choice, "int_dots")
 
 
 SMALL_BATCHES = ("auto", "off")  # pagecli_quant_set_small_batches's choices
 
 
-def set_small_batches(choice: str) -> None:
-    """Choose "auto" (AVX-512: 2-8 input rows take the tile kernels, R weight rows at a time
-    sharing each load of x, where the format has one; the others' row kernels take pieces of x
-    that stay in the L1) or "off" (the row kernels over whole rows: the same bits, slower).
-    Tests and benchmarks."""
-    _choose("pagecli_quant_set_small_batches", SMALL_BATCHES, choice, "small_batches")
+def small_batches() -> bool:
+    """Whether 2-8 input rows take the small-batch kernels (AVX-512: R weight rows at a time
+    sharing each load of x, where the format has them) and the row kernels pieces of x that
+    stay in the L1; off, the row kernels take whole rows: the same bits, slower."""
+    lib = library()
+    return lib is not None and bool(lib.pagecli_quant_small_batches())
 
 
 BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
@@ -180,18 +129,13 @@ BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choice
 def bf16_gemm() -> str | None:
     """Who multiplies bfloat16 inputs of more than a few rows (`bf16_linear`): "tiles" (AMX's
     TDPBF16PS, csrc/gemm_bf16.c), "pairs" (the pair GEMM there, on VDPBF16PS where the CPU has
-    AVX512_BF16), "off" (the caller keeps torch's bfloat16 GEMM), or None (no library)."""
+    AVX512_BF16), "off" (the caller keeps torch's bfloat16 GEMM), or None (no library). Under
+    "auto", on the AVX-512 path: the tiles where the CPU has AMX and Linux grants them, else
+    pairs where the CPU has AVX512_BF16 and no AMX; "tiles" needs AMX."""
     lib = library()
     if lib is None:
         return None
     return ("off", "pairs", "tiles")[lib.pagecli_bf16_gemm()]
-
-
-def set_bf16_gemm(choice: str) -> None:
-    """Choose "tiles" (a CPU with AMX only), "pairs", "off", or "auto" (on the AVX-512 path:
-    the tiles where the CPU has AMX and Linux grants them, else pairs where the CPU has
-    AVX512_BF16 and no AMX). Tests and benchmarks."""
-    _choose("pagecli_bf16_set_gemm", BF16_GEMMS, choice, "bf16 gemm")
 
 
 def bf16_tiles() -> bool:
@@ -204,6 +148,31 @@ def bf16_gemm_native() -> bool:
     """Whether the pair GEMM runs VDPBF16PS here (else its portable loop)."""
     lib = library()
     return lib is not None and bool(lib.pagecli_bf16_gemm_native())
+
+
+def _configure(
+    prefetch: str, gemm: str, tiles: str, int_dots: str, small_batches: str, bf16_gemm: str
+) -> None:
+    """The settings' part (pagecli_kernels/settings.py): each choice into the library.
+    ValueError for a choice this CPU, its kernel or this build cannot run."""
+    levels = ("auto", *PREFETCH_LEVELS)
+    _choose("pagecli_quant_set_prefetch", levels, prefetch, "prefetch")
+    _choose("pagecli_quant_set_gemm", GEMMS, gemm, "gemm")
+    _choose("pagecli_quant_set_tiles", TILES, tiles, "tiles")
+    _choose("pagecli_quant_set_int_dots", INT_DOTS, int_dots, "int_dots")
+    _choose("pagecli_quant_set_small_batches", SMALL_BATCHES, small_batches, "small_batches")
+    _choose("pagecli_bf16_set_gemm", BF16_GEMMS, bf16_gemm, "bf16_gemm")
+
+
+def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> None:
+    """Pass `choice`'s index in `choices` to the library's `setter`."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"quantized kernels unavailable: {unavailable_reason()}")
+    if choice not in choices:
+        raise ValueError(f"{what} {choice!r}: choose one of {choices}")
+    if getattr(lib, setter)(choices.index(choice)) == -2:
+        raise ValueError(f"{what} {choice!r}: not available on this CPU, kernel or build")
 
 
 def bf16_linear(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
@@ -238,16 +207,6 @@ def has_blas() -> bool:
     """Whether the panel path found torch's sgemm (else large batches take the fused path)."""
     library()
     return _state["blas"]
-
-
-def use_blas(enabled: bool) -> None:
-    """Turn the sgemm panel path on or off (tests and benchmarks compare both paths)."""
-    lib = library()
-    if lib is None:
-        return
-    sgemm, set_threads = _torch_blas() if enabled else (None, None)
-    lib.pagecli_quant_set_blas(sgemm, set_threads if sgemm else None)
-    _state["blas"] = sgemm is not None
 
 
 def _torch_blas() -> tuple[int | None, int | None]:
@@ -288,6 +247,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_int_dots.restype = i32
     lib.pagecli_quant_set_small_batches.argtypes = [i32]
     lib.pagecli_quant_set_small_batches.restype = i32
+    lib.pagecli_quant_small_batches.restype = i32
     lib.pagecli_bf16_linear.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_bf16_linear.restype = i32
     lib.pagecli_bf16_set_gemm.argtypes = [i32]
@@ -297,7 +257,6 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_bf16_tiles.restype = i32
     for fn in ("pagecli_quant_linear", "pagecli_quant_dequantize_rows", "pagecli_quant_set_isa"):
         getattr(lib, fn).restype = i32
-    lib.pagecli_quant_best_isa.restype = i32
     lib.pagecli_quant_isa.restype = i32
     sgemm, set_threads = _torch_blas()
     lib.pagecli_quant_set_blas(sgemm, set_threads if sgemm else None)

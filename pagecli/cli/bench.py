@@ -37,6 +37,7 @@ from pagecli.cli.display import LiveDisplay
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options
 from pagecli.cli.options import CliError, VerboseOption, engine_options, load_llm, set_verbose
 from pagecli.config import EngineConfig
+from pagecli_kernels.settings import report as kernel_report
 
 WORKLOAD_PANEL = "Workload"
 SERVING_PANEL = "Serving (with --endpoint)"
@@ -273,6 +274,7 @@ def bench(
             info["cpu_gemm"] = quant_cpu.gemm()
             if info["dtype"] == "bfloat16":  # and bfloat16 batches of three rows or more
                 info["cpu_bf16_gemm"] = _bf16_gemm_name(quant_cpu)
+    info["kernels"] = kernel_report()  # every CPU kernel choice in effect, resolved
     rows: list[dict] = []
     comparison: dict = {}
     with LiveDisplay(enabled=show) as live:

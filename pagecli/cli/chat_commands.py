@@ -249,6 +249,7 @@ def _stats(chat: Chat, arg: str) -> None:
                 f"{stats.tp_comm_s:.2f} s in collectives"
             )
         chat.info(f"memory: {chat.state.llm.engine.runner.memory.line()}")
+        chat.info("kernels: " + ", ".join(f"{k} {v}" for k, v in stats.kernels.items()))
 
 
 def _blocks(chat: Chat, arg: str) -> None:

@@ -170,7 +170,20 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
             "--numa/--no-numa",
         ),
     ),
+    "kernels": (
+        Optional[str],
+        _opt(
+            ENGINE_PANEL,
+            "CPU kernel choices (isa, prefetch, gemm, tiles, int_dots, small_batches, "
+            "bf16_gemm, native, layers, timing), e.g. isa=avx2,gemm=blas; default: the CPU's "
+            "own. `bench --json` reports what ran.",
+            metavar="NAME=VALUE,...",
+            show_default=False,
+        ),
+    ),
 }
+# EngineConfig fields whose CLI default is None (the option's text, parsed by EngineConfig)
+_NONE_DEFAULTS = {"kernels"}
 
 # SamplingParams fields that are not CLI defaults: `seed` is per request (the CLI's --seed
 # seeds the engine instead).
@@ -214,7 +227,7 @@ def _engine_parameters() -> list[inspect.Parameter]:
     defaults = _field_defaults(EngineConfig)
     params = []
     for name, (annotation, option) in ENGINE_OPTIONS.items():
-        default = defaults[name]
+        default = None if name in _NONE_DEFAULTS else defaults[name]
         if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
             default = annotation(default)
         params.append(_keyword(name, Annotated[annotation, option], default))
@@ -276,6 +289,7 @@ def _inject(func: Callable, injected: list[inspect.Parameter], collect: Callable
 def engine_config(values: dict[str, Any]) -> EngineConfig:
     """The EngineConfig of the parsed engine options; a bad value is a CliError (exit 2)."""
     values = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in values.items()}
+    values = {k: v for k, v in values.items() if not (k in _NONE_DEFAULTS and v is None)}
     if values.get("chat_template") is not None:
         values["chat_template"] = str(values["chat_template"])
     try:

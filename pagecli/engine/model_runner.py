@@ -42,6 +42,7 @@ from pagecli.models import weight_methods
 from pagecli.models.base import CausalLM
 from pagecli.models.registry import model_class
 from pagecli.outputs import TokenLogprob
+from pagecli_kernels.settings import apply as apply_kernel_settings
 
 
 def keep_freed_memory() -> bool:
@@ -138,6 +139,8 @@ class ModelRunner:
             self.thread_choice = ThreadChoice(
                 torch.get_num_threads(), f"torch's default (the model runs on {device.type})"
             )
+        if config.kernels.changed():  # the defaults leave the process's choices as they are
+            apply_kernel_settings(config.kernels)  # every rank: the workers are processes
         if size > 1:
             shard = plan_shards(hf_config, size, _row_blocks(hf_config, plan))[self.rank]
             self.tp = TensorParallel(shard)

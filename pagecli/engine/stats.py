@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pagecli_kernels.settings import report as kernel_report
 
 if TYPE_CHECKING:
     from pagecli.engine.scheduler import ScheduledBatch
@@ -81,6 +83,8 @@ class EngineStats:
     block_states: tuple[str, ...]  # per block: "free", "used", "shared", "cached"
     tensor_parallel_size: int = 1
     tp_comm_s: float = 0.0  # rank 0's time in all-reduces and gathers since the start
+    # the CPU kernels' choices in effect, resolved (pagecli_kernels.settings.report)
+    kernels: dict[str, object] = field(default_factory=dict)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -144,4 +148,5 @@ class EngineStats:
             block_states=tuple(states),
             tensor_parallel_size=engine.config.tensor_parallel_size,
             tp_comm_s=engine.runner.tp.comm_seconds if engine.runner.tp is not None else 0.0,
+            kernels=kernel_report(),
         )

@@ -3,7 +3,7 @@
  * gemm_quant_amx.c: GGUF blocks): whether the build can, the target attribute, one tile
  * configuration (eight 16 x 64-byte tiles), and the barrier that orders tile instructions
  * against C's loads and stores. Whether the CPU and kernel grant the tiles is decided once
- * in gemm_bf16.c (pagecli_bf16_tiles).
+ * in cpu_features.c (cpu_features()->amx_granted).
  */
 #ifndef PAGECLI_AMX_H
 #define PAGECLI_AMX_H
@@ -46,10 +46,10 @@ TARGET_AMX static inline void amx_end(void) { _tile_release(); }
 #define MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
 
 #if AMX_X86
-/* A micro-tile of 32 W rows x GEMM_TOKENS tokens keeps its float32 sums in tmm0-3 (rows 0-15
+/* A micro-block of 32 W rows x GEMM_TOKENS tokens keeps its float32 sums in tmm0-3 (rows 0-15
  * and 16-31, tokens 0-15 and 16-31); tmm4-5 hold 16 pairs of k of W's rows 0-15 and 16-31.
  * amx_products adds their products with 16 pairs of the packed input at b (32-bit pairs,
- * GEMM_TOKENS to a row: gemm_pack_x's token tiles, or a part of a block in gemm_quant_amx.c's
+ * GEMM_TOKENS to a row: gemm_pack_x's token strips, or a part of a block in gemm_quant_amx.c's
  * packing): tokens 0-15 into tmm6, 16-31 into tmm7, four TDPBF16PS. */
 TARGET_AMX static inline void amx_products(const uint32_t *b) {
     _tile_loadd(6, b, GEMM_TOKENS * 4);
@@ -71,12 +71,12 @@ TARGET_AMX static inline void amx_store_sums(float *sums) {
 }
 
 /* y[j][r] = sums[r * GEMM_TOKENS + j] for r < rows <= 32, j < tokens: gemm_f32.c's writer, for
- * each half of the micro-tile's rows. */
+ * each half of the micro-block's rows. */
 static inline void amx_write_sums(const float *sums, int rows, int64_t tokens, float *y,
                                   int64_t ldy) {
-    gemm_write_tile(ISA_AVX512, sums, rows < 16 ? rows : 16, tokens, y, ldy);
+    gemm_write_sums(ISA_AVX512, sums, rows < 16 ? rows : 16, tokens, y, ldy);
     if (rows > 16)
-        gemm_write_tile(ISA_AVX512, sums + 16 * GEMM_TOKENS, rows - 16, tokens, y + 16, ldy);
+        gemm_write_sums(ISA_AVX512, sums + 16 * GEMM_TOKENS, rows - 16, tokens, y + 16, ldy);
 }
 #endif
 

@@ -9,7 +9,6 @@
 #include <stdint.h>
 
 /* quant_linear_cpu.c */
-int pagecli_quant_best_isa(void);
 int pagecli_quant_isa(void);
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
                          int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);
@@ -29,7 +28,6 @@ void pagecli_shm_abort(char *base, int32_t size);
 /* gemm_bf16.c */
 int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int64_t ldx,
                         int64_t m, float *y, int64_t ldy, int num_threads);
-int pagecli_bf16_tiles(void);
 
 /* gemm_quant_amx.c */
 int pagecli_quant_tiles_format(int type);

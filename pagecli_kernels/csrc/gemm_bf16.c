@@ -19,9 +19,9 @@
  *   - m <= FUSED_ROWS (decode): x widened to float32 (exact), then quant_linear_cpu.c's
  *     bfloat16 row kernels, which stream W once at memory speed (quant_bf16.c);
  *   - larger m, when pagecli_bf16_gemm() says so: x's bfloat16 pairs (32 bits each) packed into
- *     token tiles by gemm_f32.c's packer, then each thread sweeps a micro-kernel over its
+ *     token strips by gemm_f32.c's packer, then each thread sweeps a micro-kernel over its
  *     panels of W's rows, in place:
- *       - AMX's tiles (CPUs with AMX): TILE_ROWS rows x GEMM_TOKENS tokens of sums in four
+ *       - AMX's tiles (CPUs with AMX): AMX_ROWS rows x GEMM_TOKENS tokens of sums in four
  *         tiles, W's rows loaded into tiles as they lie (tiles_sweep);
  *       - the pair GEMM (gemm_f32.c's gemm_sweep): GEMM_ROWS rows x GEMM_TOKENS tokens of sums
  *         in 24 registers, each W pair broadcast from its row as it is.
@@ -39,6 +39,7 @@
 #include "amx.h"
 #include "bf16.h"
 #include "cpu_entry_points.h"
+#include "cpu_features.h"
 #include "gemm_f32.h"
 
 /* VDPBF16PS through its intrinsics: GCC 10 and clang 9 on; older compilers build the
@@ -50,55 +51,21 @@
 #endif
 
 #if BF16_X86
-#include <cpuid.h>
 #include <immintrin.h>
 #define TARGET_AVX512_BF16                                                                     \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #endif
 
-#if AMX_X86
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #define FUSED_ROWS 8           /* input rows that take the row kernels (as quant_linear) */
 #define PAIR_CHUNK 32          /* pairs summed apart, then added up (64 values, as gemm_f32.c) */
 #define PANEL_BYTES (1 << 20)  /* bytes of W rows per panel, per thread */
-#define TILE_ROWS 32           /* W rows per AMX micro-tile */
+#define AMX_ROWS 32            /* W rows per AMX micro-block (two tiles' height) */
 #define E_FORMAT -1            /* k not whole 32-value blocks */
 #define E_MEMORY -3            /* no memory for the packed or widened input */
 
 /* Who multiplies more than FUSED_ROWS rows (pagecli_bf16_set_gemm, pagecli_bf16_gemm). */
 enum { BF16_GEMM_AUTO = 0, BF16_GEMM_OFF = 1, BF16_GEMM_PAIRS = 2, BF16_GEMM_TILES = 3 };
 static int gemm_choice = BF16_GEMM_AUTO;
-static int cpu_bf16;     /* AVX512_BF16, decided once at load */
-static int cpu_has_amx;  /* AMX's bfloat16 tiles on the CPU */
-static int cpu_amx;      /* ... and usable here: built with them, granted by the kernel */
-
-#if AMX_X86
-/* Ask Linux for the tiles' register state (arch_prctl ARCH_REQ_XCOMP_PERM for
- * XFEATURE_XTILEDATA, 18): without it the first tile instruction kills the process. Granted
- * once for the whole process (torch's oneDNN asks the same). */
-static int amx_granted(void) {
-    unsigned long features = 0;
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18)) return 0;
-    if (syscall(SYS_arch_prctl, 0x1022 /* ARCH_GET_XCOMP_PERM */, &features)) return 0;
-    return (features >> 18) & 1;
-}
-#endif
-
-__attribute__((constructor)) static void find_features(void) {
-#if BF16_X86
-    unsigned eax, ebx, ecx, edx;
-    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) cpu_bf16 = (eax >> 5) & 1;
-    /* AMX-BF16 (bit 22) and AMX-TILE (bit 24) of leaf 7's edx */
-    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx))
-        cpu_has_amx = (edx >> 22 & 1) && (edx >> 24 & 1);
-#if AMX_X86
-    if (cpu_has_amx) cpu_amx = amx_granted();
-#endif
-#endif
-}
 
 /* Multiply more than FUSED_ROWS rows with AMX's tiles (3), the pair GEMM (2), never (1), or as
  * the CPU suggests (0): on the AVX-512 path, the tiles where we can use them, else the pair
@@ -108,7 +75,8 @@ __attribute__((constructor)) static void find_features(void) {
  * tiles where they cannot run. */
 int pagecli_bf16_set_gemm(int choice) {
     if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_TILES) return -1;
-    if (choice == BF16_GEMM_TILES && (!cpu_amx || pagecli_quant_best_isa() != ISA_AVX512))
+    const struct cpu_features *cpu = cpu_features();
+    if (choice == BF16_GEMM_TILES && (!cpu->amx_granted || cpu->best_isa != ISA_AVX512))
         return -2; /* the tiles' writer and padding use AVX-512 too */
     gemm_choice = choice;
     return 0;
@@ -123,18 +91,21 @@ int pagecli_bf16_gemm(void) {
     case BF16_GEMM_TILES: return 2;
     }
     if (pagecli_quant_isa() != ISA_AVX512) return 0; /* other paths: no native GEMM */
-    return cpu_amx ? 2 : cpu_bf16 && !cpu_has_amx;
+    const struct cpu_features *cpu = cpu_features();
+    return cpu->amx_granted ? 2 : BF16_X86 && cpu->avx512_bf16 && !cpu->amx;
 }
 
 /* 1 where the CPU has AMX's bfloat16 tiles and the kernel granted them. */
-int pagecli_bf16_tiles(void) { return cpu_amx; }
+int pagecli_bf16_tiles(void) { return cpu_features()->amx_granted; }
 
 /* 1 where the pair GEMM runs VDPBF16PS (else the portable loop). */
-int pagecli_bf16_gemm_native(void) { return pagecli_quant_isa() == ISA_AVX512 && cpu_bf16; }
+int pagecli_bf16_gemm_native(void) {
+    return BF16_X86 && pagecli_quant_isa() == ISA_AVX512 && cpu_features()->avx512_bf16;
+}
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* ---- micro-kernels: sums[r][j] = dot(x[tile token j], W row r) over `pairs` pairs ---------- */
+/* ---- micro-kernels: sums[r][j] = dot(x[strip token j], W row r) over `pairs` pairs --------- */
 
 /* (gemm_micro_fn: xt and w hold bfloat16 pairs, 32 bits each) */
 static void pairs_portable(const float *xt_pairs, const float *w_pairs, int64_t ldw,
@@ -205,10 +176,10 @@ static int64_t panel_rows(int64_t n, int64_t k, int num_threads, int unit) {
 
 #if AMX_X86
 /* ---- AMX: TDPBF16PS on tiles ----------------------------------------------------------------
- * A micro-tile is TILE_ROWS = 32 rows of W x GEMM_TOKENS = 32 tokens, as four 16 x 16 tiles of
+ * A micro-block is AMX_ROWS = 32 rows of W x GEMM_TOKENS = 32 tokens, as four 16 x 16 tiles of
  * float32 sums (tmm0-3). Per 16 pairs of k: two tiles of W's rows loaded as they lie in memory
  * (tmm4-5: 16 rows x 16 pairs each, rows k values apart; TDPBF16PS's first operand), two of the
- * packed input (tmm6-7: 16 pairs x 16 tokens, from the same token tiles as the pair GEMM's),
+ * packed input (tmm6-7: 16 pairs x 16 tokens, from the same token strips as the pair GEMM's),
  * four TDPBF16PS. The sums are stored as gemm_sweep's micro-kernels leave theirs (W row r, token
  * j at r * GEMM_TOKENS + j) and written out by the same writer. TDPBF16PS, like VDPBF16PS,
  * multiplies bfloat16 values exactly and adds into float32 sums, denormals taken as zero;
@@ -216,25 +187,25 @@ static int64_t panel_rows(int64_t n, int64_t k, int num_threads, int unit) {
  * against float64 only. */
 
 /* y[tok][r] for the tokens of x (packed, m rows, `pairs` pairs) and W's rows [0, count), rows
- * k values apart; `pad` holds TILE_ROWS * k values for a last micro-tile that passes W's end
- * (panels are whole micro-tiles, so only W's end has fewer than TILE_ROWS rows; NULL where W
+ * k values apart; `pad` holds AMX_ROWS * k values for a last micro-block that passes W's end
+ * (panels are whole micro-blocks, so only W's end has fewer than AMX_ROWS rows; NULL where W
  * has none such). Single-threaded, tiles configured. */
 TARGET_AMX static void tiles_sweep(const uint16_t *w, int64_t k, int64_t count,
                                    const uint32_t *xt, int64_t m, float *y, int64_t ldy,
                                    uint16_t *pad) {
-    float sums[TILE_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
-    const int64_t pairs = k / 2, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    float sums[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    const int64_t pairs = k / 2, strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int64_t stride = k * (int64_t)sizeof(uint16_t);
-    for (int64_t t0 = 0; t0 < tiles; t0 += 8) /* 256 tokens' pairs stay in the L2 */
-        for (int64_t r0 = 0; r0 < count; r0 += TILE_ROWS) {
-            const int rows = (int)min64(TILE_ROWS, count - r0);
+    for (int64_t t0 = 0; t0 < strips; t0 += 8) /* 256 tokens' pairs stay in the L2 */
+        for (int64_t r0 = 0; r0 < count; r0 += AMX_ROWS) {
+            const int rows = (int)min64(AMX_ROWS, count - r0);
             const uint16_t *a = w + r0 * k;
-            if (rows < TILE_ROWS) { /* W ends inside this micro-tile */
-                for (int64_t i = 0; i < TILE_ROWS * k; i++) pad[i] = i < rows * k ? a[i] : 0;
+            if (rows < AMX_ROWS) { /* W ends inside this micro-block */
+                for (int64_t i = 0; i < AMX_ROWS * k; i++) pad[i] = i < rows * k ? a[i] : 0;
                 MEMORY_BARRIER();
                 a = pad;
             }
-            for (int64_t t = t0; t < min64(t0 + 8, tiles); t++) {
+            for (int64_t t = t0; t < min64(t0 + 8, strips); t++) {
                 const uint32_t *b = xt + t * pairs * GEMM_TOKENS;
                 _tile_zero(0);
                 _tile_zero(1);
@@ -258,7 +229,7 @@ static __thread float *widened;
 static __thread int64_t widened_cap;
 static __thread float *packed;
 static __thread int64_t packed_cap;
-static __thread float *padded; /* AMX: a last micro-tile of W's rows, zero past W's end */
+static __thread float *padded; /* AMX: a last micro-block of W's rows, zero past W's end */
 static __thread int64_t padded_cap;
 
 /* y[m, n] = x[m, k] @ W[n, k].T: W and x bfloat16 (rows ldx values apart), y float32 (rows
@@ -281,24 +252,24 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
 #if BF16_X86
     if (pagecli_bf16_gemm_native()) micro = pairs_avx512;
 #endif
-    const int64_t pairs = k / 2, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    const int64_t pairs = k / 2, strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     if (ldx % 2 || gemm_reserve(&packed, &packed_cap, gemm_packed_floats(m, pairs)))
         return ldx % 2 ? E_FORMAT : E_MEMORY;
     float *const xt = packed; /* the calling thread's buffer, shared with the team below */
     const uint32_t *rows_w = w;
-    const int64_t rows = panel_rows(n, k, num_threads, tiles_path ? TILE_ROWS : GEMM_ROWS);
+    const int64_t rows = panel_rows(n, k, num_threads, tiles_path ? AMX_ROWS : GEMM_ROWS);
     const int64_t num_panels = (n + rows - 1) / rows;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
         /* a bfloat16 pair is 32 bits: packed as gemm_f32.c packs floats, bits unchanged */
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++)
+        for (int64_t t = 0; t < strips; t++)
             gemm_pack_x(isa, (const float *)xs, ldx / 2, m, pairs, xt, t);
 #if AMX_X86
         if (tiles_path) {
-            const int tail = n % TILE_ROWS != 0;
-            if (tail && gemm_reserve(&padded, &padded_cap, TILE_ROWS * k / 2)) failed = 1;
+            const int tail = n % AMX_ROWS != 0;
+            if (tail && gemm_reserve(&padded, &padded_cap, AMX_ROWS * k / 2)) failed = 1;
             amx_begin();
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < num_panels; p++) {

@@ -12,10 +12,11 @@
  *
  * Layout. The micro-kernel vectorizes over input rows ("tokens"), so the panel's rows are
  * read as they are, one float at a time, broadcast: only x is repacked, once per call, into
- * tiles of GEMM_TOKENS tokens, xt[tile][kk][j] = x[tile * GEMM_TOKENS + j][kk], zero past m.
- * A micro-tile keeps GEMM_ROWS x GEMM_TOKENS sums in 24 registers over GEMM_CHUNK values of
- * k at a time (each chunk's products summed in order, the chunks' sums then added up), and
- * writes them out transposed, as runs of GEMM_ROWS consecutive floats of y's rows.
+ * strips of GEMM_TOKENS tokens, xt[strip][kk][j] = x[strip * GEMM_TOKENS + j][kk], zero past
+ * m. A micro-block (one micro-kernel call) keeps GEMM_ROWS x GEMM_TOKENS sums in 24 registers
+ * over GEMM_CHUNK values of k at a time (each chunk's products summed in order, the chunks'
+ * sums then added up), and writes them out transposed, as runs of GEMM_ROWS consecutive floats
+ * of y's rows.
  */
 #include <stdlib.h>
 
@@ -30,7 +31,7 @@
 #endif
 
 #define GEMM_CHUNK 64 /* values of k summed apart, then added up: error grows with k / 64 + 64 */
-#define TILE_BLOCK 8 /* token tiles swept per W group: 256 tokens x k stay in the L2 */
+#define STRIP_GROUP 8 /* token strips swept per W group: 256 tokens x k stay in the L2 */
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -47,21 +48,21 @@ int gemm_reserve(float **buf, int64_t *cap, int64_t need) {
 /* ---- packing x ------------------------------------------------------------------------------ */
 
 static void pack_portable(const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
-                          int64_t tile) {
-    float *dst = xt + tile * k * GEMM_TOKENS;
+                          int64_t strip) {
+    float *dst = xt + strip * k * GEMM_TOKENS;
     for (int64_t kk = 0; kk < k; kk++)
         for (int j = 0; j < GEMM_TOKENS; j++) {
-            const int64_t tok = tile * GEMM_TOKENS + j;
+            const int64_t tok = strip * GEMM_TOKENS + j;
             dst[kk * GEMM_TOKENS + j] = tok < m ? x[tok * ldx + kk] : 0.0f;
         }
 }
 
 #if QUANT_X86
 TARGET_AVX512 static void pack_avx512(const float *x, int64_t ldx, int64_t m, int64_t k,
-                                      float *xt, int64_t tile) {
-    float *dst = xt + tile * k * GEMM_TOKENS;
+                                      float *xt, int64_t strip) {
+    float *dst = xt + strip * k * GEMM_TOKENS;
     for (int half = 0; half < GEMM_TOKENS / 16; half++) {
-        const int64_t tok0 = tile * GEMM_TOKENS + half * 16;
+        const int64_t tok0 = strip * GEMM_TOKENS + half * 16;
         for (int64_t kk = 0; kk < k; kk += 16) { /* k is whole 32-value blocks */
             __m512 r[16];
             for (int j = 0; j < 16; j++)
@@ -75,23 +76,23 @@ TARGET_AVX512 static void pack_avx512(const float *x, int64_t ldx, int64_t m, in
 }
 #endif
 
-/* Tile `tile` of x into xt (64-byte aligned, gemm_packed_floats(m, k) floats in all). */
+/* Strip `strip` of x into xt (64-byte aligned, gemm_packed_floats(m, k) floats in all). */
 void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
-                 int64_t tile) {
+                 int64_t strip) {
 #if QUANT_X86
     if (isa == ISA_AVX512) {
-        pack_avx512(x, ldx, m, k, xt, tile);
+        pack_avx512(x, ldx, m, k, xt, strip);
         return;
     }
 #endif
     (void)isa;
-    pack_portable(x, ldx, m, k, xt, tile);
+    pack_portable(x, ldx, m, k, xt, strip);
 }
 
 /* ---- micro-kernels -------------------------------------------------------------------------- */
 
-/* y[tok][r] for the tokens of one tile (fewer where the tile passes m) and `rows` panel rows. */
-static void write_tile(const float *sums, int rows, int64_t tokens, float *y, int64_t ldy) {
+/* y[tok][r] for the tokens of one strip (fewer where the strip passes m) and `rows` panel rows. */
+static void write_sums(const float *sums, int rows, int64_t tokens, float *y, int64_t ldy) {
     for (int64_t j = 0; j < tokens; j++)
         for (int r = 0; r < rows; r++) y[j * ldy + r] = sums[r * GEMM_TOKENS + j];
 }
@@ -112,9 +113,9 @@ static void micro_portable(const float *xt, const float *w, int64_t ldw, int64_t
 }
 
 #if QUANT_X86
-/* write_tile with the sums transposed 16 x 16 in registers: a masked store of `rows` floats
+/* write_sums with the sums transposed 16 x 16 in registers: a masked store of `rows` floats
  * per token instead of a scalar store per value. */
-TARGET_AVX512 static void write_tile_avx512(const float *sums, int rows, int64_t tokens,
+TARGET_AVX512 static void write_sums_avx512(const float *sums, int rows, int64_t tokens,
                                             float *y, int64_t ldy) {
     const __mmask16 mask = (__mmask16)((1u << rows) - 1);
     for (int half = 0; half * 16 < tokens; half++) {
@@ -132,22 +133,22 @@ TARGET_AVX512 static void write_tile_avx512(const float *sums, int rows, int64_t
 #endif
 
 /* y[j][r] = sums[r * GEMM_TOKENS + j] for j < tokens <= GEMM_TOKENS and r < rows <= 16: a
- * micro-tile's sums (or 16 of its rows) written out as runs of `rows` floats of y's rows. */
-void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
+ * micro-block's sums (or 16 of its rows) written out as runs of `rows` floats of y's rows. */
+void gemm_write_sums(int isa, const float *sums, int rows, int64_t tokens, float *y,
                      int64_t ldy) {
 #if QUANT_X86
     if (isa == ISA_AVX512) {
-        write_tile_avx512(sums, rows, tokens, y, ldy);
+        write_sums_avx512(sums, rows, tokens, y, ldy);
         return;
     }
 #endif
     (void)isa;
-    write_tile(sums, rows, tokens, y, ldy);
+    write_sums(sums, rows, tokens, y, ldy);
 }
 
 #if QUANT_X86
 /* One copy per constant R (1..GEMM_ROWS): R x 2 sums of 16 tokens in registers, over
- * GEMM_CHUNK values of k at a time, each chunk's sums then added to the tile's. */
+ * GEMM_CHUNK values of k at a time, each chunk's sums then added to the micro-block's. */
 TARGET_AVX512 static inline __attribute__((always_inline)) void
 micro_avx512_r(const float *xt, const float *w, int64_t ldw, int64_t k, float *sums, const int R) {
     for (int64_t k0 = 0; k0 < k; k0 += GEMM_CHUNK) {
@@ -180,9 +181,9 @@ TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t 
     GEMM_ROWS_SWITCH(rows, micro_avx512_r, xt, w, ldw, k, sums)
 }
 
-/* micro_avx512_r for a tile's first 16 tokens only (a tile of at most 16: a batched decode
- * of up to 16 sequences, or the last tile of a batch), the same sums in the same order. The
- * full tile would spend half its FMAs on the zero tokens past m. */
+/* micro_avx512_r for a strip's first 16 tokens only (a strip of at most 16: a batched decode
+ * of up to 16 sequences, or the last strip of a batch), the same sums in the same order. The
+ * full strip would spend half its FMAs on the zero tokens past m. */
 TARGET_AVX512 static inline __attribute__((always_inline)) void
 micro_half_avx512_r(const float *xt, const float *w, int64_t ldw, int64_t k, float *sums,
                     const int R) {
@@ -212,20 +213,20 @@ TARGET_AVX512 static void micro_half_avx512(const float *xt, const float *w, int
 /* y[tok][r] = the dot product of x's row tok with w's row r, for tok < m and r < count, through
  * `micro` (w's rows ldw 32-bit values apart, x packed by gemm_pack_x; k values of 32 bits each:
  * floats here, bfloat16 pairs in gemm_bf16.c), and through `micro_half` (NULL: none) for a
- * tile of at most 16 tokens. Single-threaded; the drivers split W's rows over the threads. */
+ * strip of at most 16 tokens. Single-threaded; the drivers split W's rows over the threads. */
 void gemm_sweep(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half, const float *xt,
                 int64_t m, int64_t k, const float *w, int64_t ldw, int64_t count, float *y,
                 int64_t ldy) {
     float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
-    const int64_t tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
-    for (int64_t t0 = 0; t0 < tiles; t0 += TILE_BLOCK)
+    const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    for (int64_t t0 = 0; t0 < strips; t0 += STRIP_GROUP)
         for (int64_t r0 = 0; r0 < count; r0 += GEMM_ROWS) {
             const int rows = (int)min64(GEMM_ROWS, count - r0);
-            for (int64_t t = t0; t < min64(t0 + TILE_BLOCK, tiles); t++) {
+            for (int64_t t = t0; t < min64(t0 + STRIP_GROUP, strips); t++) {
                 const int64_t tok = t * GEMM_TOKENS;
                 const gemm_micro_fn fn = micro_half && m - tok <= 16 ? micro_half : micro;
                 fn(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows, sums);
-                gemm_write_tile(isa, sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0,
+                gemm_write_sums(isa, sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0,
                                 ldy);
             }
         }

@@ -1,5 +1,5 @@
 /*
- * float32 GEMM for the panel path (gemm_f32.c): x packed once per call into token tiles,
+ * float32 GEMM for the panel path (gemm_f32.c): x packed once per call into token strips,
  * then each thread multiplies its panels of W's rows with all of them. gemm_bf16.c packs
  * bfloat16 pairs as 32-bit values with the same gemm_pack_x and sweeps its own micro-kernel
  * over them with gemm_sweep.
@@ -9,10 +9,10 @@
 
 #include <stdint.h>
 
-#define GEMM_ROWS 12   /* W rows per micro-tile */
-#define GEMM_TOKENS 32 /* input rows per micro-tile (two 16-float vectors) */
+#define GEMM_ROWS 12   /* W rows per micro-block (a micro-kernel's sums) */
+#define GEMM_TOKENS 32 /* input rows per strip and micro-block (two 16-float vectors) */
 
-/* The micro-kernels' dispatch on the rows of a micro-tile: KERNEL(..., R) with R a constant
+/* The micro-kernels' dispatch on the rows of a micro-block: KERNEL(..., R) with R a constant
  * 1..GEMM_ROWS, so that each count gets its own copy with the sums in registers. */
 #define GEMM_ROWS_SWITCH(rows, KERNEL, ...)                                                    \
     switch (rows) {                                                                            \
@@ -37,12 +37,12 @@ static inline int64_t gemm_packed_floats(int64_t m, int64_t k) {
 
 int gemm_reserve(float **buf, int64_t *cap, int64_t need);
 void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
-                 int64_t tile);
+                 int64_t strip);
 /* sums[r * GEMM_TOKENS + j] = the dot product of packed token j with w's row r (rows ldw
  * values apart) over k 32-bit values, for r < rows <= GEMM_ROWS */
 typedef void (*gemm_micro_fn)(const float *xt, const float *w, int64_t ldw, int64_t k, int rows,
                               float *sums);
-void gemm_write_tile(int isa, const float *sums, int rows, int64_t tokens, float *y,
+void gemm_write_sums(int isa, const float *sums, int rows, int64_t tokens, float *y,
                      int64_t ldy);
 void gemm_sweep(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half, const float *xt,
                 int64_t m, int64_t k, const float *w, int64_t ldw, int64_t count, float *y,

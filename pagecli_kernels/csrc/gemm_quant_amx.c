@@ -29,13 +29,13 @@
  * on) can overflow the unscaled block sums where the panels' products stay finite.
  *
  * Layout. Each thread turns a panel of W's rows into bfloat16 codes of q (rows k values apart,
- * whole 32-row micro-tiles, zero past W's end) and per-block scales and offsets; x is packed
- * once per call by all threads: per 32-token tile and block, the three parts as 16 pairs x 32
- * tokens of 32-bit pairs (TDPBF16PS's second operand), and the block's sums of x. A micro-tile
- * is 32 rows x 32 tokens, four 16 x 16 tiles of sums (tmm0-3); per block two tiles of codes
- * (tmm4-5, loaded from the panel as it lies), two of each part (tmm6-7), twelve TDPBF16PS; the
- * sums go to memory and are scaled into the micro-tile's totals with AVX-512, which are
- * written out by gemm_f32.c's transposing writer.
+ * whole 32-row micro-blocks, zero past W's end) and per-block scales and offsets; x is packed
+ * once per call by all threads: per 32-token strip and block, the three parts as 16 pairs x 32
+ * tokens of 32-bit pairs (TDPBF16PS's second operand), and the block's sums of x. A
+ * micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums (tmm0-3); per block two tiles
+ * of codes (tmm4-5, loaded from the panel as it lies), two of each part (tmm6-7), twelve
+ * TDPBF16PS; the sums go to memory and are scaled into the micro-block's totals with AVX-512,
+ * which are written out by gemm_f32.c's transposing writer.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -51,14 +51,14 @@
 
 #define BLOCK 32               /* values per scale */
 #define PARTS 3                /* bfloat16 parts of an input value */
-#define TILE_ROWS 32           /* W rows per micro-tile */
+#define AMX_ROWS 32            /* W rows per micro-block (two tiles' height) */
 #define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
 #define PANEL_BYTES (1 << 19)  /* bytes of q codes per panel, per thread: in the L2 */
-#define X_BYTES (1 << 20)      /* bytes of packed x swept per W micro-tile: in the L2 */
+#define X_BYTES (1 << 20)      /* bytes of packed x swept per W micro-block: in the L2 */
 #define E_FORMAT -1
 #define E_MEMORY -3
 
-/* Floats per token tile and block of packed x: the parts' pairs, as 32-bit values. */
+/* Floats per token strip and block of packed x: the parts' pairs, as 32-bit values. */
 #define PACKED_BLOCK (PARTS * PAIRS * GEMM_TOKENS)
 
 #if AMX_X86
@@ -215,14 +215,14 @@ TARGET_AMX static inline __m512i pair(__m512 even, __m512 odd) {
                            _mm512_castps_si512(odd));
 }
 
-/* Token tile `tile` of x (m rows, k values, rows ldx apart) into xs (PACKED_BLOCK floats per
+/* Token strip `strip` of x (m rows, k values, rows ldx apart) into xs (PACKED_BLOCK floats per
  * block: part p's pair i of token j at (p * PAIRS + i) * GEMM_TOKENS + j) and sums (GEMM_TOKENS
  * per block: sum(x) over the block's 32 values, in order); zero past m. */
 TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_t k,
-                                  uint32_t *xs, float *sums, int64_t tile) {
+                                  uint32_t *xs, float *sums, int64_t strip) {
     const int64_t blocks = k / BLOCK;
     for (int half = 0; half < GEMM_TOKENS / 16; half++) {
-        const int64_t tok0 = tile * GEMM_TOKENS + half * 16;
+        const int64_t tok0 = strip * GEMM_TOKENS + half * 16;
         for (int64_t b = 0; b < blocks; b++) {
             __m512 v[BLOCK]; /* v[i]: value i of the block, 16 tokens */
             for (int h = 0; h < 2; h++) {
@@ -232,10 +232,10 @@ TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_
                                         : _mm512_setzero_ps();
                 transpose16(v + 16 * h);
             }
-            uint32_t *dst = xs + (tile * blocks + b) * PACKED_BLOCK + half * 16;
+            uint32_t *dst = xs + (strip * blocks + b) * PACKED_BLOCK + half * 16;
             __m512 total = v[0];
             for (int i = 1; i < BLOCK; i++) total = _mm512_add_ps(total, v[i]);
-            _mm512_store_ps(sums + (tile * blocks + b) * GEMM_TOKENS + half * 16, total);
+            _mm512_store_ps(sums + (strip * blocks + b) * GEMM_TOKENS + half * 16, total);
             for (int i = 0; i < PAIRS; i++) {
                 __m512 e = v[2 * i], o = v[2 * i + 1];
                 for (int p = 0; p < PARTS; p++) { /* the rest is exact: it drops the top bits */
@@ -249,25 +249,25 @@ TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_
     }
 }
 
-/* ---- the micro-tiles ------------------------------------------------------------------------ */
+/* ---- the micro-blocks ----------------------------------------------------------------------- */
 
 /* y[tok][r] for the tokens of xs (m rows) and the panel's rows [0, count): codes q (whole
- * micro-tiles, rows k apart), scale and offset (k / 32 per row; offset NULL: none).
+ * micro-blocks, rows k apart), scale and offset (k / 32 per row; offset NULL: none).
  * Single-threaded, tiles configured. */
 TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float *offset,
                              int64_t k, int64_t count, const uint32_t *xs, const float *xsum,
                              int64_t m, float *y, int64_t ldy) {
-    float sums[TILE_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
-    float total[TILE_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
-    const int64_t blocks = k / BLOCK, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    float sums[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    float total[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    const int64_t blocks = k / BLOCK, strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int64_t stride = k * (int64_t)sizeof(uint16_t);
     int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
     group = group < 1 ? 1 : group;
-    for (int64_t t0 = 0; t0 < tiles; t0 += group)
-        for (int64_t r0 = 0; r0 < count; r0 += TILE_ROWS) {
+    for (int64_t t0 = 0; t0 < strips; t0 += group)
+        for (int64_t r0 = 0; r0 < count; r0 += AMX_ROWS) {
             const uint16_t *a = q + r0 * k;
             const float *s = scale + r0 * blocks, *o = offset ? offset + r0 * blocks : NULL;
-            for (int64_t t = t0; t < min64(t0 + group, tiles); t++) {
+            for (int64_t t = t0; t < min64(t0 + group, strips); t++) {
                 for (int64_t b = 0; b < blocks; b++) {
                     const uint32_t *bx = xs + (t * blocks + b) * PACKED_BLOCK;
                     _tile_zero(0);
@@ -280,7 +280,7 @@ TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float 
                     amx_store_sums(sums);
                     const float *xb = xsum + (t * blocks + b) * GEMM_TOKENS;
                     const __m512 x0 = _mm512_load_ps(xb), x1 = _mm512_load_ps(xb + 16);
-                    for (int r = 0; r < TILE_ROWS; r++) {
+                    for (int r = 0; r < AMX_ROWS; r++) {
                         float *tr = total + r * GEMM_TOKENS;
                         const float *sr = sums + r * GEMM_TOKENS;
                         const __m512 d = _mm512_set1_ps(s[r * blocks + b]);
@@ -301,23 +301,23 @@ TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float 
                     MEMORY_BARRIER();
                 }
                 const int64_t tok = t * GEMM_TOKENS;
-                amx_write_sums(total, (int)min64(TILE_ROWS, count - r0),
+                amx_write_sums(total, (int)min64(AMX_ROWS, count - r0),
                                min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
             }
         }
 }
 
-/* Panels of W's rows: whole micro-tiles, at most PANEL_BYTES of codes each (one micro-tile
- * where a micro-tile's codes alone pass it), as many per thread, and as even as micro-tiles
- * allow (schedule(static) gives each thread a run of them). Panel p holds micro-tiles
- * [p * tiles / panels, (p + 1) * tiles / panels). */
+/* Panels of W's rows: whole micro-blocks, at most PANEL_BYTES of codes each (one micro-block
+ * where a micro-block's codes alone pass it), as many per thread, and as even as micro-blocks
+ * allow (schedule(static) gives each thread a run of them). Panel p holds micro-blocks
+ * [p * micro_blocks / panels, (p + 1) * micro_blocks / panels). */
 static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
-    const int64_t tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
-    int64_t most = PANEL_BYTES / (k * (int64_t)sizeof(uint16_t) * TILE_ROWS);
+    const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
+    int64_t most = PANEL_BYTES / (k * (int64_t)sizeof(uint16_t) * AMX_ROWS);
     most = most < 1 ? 1 : most;
-    const int64_t share = (tiles + num_threads - 1) / num_threads;
+    const int64_t share = (micro_blocks + num_threads - 1) / num_threads;
     const int64_t panels = (share + most - 1) / most * num_threads;
-    return panels < tiles ? panels : tiles;
+    return panels < micro_blocks ? panels : micro_blocks;
 }
 
 static __thread float *packed; /* the calling thread's: x's parts, then the block sums */
@@ -349,34 +349,34 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
     const struct tiles_format *f = tiles_format_of(type);
     if (!f || k % f->block_values) return E_FORMAT;
     if (m <= 0 || n <= 0) return 0;
-    const int64_t blocks = k / BLOCK, tiles = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
-    if (gemm_reserve(&packed, &packed_cap, tiles * blocks * (PACKED_BLOCK + GEMM_TOKENS)))
+    const int64_t blocks = k / BLOCK, strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    if (gemm_reserve(&packed, &packed_cap, strips * blocks * (PACKED_BLOCK + GEMM_TOKENS)))
         return E_MEMORY;
     uint32_t *const xs = (uint32_t *)packed; /* shared with the team below */
-    float *const xsum = packed + tiles * blocks * PACKED_BLOCK;
+    float *const xsum = packed + strips * blocks * PACKED_BLOCK;
     const int64_t panels = num_panels(n, k, num_threads);
-    const int64_t micro_tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
-    const int64_t rows = (micro_tiles + panels - 1) / panels * TILE_ROWS; /* the most per panel */
+    const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
+    const int64_t rows = (micro_blocks + panels - 1) / panels * AMX_ROWS; /* the most per panel */
     const int64_t panel_floats = rows * k / 2 + 2 * rows * blocks;
     const uint8_t *wb = w;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) pack_parts(x, ldx, m, k, xs, xsum, t);
+        for (int64_t t = 0; t < strips; t++) pack_parts(x, ldx, m, k, xs, xsum, t);
         if (gemm_reserve(&panel, &panel_cap, panel_floats)) failed = 1;
         amx_begin();
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             if (failed) continue;
-            const int64_t first = p * micro_tiles / panels * TILE_ROWS;
-            const int64_t count = min64((p + 1) * micro_tiles / panels * TILE_ROWS, n) - first;
+            const int64_t first = p * micro_blocks / panels * AMX_ROWS;
+            const int64_t count = min64((p + 1) * micro_blocks / panels * AMX_ROWS, n) - first;
             uint16_t *q = (uint16_t *)panel;
             float *scale = panel + rows * k / 2, *offset = scale + rows * blocks;
             for (int64_t r = 0; r < count; r++)
                 f->split(wb + (first + r) * row_bytes, k, q + r * k, scale + r * blocks,
                          offset + r * blocks);
-            const int64_t padded = (count + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+            const int64_t padded = (count + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
             for (int64_t r = count; r < padded; r++) /* zero rows: finite sums, not written */
                 for (int64_t i = 0; i < k; i++) q[r * k + i] = 0;
             for (int64_t i = count * blocks; i < padded * blocks; i++) scale[i] = offset[i] = 0;

@@ -12,7 +12,7 @@
  * its denominator, e^(sinks[h] - max), which weighs no value (gpt-oss): the running sum of an
  * item starts at 1 with the sink as its maximum, or the combine of the splits adds it once.
  *
- * Work is cut into items: (sequence, tile of query tokens, kv heads, context split); a decode's
+ * Work is cut into items: (sequence, slice of query tokens, kv heads, context split); a decode's
  * item takes all of its sequence's kv heads (item_heads). For each of its kv heads, an item's
  * query rows are its tokens times the head's GQA group, so each cached K/V row is brought in
  * once per item and used by every row. Context tokens go by in chunks of TC with an online
@@ -23,7 +23,8 @@
  *
  * The item body is compiled three times: for AVX-512 and AVX2 (per-function target
  * attributes) and for the baseline of the architecture (the portable path, plain C on vector
- * extensions). pagecli_isa_supported() says which ones this CPU runs; the caller picks one.
+ * extensions). cpu_features.c's pagecli_isa_supported() says which ones this CPU runs; the
+ * caller picks one.
  *
  * Layouts (element strides; the last dimension of the caches is contiguous):
  *   query, out     [num_tokens, num_heads, head_dim] float32, contiguous
@@ -42,6 +43,7 @@
 
 #include "bf16.h"
 #include "cpu_entry_points.h"
+#include "cpu_features.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
@@ -49,10 +51,9 @@
 #endif
 
 enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
-enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 #define TC 16       /* context tokens per chunk */
-#define MAX_ROWS 64 /* query rows per item (tile tokens x group), at least one token */
+#define MAX_ROWS 64 /* query rows per item (slice tokens x group), at least one token */
 #define TRANSPOSE_MIN_ROWS 8 /* from this many rows on, scores go through K transposed */
 #define INLINE static inline __attribute__((always_inline))
 
@@ -67,7 +68,7 @@ typedef struct {
     float *out;
     float *partial; /* split-K: [num_tokens, num_heads, max_splits, dp + 2] */
     int num_heads, num_kv_heads, head_dim, dp, block_size, group, kv_dtype, elem_size;
-    int tile_tokens, split_tokens, max_splits;
+    int slice_tokens, split_tokens, max_splits;
     int window; /* 0: none */
     float scale;
 } Problem;
@@ -165,7 +166,7 @@ static int seq_splits(const Problem *p, int s, int *lo) {
     return p->split_tokens > 0 ? (span + p->split_tokens - 1) / p->split_tokens : 1;
 }
 
-/* kv heads per item for a tile of `tokens` query tokens: as many as MAX_ROWS rows hold, at
+/* kv heads per item for a slice of `tokens` query tokens: as many as MAX_ROWS rows hold, at
  * least one. An item takes its kv heads one after the other, each over the whole context, so
  * a decode's item reads every head's rows of its sequence, side by side in each slot, on one
  * core: the others come into its L2 along with the first (hardware prefetch). With one kv
@@ -181,8 +182,8 @@ static int item_heads(const Problem *p, int tokens) {
  * unless it is NULL; returns how many. Counting and filling walk the same loops. */
 static int64_t seq_items(const Problem *p, int s, int q_len, int splits, Item *out) {
     int64_t count = 0;
-    for (int q0 = 0; q0 < q_len; q0 += p->tile_tokens) {
-        const int q1 = q0 + p->tile_tokens < q_len ? q0 + p->tile_tokens : q_len;
+    for (int q0 = 0; q0 < q_len; q0 += p->slice_tokens) {
+        const int q1 = q0 + p->slice_tokens < q_len ? q0 + p->slice_tokens : q_len;
         const int heads = item_heads(p, q1 - q0);
         for (int h = 0; h < p->num_kv_heads; h += heads)
             for (int k = 0; k < splits; ++k, ++count) {
@@ -221,19 +222,6 @@ typedef void (*ItemFn)(const Problem *, const Item *, const Scratch *);
 #undef PA_TARGET
 #undef PA_SUFFIX
 #endif
-
-/* 1 when this CPU (and its OS) runs the given path. */
-int pagecli_isa_supported(int isa) {
-    if (isa == ISA_PORTABLE) return 1;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (isa == ISA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (isa == ISA_AVX512)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#endif
-    return 0;
-}
 
 static ItemFn item_fn(int isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -303,12 +291,12 @@ int pagecli_paged_attention(int isa, int kv_dtype, const float *query, const voi
     p.kv_dtype = kv_dtype;
     p.elem_size = kv_dtype == KV_F32 ? 4 : 2;
     /* a power of two of query tokens per item (16 at most), so rows come in multiples of 8 */
-    p.tile_tokens = 16;
-    while (p.tile_tokens > 1 && p.tile_tokens * p.group > MAX_ROWS) p.tile_tokens /= 2;
+    p.slice_tokens = 16;
+    while (p.slice_tokens > 1 && p.slice_tokens * p.group > MAX_ROWS) p.slice_tokens /= 2;
     p.split_tokens = split_tokens;
     p.scale = scale;
-    /* scratch rows: a tile's tokens times the group, or an item's several kv heads */
-    const int rows = p.tile_tokens * p.group > MAX_ROWS ? p.tile_tokens * p.group : MAX_ROWS;
+    /* scratch rows: a slice's tokens times the group, or an item's several kv heads */
+    const int rows = p.slice_tokens * p.group > MAX_ROWS ? p.slice_tokens * p.group : MAX_ROWS;
     const int num_tokens = query_start_loc[num_seqs];
 
     /* validate the block ids every item will read, and count the items */

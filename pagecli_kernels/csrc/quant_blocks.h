@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_features.h"
+
 #define QK4_0 32
 #define QK4_1 32
 #define QK5_0 32
@@ -90,9 +92,6 @@ enum quant_type {
     QT_Q6_K = 14,
     QT_BF16 = 30, /* bfloat16 rows taken as 32-value blocks (quant_bf16.c) */
 };
-
-/* Instruction-set paths; a higher one needs a CPU that has the lower ones' features. */
-enum quant_isa { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 /* Exact f16 -> f32 (normals, subnormals, inf, nan), bit by bit: the portable spec. */
 static inline float f16_to_f32(f16_bits h) {
@@ -167,27 +166,27 @@ typedef int (*int_split_fn)(const float *x, int64_t num_blocks, const struct int
 typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, int rows,
                             const struct int_split *x, float *out);
 
-/* out[i * R + r] = dot(dequant(W row r), x[i * ldx ...]) for the R = TILE_ROWS(m) rows at w,
- * w + row_bytes, ... and m = 2..TILE_MAX_M input rows: a small batch's decode, the weights
- * dequantized once for all m inputs and each load of x shared by the R rows, with the wide
- * kernels' prefetch (WIDE_PREFETCH). Each (row, input) sums in the order of the rows kernel:
- * the same bits. */
-#define TILE_MAX_M 4
-#define TILE_ROWS(m) ((m) == 2 ? 4 : 2)
-typedef void (*tile_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
-                        int64_t ldx, int m, float *out);
+/* The small-batch kernels (small_fn): out[i * R + r] = dot(dequant(W row r), x[i * ldx ...])
+ * for the R = SMALL_ROWS(m) rows at w, w + row_bytes, ... and m = 2..SMALL_MAX_M input rows:
+ * a small batch's decode, the weights dequantized once for all m inputs and each load of x
+ * shared by the R rows, with the wide kernels' prefetch (WIDE_PREFETCH). Each (row, input)
+ * sums in the order of the rows kernel: the same bits. */
+#define SMALL_MAX_M 4
+#define SMALL_ROWS(m) ((m) == 2 ? 4 : 2)
+typedef void (*small_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
+                         int64_t ldx, int m, float *out);
 
 struct quant_format {
     int type;
     int block_values; /* values per block */
     int block_bytes;
-    dequant_fn dequant[3]; /* per quant_isa; NULL where the build lacks that path */
-    rows_fn rows[3];       /* per quant_isa; NULL: dequantize into a buffer, then dot */
-    wide_fn wide[3];       /* per quant_isa; NULL: rows() one at a time */
+    dequant_fn dequant[3]; /* per cpu_isa; NULL where the build lacks that path */
+    rows_fn rows[3];       /* per cpu_isa; NULL: dequantize into a buffer, then dot */
+    wide_fn wide[3];       /* per cpu_isa; NULL: rows() one at a time */
     int wide_rows;         /* rows a wide kernel takes at once; 0: WIDE_ROWS */
     int_split_fn split;        /* the integer batch-1 path (AVX-512 VNNI); NULL: none */
     int_wide_fn int_wide;
-    tile_fn tile;              /* 2-4 input rows, AVX-512 (below); NULL: the rows kernel */
+    small_fn small;            /* 2-4 input rows, AVX-512 (below); NULL: the rows kernel */
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough
@@ -285,7 +284,7 @@ static inline int64_t wide_prefetch_distance(int64_t row_bytes, int rows) {
 extern float pagecli_f16_table[1 << 16];
 
 /* Prefetch the line at p into the L2 (l2 nonzero) or the L1; a hint must be a constant.
- * Always inlined: GCC 12 otherwise left both prefetches out of the tile kernels' loops. */
+ * Always inlined: GCC 12 otherwise left both prefetches out of the small-batch kernels' loops. */
 static inline __attribute__((always_inline)) void prefetch_w(int l2, const void *p) {
     if (l2)
         _mm_prefetch((const char *)p, _MM_HINT_T1);
@@ -308,17 +307,17 @@ static inline __attribute__((always_inline)) void prefetch_w(int l2, const void 
     for (int r_ = 0; r_ < WIDE_ROWS; r_++)                                                     \
         out[r_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r_][0], acc[r_][1]));
 
-/* The tile kernels (tile_fn): acc[r][i][0..2) for R weight rows and M input rows (R * M <= 8:
- * 16 registers), the body one copy per constant (R, M). TILE_FMA32(w0, w1, off): the 32
- * weights of a block of each row (w0[r], w1[r]) against x[i][off..off+32) for every input;
- * TILE_FMA16(k, w, off): 16 weights of each row into the rows' accumulators k. */
-#define TILE_BEGIN                                                                             \
+/* The small-batch kernels (small_fn): acc[r][i][0..2) for R weight rows and M input rows
+ * (R * M <= 8: 16 registers), the body one copy per constant (R, M). SMALL_FMA32(w0, w1, off):
+ * the 32 weights of a block of each row (w0[r], w1[r]) against x[i][off..off+32) for every
+ * input; SMALL_FMA16(k, w, off): 16 weights of each row into the rows' accumulators k. */
+#define SMALL_BEGIN                                                                            \
     const int64_t ahead = wide_prefetch_distance(row_bytes, R);                                \
     const int l2 = pagecli_quant_prefetch_l2;                                                  \
-    __m512 acc[4][TILE_MAX_M][2];                                                              \
+    __m512 acc[4][SMALL_MAX_M][2];                                                             \
     for (int r_ = 0; r_ < R; r_++)                                                             \
         for (int i_ = 0; i_ < M; i_++) acc[r_][i_][0] = acc[r_][i_][1] = _mm512_setzero_ps();
-#define TILE_FMA32(w0, w1, off)                                                                \
+#define SMALL_FMA32(w0, w1, off)                                                               \
     for (int i_ = 0; i_ < M; i_++) {                                                           \
         const __m512 x0_ = _mm512_loadu_ps(x + i_ * ldx + (off));                              \
         const __m512 x1_ = _mm512_loadu_ps(x + i_ * ldx + (off) + 16);                         \
@@ -327,27 +326,27 @@ static inline __attribute__((always_inline)) void prefetch_w(int l2, const void 
             acc[r_][i_][1] = _mm512_fmadd_ps((w1)[r_], x1_, acc[r_][i_][1]);                   \
         }                                                                                      \
     }
-#define TILE_FMA16(k, w, off)                                                                  \
+#define SMALL_FMA16(k, w, off)                                                                 \
     for (int i_ = 0; i_ < M; i_++) {                                                           \
         const __m512 x_ = _mm512_loadu_ps(x + i_ * ldx + (off));                               \
         for (int r_ = 0; r_ < R; r_++)                                                         \
             acc[r_][i_][k] = _mm512_fmadd_ps((w)[r_], x_, acc[r_][i_][k]);                     \
     }
-#define TILE_END                                                                               \
+#define SMALL_END                                                                              \
     for (int r_ = 0; r_ < R; r_++)                                                             \
         for (int i_ = 0; i_ < M; i_++)                                                         \
             out[i_ * R + r_] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r_][i_][0], acc[r_][i_][1]));
-#define TILE_KERNEL(NAME)                                                                      \
+#define SMALL_KERNEL(NAME)                                                                     \
     TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_t(                 \
         const void *w, int64_t row_bytes, int64_t nb, const float *x, int64_t ldx, float *out,  \
         const int R, const int M)
-#define TILE_DISPATCH(NAME)                                                                    \
+#define SMALL_DISPATCH(NAME)                                                                   \
     TARGET_AVX512 static void NAME(const void *w, int64_t row_bytes, int64_t nb, const float *x, \
                                    int64_t ldx, int m, float *out) {                           \
         switch (m) {                                                                           \
-        case 2: NAME##_t(w, row_bytes, nb, x, ldx, out, TILE_ROWS(2), 2); break;               \
-        case 3: NAME##_t(w, row_bytes, nb, x, ldx, out, TILE_ROWS(3), 3); break;               \
-        default: NAME##_t(w, row_bytes, nb, x, ldx, out, TILE_ROWS(4), 4); break;              \
+        case 2: NAME##_t(w, row_bytes, nb, x, ldx, out, SMALL_ROWS(2), 2); break;              \
+        case 3: NAME##_t(w, row_bytes, nb, x, ldx, out, SMALL_ROWS(3), 3); break;              \
+        default: NAME##_t(w, row_bytes, nb, x, ldx, out, SMALL_ROWS(4), 4); break;             \
         }                                                                                      \
     }
 

@@ -387,14 +387,14 @@ ROWS_KERNEL(rows_q6_K_avx512) {
 }
 ROWS_DISPATCH(rows_q6_K_avx512)
 
-/* ---- tiles: R rows against 2-4 input rows (AVX-512; TILE_*: quant_blocks.h) --------------
+/* ---- small batches: R rows against 2-4 input rows (AVX-512; SMALL_*: quant_blocks.h) ------
  * Each row dequantized as its rows kernel does it, the products in the same order. Q4_K has
- * none: its rows kernel forms a table per sub-block once for all inputs, and a tile (the
- * tables formed again per 16 values, or two rows' tables beside the sums) ran 5-12% slower
- * than it at 2-4 rows (AMD EPYC Zen 4). */
+ * none: its rows kernel forms a table per sub-block once for all inputs, and a small-batch
+ * kernel (the tables formed again per 16 values, or two rows' tables beside the sums) ran
+ * 5-12% slower than it at 2-4 rows (AMD EPYC Zen 4). */
 
-TILE_KERNEL(tile_q6_K_avx512) {
-    TILE_BEGIN
+SMALL_KERNEL(small_q6_K_avx512) {
+    SMALL_BEGIN
     for (int64_t s = 0; s < nb; s++) {
         const block_q6_K *b[4];
         float dsc[4][16];
@@ -413,13 +413,13 @@ TILE_KERNEL(tile_q6_K_avx512) {
                 __m512 wv[4];
                 for (int r = 0; r < R; r++)
                     wv[r] = _mm512_mul_ps(_mm512_set1_ps(dsc[r][8 * h + c]), q6_lane(v[r], c));
-                TILE_FMA16(c & 1, wv, base + 16 * c)
+                SMALL_FMA16(c & 1, wv, base + 16 * c)
             }
         }
     }
-    TILE_END
+    SMALL_END
 }
-TILE_DISPATCH(tile_q6_K_avx512)
+SMALL_DISPATCH(small_q6_K_avx512)
 
 /* ---- WIDE_ROWS rows against one input row (AVX-512) ----------------------------------------
  * Batch-1 decode, as quant_q4_q8.c's wide kernels: the rows' FMA chains side by side, each
@@ -876,14 +876,14 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
 
 #if QUANT_X86
 #define INT_PATH(name) split_x_##name, int_wide_##name
-#define TILE(name) , tile_##name##_avx512
+#define SMALL(name) , small_##name##_avx512
 #else
 #define INT_PATH(name) NULL, NULL
-#define TILE(name)
+#define SMALL(name)
 #endif
 
 const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K), 0,
                                          INT_PATH(q4_K)};
 const struct quant_format FORMAT_Q5_K = {QT_Q5_K, QK_K, sizeof(block_q5_K), PATHS(q5_K)};
 const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K), 0,
-                                         INT_PATH(q6_K) TILE(q6_K)};
+                                         INT_PATH(q6_K) SMALL(q6_K)};

@@ -8,14 +8,14 @@
  *     (one range each; for m == 1, guided chunks) and streams them once. For m == 1, a
  *     format's wide kernel (where it has one for the path) takes WIDE_ROWS rows of W at a
  *     time (one for the float formats), with software prefetch. For m = 2..8, a format's
- *     tile kernel (AVX-512: Q8_0, Q4_0, Q4_1, Q6_K) takes TILE_ROWS(m) rows of W against up
- *     to TILE_MAX_M inputs (5-8 in two passes), sharing each load of x. The last rows, and
- *     every other format, go row by row: where the format has a register-fused row kernel
- *     for the path (AVX-512: quant_q4_q8.c, quant_k.c; AVX2 and AVX-512: quant_q5.c), a row
- *     is dequantized in registers and dotted with up to ROWS_MAX input rows at a time (x in
- *     L1-sized pieces where its rows are long: rows_piece_blocks); otherwise a chunk of the
- *     row is dequantized into an L1 buffer and dotted with the m input rows.
- *     The tiles and the pieces sum each (row, input) in the row kernel's order: the bits of
+ *     small-batch kernel (AVX-512: Q8_0, Q4_0, Q4_1, Q6_K) takes SMALL_ROWS(m) rows of W
+ *     against up to SMALL_MAX_M inputs (5-8 in two passes), sharing each load of x. The last
+ *     rows, and every other format, go row by row: where the format has a register-fused row
+ *     kernel for the path (AVX-512: quant_q4_q8.c, quant_k.c; AVX2 and AVX-512: quant_q5.c), a
+ *     row is dequantized in registers and dotted with up to ROWS_MAX input rows at a time (x
+ *     in L1-sized pieces where its rows are long: rows_piece_blocks); otherwise a chunk of the
+ *     row is dequantized into an L1 buffer and dotted with the m input rows. The small-batch
+ *     kernels and the pieces sum each (row, input) in the row kernel's order: the bits of
  *     whole rows through it. Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
@@ -27,7 +27,8 @@
  *     panels, BLAS or not.
  *
  * Runtime dispatch: the instruction-set path (portable, AVX2+FMA, AVX-512) is the best one the
- * CPU reports, unless pagecli_quant_set_isa() chose a lower one (tests run every path). The
+ * CPU runs (cpu_features.c), unless pagecli_quant_set_isa() chose a lower one (tests run every
+ * path). The
  * library itself is built for the baseline ISA, so the portable path runs anywhere; only the
  * functions marked TARGET_* use newer instructions.
  *
@@ -41,10 +42,10 @@
 #include "quant_blocks.h"
 
 #include "cpu_entry_points.h"
+#include "cpu_features.h"
 #include "gemm_f32.h"
 
 #if QUANT_X86
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -64,8 +65,9 @@ typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, c
                          const int *ldc);
 typedef int (*set_threads_fn)(int);
 
-/* Who multiplies the panels (pagecli_quant_set_gemm). */
-enum gemm_choice { GEMM_AUTO = 0, GEMM_BLAS = 1, GEMM_NATIVE = 2 };
+/* Who multiplies the panels (pagecli_quant_set_gemm); GEMM_OFF: nobody, the fused path takes
+ * every batch (tests). */
+enum gemm_choice { GEMM_AUTO = 0, GEMM_BLAS = 1, GEMM_NATIVE = 2, GEMM_OFF = 3 };
 static int gemm_choice = GEMM_AUTO;
 
 static sgemm_fn blas_sgemm;
@@ -74,29 +76,16 @@ static int chosen_isa = -1;
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
-/* The best path this CPU runs. */
-int pagecli_quant_best_isa(void) {
-#if QUANT_X86
-    __builtin_cpu_init();
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        return ISA_AVX512;
-    if (avx2) return ISA_AVX2;
-#endif
-    return ISA_PORTABLE;
-}
-
 /* Choose a path (0 portable, 1 AVX2, 2 AVX-512); -1 if the CPU lacks it. */
 int pagecli_quant_set_isa(int isa) {
-    if (isa < ISA_PORTABLE || isa > pagecli_quant_best_isa()) return -1;
+    if (isa < ISA_PORTABLE || isa > cpu_features()->best_isa) return -1;
     chosen_isa = isa;
     return 0;
 }
 
 /* The path in use. */
 int pagecli_quant_isa(void) {
-    if (chosen_isa < 0) chosen_isa = pagecli_quant_best_isa();
+    if (chosen_isa < 0) chosen_isa = cpu_features()->best_isa;
     return chosen_isa;
 }
 
@@ -106,28 +95,13 @@ int pagecli_quant_isa(void) {
 int pagecli_quant_prefetch_l2;
 
 static int default_prefetch_l2(void) {
-#if QUANT_X86
-    __builtin_cpu_init();
-    unsigned eax, ebx, ecx, edx;
-    if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
-    unsigned family = (eax >> 8) & 0xf;
-    if (family == 0xf) family += (eax >> 20) & 0xff; /* the extended family */
-    return family < 0x1a;
-#else
-    return 0;
-#endif
+    const int family = cpu_features()->amd_family;
+    return family != 0 && family < 0x1a;
 }
 
-/* Whether the CPU is Intel's (MKL runs its AVX-512 code there only; pagecli_quant_gemm). */
-static int cpu_is_intel;
-
-/* The CPU's defaults, decided once when the library loads. */
+/* The CPU's default, decided once when the library loads. */
 __attribute__((constructor)) static void choose_defaults(void) {
     pagecli_quant_prefetch_l2 = default_prefetch_l2();
-#if QUANT_X86
-    __builtin_cpu_init();
-    cpu_is_intel = __builtin_cpu_is("intel");
-#endif
 }
 
 /* Prefetch into the L1 (level 1), the L2 (level 2), or as the CPU suggests (0);
@@ -151,9 +125,10 @@ void pagecli_quant_set_blas(void *sgemm, void *set_threads_local) {
 
 /* Multiply panels with gemm_f32.c (GEMM_NATIVE) or the BLAS (GEMM_BLAS), or choose (GEMM_AUTO):
  * the native kernel where the path is AVX-512 on a CPU that is not Intel's, whose AVX-512
- * code MKL does not run (gemm_f32.c says what was measured); -1 for any other value. */
+ * code MKL does not run (gemm_f32.c says what was measured); or no panels (GEMM_OFF); -1 for
+ * any other value. */
 int pagecli_quant_set_gemm(int choice) {
-    if (choice < GEMM_AUTO || choice > GEMM_NATIVE) return -1;
+    if (choice < GEMM_AUTO || choice > GEMM_OFF) return -1;
     gemm_choice = choice;
     return 0;
 }
@@ -161,15 +136,16 @@ int pagecli_quant_set_gemm(int choice) {
 /* Who multiplies the panels of large batches (prefill) now: GEMM_NATIVE, GEMM_BLAS, or 0 when
  * neither (the fused path takes every batch); gemm_for says it for a batch's size. */
 int pagecli_quant_gemm(void) {
+    if (gemm_choice == GEMM_OFF) return 0;
     if (gemm_choice == GEMM_NATIVE) return GEMM_NATIVE;
-    if (gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512 && !cpu_is_intel)
+    if (gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512 && !cpu_features()->intel)
         return GEMM_NATIVE;
     return blas_sgemm ? GEMM_BLAS : 0;
 }
 
 /* Input rows from GEMM_TOKENS up to which the native kernel multiplies the panels of an
  * Intel CPU too under GEMM_AUTO (batched decode), where MKL's sgemm is slower; it wins from a
- * few hundred rows on, and below one whole 32-row tile. The shapes of a 64-sequence decode
+ * few hundred rows on, and below one whole 32-row strip. The shapes of a 64-sequence decode
  * step of the default GGUF (30 layers' Q4_1 projections from memory and the Q8_0 head,
  * benchmarks/RESULTS.md), 2-core Xeon with AMX, 2 threads: 60.1-61.2 ms native against
  * 65.7-66.2 ms MKL; float32 rows 3072 x 576 in cache: 315 against 290 GFLOP/s at 64 rows,
@@ -195,8 +171,8 @@ static int tiles_choice = TILES_AUTO;
 /* Choose; returns 0, -1 for an unknown choice, -2 for TILES_ON where the tiles cannot run. */
 int pagecli_quant_set_tiles(int choice) {
     if (choice < TILES_AUTO || choice > TILES_ON) return -1;
-    if (choice == TILES_ON && (!pagecli_bf16_tiles() || pagecli_quant_best_isa() != ISA_AVX512))
-        return -2;
+    const struct cpu_features *cpu = cpu_features();
+    if (choice == TILES_ON && (!cpu->amx_granted || cpu->best_isa != ISA_AVX512)) return -2;
     tiles_choice = choice;
     return 0;
 }
@@ -204,7 +180,7 @@ int pagecli_quant_set_tiles(int choice) {
 /* 1 where batches of those formats take the tiles now, else 0. */
 int pagecli_quant_tiles(void) {
     if (tiles_choice == TILES_AUTO)
-        return pagecli_quant_isa() == ISA_AVX512 && pagecli_bf16_tiles();
+        return pagecli_quant_isa() == ISA_AVX512 && cpu_features()->amx_granted;
     return tiles_choice == TILES_ON;
 }
 
@@ -218,26 +194,18 @@ static int int_choice = INT_OFF;
 static int int_choice = INT_AUTO;
 #endif
 
-static int cpu_has_vnni(void) {
-#if QUANT_X86
-    __builtin_cpu_init();
-    return pagecli_quant_best_isa() == ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
-#else
-    return 0;
-#endif
-}
-
 /* Choose; returns 0, -1 for an unknown choice, -2 for INT_ON without VNNI. */
 int pagecli_quant_set_int_dots(int choice) {
     if (choice < INT_AUTO || choice > INT_ON) return -1;
-    if (choice == INT_ON && !cpu_has_vnni()) return -2;
+    if (choice == INT_ON && !cpu_features()->avx512_vnni) return -2;
     int_choice = choice;
     return 0;
 }
 
 /* 1 where batch-1 products of those formats take the integer path now, else 0. */
 int pagecli_quant_int_dots(void) {
-    return int_choice != INT_OFF && pagecli_quant_isa() == ISA_AVX512 && cpu_has_vnni();
+    return int_choice != INT_OFF && pagecli_quant_isa() == ISA_AVX512 &&
+           cpu_features()->avx512_vnni;
 }
 
 static const struct quant_format *format_of(int type) {
@@ -339,13 +307,17 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
 /* pagecli_quant_set_small_batches: 0 leaves batches of 2-8 rows to rows() over whole rows */
 static int small_batches = 1;
 
-/* 0 (auto: tiles for 2-8 input rows, pieces of x where it does not fit the L1) or 1 (neither:
- * the rows kernel over whole rows, the same bits; tests); -1 for another choice. */
+/* 0 (auto: the small-batch kernels for 2-8 input rows, pieces of x where it does not fit the
+ * L1) or 1 (neither: the rows kernel over whole rows, the same bits; tests); -1 for another
+ * choice. */
 int pagecli_quant_set_small_batches(int choice) {
     if (choice < 0 || choice > 1) return -1;
     small_batches = !choice;
     return 0;
 }
+
+/* 1 where the small-batch kernels and the pieces of x are on (their auto), 0 where off. */
+int pagecli_quant_small_batches(void) { return small_batches; }
 
 /* Blocks of a row that the rows kernels take at once against `m` input rows: all of them
  * where those rows of x take at most twice ROWS_X_BYTES (the L1 holds them, or nearly), else
@@ -358,17 +330,17 @@ static int64_t rows_piece_blocks(const struct quant_format *f, int64_t m, int64_
     return fit > 0 ? fit : 1;
 }
 
-/* y = x @ W.T for m = 2..TILE_MAX_M input rows through the format's tile kernel, TILE_ROWS(m)
- * rows of W at a time; the last rows, fewer than that, through its rows kernel (the same
- * order of sums, so the same bits). */
-static void tiles(const struct quant_format *f, const uint8_t *w, int64_t row_bytes, int64_t n,
-                  int64_t blocks, const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
-                  int num_threads) {
-    const int64_t group = TILE_ROWS(m), groups = n / group;
+/* y = x @ W.T for m = 2..SMALL_MAX_M input rows through the format's small-batch kernel,
+ * SMALL_ROWS(m) rows of W at a time; the last rows, fewer than that, through its rows kernel
+ * (the same order of sums, so the same bits). */
+static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
+                        int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m,
+                        float *y, int64_t ldy, int num_threads) {
+    const int64_t group = SMALL_ROWS(m), groups = n / group;
 #pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
     for (int64_t g = 0; g < groups; g++) {
         float out[8];
-        f->tile(w + g * group * row_bytes, row_bytes, blocks, x, ldx, (int)m, out);
+        f->small(w + g * group * row_bytes, row_bytes, blocks, x, ldx, (int)m, out);
         for (int64_t i = 0; i < m; i++)
             for (int64_t r = 0; r < group; r++) y[i * ldy + g * group + r] = out[i * group + r];
     }
@@ -407,13 +379,13 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         y += done;
         n -= done;
     }
-    if (f->tile && isa == ISA_AVX512 && m >= 2 && small_batches) {
+    if (f->small && isa == ISA_AVX512 && m >= 2 && small_batches) {
         /* 5-8 rows: two passes of 2-4 (5 = 3 + 2, ..., 8 = 4 + 4) */
-        const int64_t passes = (m + TILE_MAX_M - 1) / TILE_MAX_M;
+        const int64_t passes = (m + SMALL_MAX_M - 1) / SMALL_MAX_M;
         for (int64_t i0 = 0, p = 0; p < passes; p++) {
             const int64_t count = (m - i0) / (passes - p);
-            tiles(f, w, row_bytes, n, blocks_per_row, x + i0 * ldx, ldx, count, y + i0 * ldy,
-                  ldy, num_threads);
+            small_batch(f, w, row_bytes, n, blocks_per_row, x + i0 * ldx, ldx, count,
+                        y + i0 * ldy, ldy, num_threads);
             i0 += count;
         }
         return;

@@ -155,8 +155,8 @@ __attribute__((constructor)) static void fill_f16_table(void) {
 #define SCALE(h) _mm512_set1_ps(pagecli_f16_table[(h)]) /* a broadcast load */
 
 /* ---- one block's 32 weights in registers (AVX-512) -----------------------------------------
- * As two vectors, values 0..15 and 16..31, bit for bit gguf's; the rows, tile and wide
- * kernels below all take their weights from these. The 4-bit formats read a 16-entry table
+ * As two vectors, values 0..15 and 16..31, bit for bit gguf's; the rows, small-batch and
+ * wide kernels below all take their weights from these. The 4-bit formats read a 16-entry table
  * per block, table[q] = d * (q - 8) or d * q + m: a permute replaces the int-to-float
  * conversion and the scaling of every weight. */
 
@@ -188,10 +188,11 @@ weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
     *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
 }
 
-/* ---- register-fused decode rows, tiles and wide kernels, per format (AVX-512) --------------
- * rows: one weight row against up to ROWS_MAX inputs; tiles: R rows against 2-4 inputs (TILE_*:
- * quant_blocks.h); wide: WIDE_ROWS rows against one input, so that eight FMA chains run side
- * by side and each 32 values of x are loaded once for the four (WIDE_*: quant_blocks.h). */
+/* ---- register-fused decode rows, small-batch and wide kernels, per format (AVX-512) -------
+ * rows: one weight row against up to ROWS_MAX inputs; small: R rows against 2-4 inputs
+ * (SMALL_*: quant_blocks.h); wide: WIDE_ROWS rows against one input, so that eight FMA chains
+ * run side by side and each 32 values of x are loaded once for the four (WIDE_*:
+ * quant_blocks.h). */
 
 #define BLOCK_KERNELS(name)                                                                    \
     ROWS_KERNEL(rows_##name##_avx512) {                                                        \
@@ -207,8 +208,8 @@ weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
     }                                                                                          \
     ROWS_DISPATCH(rows_##name##_avx512)                                                        \
                                                                                                \
-    TILE_KERNEL(tile_##name##_avx512) {                                                        \
-        TILE_BEGIN                                                                             \
+    SMALL_KERNEL(small_##name##_avx512) {                                                      \
+        SMALL_BEGIN                                                                            \
         for (int64_t j = 0; j < nb; j++) {                                                     \
             __m512 w0[4], w1[4];                                                               \
             for (int r = 0; r < R; r++) {                                                      \
@@ -217,11 +218,11 @@ weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
                 WIDE_PREFETCH(b);                                                              \
                 weights_##name(b, &w0[r], &w1[r]);                                             \
             }                                                                                  \
-            TILE_FMA32(w0, w1, 32 * j)                                                         \
+            SMALL_FMA32(w0, w1, 32 * j)                                                        \
         }                                                                                      \
-        TILE_END                                                                               \
+        SMALL_END                                                                              \
     }                                                                                          \
-    TILE_DISPATCH(tile_##name##_avx512)                                                        \
+    SMALL_DISPATCH(small_##name##_avx512)                                                      \
                                                                                                \
     TARGET_AVX512 static void wide_##name##_avx512(const void *w, int64_t row_bytes, int64_t nb, \
                                                    const float *x, float *out) {               \
@@ -313,7 +314,7 @@ TARGET_AVX2 static void wide_q8_0_avx2(const void *w, int64_t row_bytes, int64_t
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, NULL, rows_##name##_avx512}
 #define WIDE(name)                                                                             \
-    , {NULL, wide_##name##_avx2, wide_##name##_avx512}, 0, NULL, NULL, tile_##name##_avx512
+    , {NULL, wide_##name##_avx2, wide_##name##_avx512}, 0, NULL, NULL, small_##name##_avx512
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #define WIDE(name)

@@ -9,8 +9,9 @@
  * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2, whose
  * one block reader (weights_q5_0/q5_1) feeds the dequantization, rows and wide kernels. There
  * is no AVX-512 version: the AVX-512 path runs the AVX2 functions (the format tables below),
- * so that the code CPUs with AVX-512 run is the code tested on AVX2 ones; nor tiles or an
- * integer path (their fields are NULL: the rows kernel takes 2-8 input rows on both paths).
+ * so that the code CPUs with AVX-512 run is the code tested on AVX2 ones; nor small-batch
+ * kernels or an integer path (their fields are NULL: the rows kernel takes 2-8 input rows on
+ * both paths).
  * The values are gguf's bit for bit: d * (q - 16) is exact in float32 (an f16 times a 5-bit
  * integer), and so is Q5_1's d * q, so one FMA's rounding of d * q + m is gguf's two.
  * See quant_blocks.h.

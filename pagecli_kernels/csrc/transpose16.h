@@ -1,6 +1,6 @@
 /*
  * A 16 x 16 transpose of 32-bit values in AVX-512 registers, for the files that need one
- * (gemm_f32.c's packer and tile writer, paged_attention_cpu.c's bfloat16 keys). Include it
+ * (gemm_f32.c's packer and sums writer, paged_attention_cpu.c's bfloat16 keys). Include it
  * after <immintrin.h>, on x86 only. Its target is plain AVX-512F, which every AVX-512 path's
  * own target includes, so it inlines into each.
  */

@@ -47,6 +47,7 @@ TOP_KEYS = {
     "version",
     "scenario",
     "results",
+    "kernels",
 }
 
 
@@ -122,6 +123,9 @@ def test_throughput_json_schema(capsys, tmp_path):
     assert report["cpu_gemm"] in ("native", "blas")
     assert report["cpu_quant_tiles"] is quant_cpu.tiles()
     assert report["cpu_quant_int_dots"] is False  # Q4_1 and Q8_0 have no integer path
+    kernels = report["kernels"]  # every choice, resolved (pagecli_kernels.settings.report)
+    assert kernels["native"] == "on" and kernels["isa"] == quant_cpu.isa()
+    assert kernels["gemm"] == report["cpu_gemm"] and "auto" not in kernels.values()
     (row,) = report["results"]
     check_row(row)
     assert row["engine"] == "pagecli" and row["num_requests"] == 3 and row["output_tokens"] == 12
@@ -141,6 +145,19 @@ def test_throughput_json_schema(capsys, tmp_path):
     assert "pagecli bench · throughput" in table and "out tok/s" in table and "TTFT" in table
     assert "weights: embed_tokens q8_0 · qkv_proj q4_1" in table
     assert f"{row['peak_kv_blocks']}/256" in table  # peak KV blocks / pool
+
+
+def test_kernels_option_sets_the_choices_and_json_reports_them(capsys):
+    """--kernels is applied by the engine when it starts (process-wide: restored after)."""
+    from pagecli_kernels import quant_cpu
+    from pagecli_kernels.settings import kernel_settings
+
+    with kernel_settings():
+        args = [*TINY, "--num-prompts", "1", "--kernels", "small_batches=off,gemm=off"]
+        report = json.loads(pagecli(capsys, "bench", *args, "--json")[0])
+        assert not quant_cpu.small_batches() and quant_cpu.gemm() is None
+    assert report["kernels"]["small_batches"] == "off" and report["kernels"]["gemm"] == "off"
+    assert report["kernels"]["isa"] == quant_cpu.isa() and quant_cpu.small_batches()
 
 
 def test_bfloat16_json_names_who_multiplies_its_batches(capsys):

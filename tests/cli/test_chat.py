@@ -146,6 +146,7 @@ def test_slash_commands_answer_in_one_line_on_stderr(llm, data_dir):
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>",
         "prefix hit rate",  # /stats
         "GiB mapped weights + ",  # /stats: what the engine holds
+        "kernels: native on, layers on, isa ",  # /stats: the CPU kernels' choices
         "cached-free",  # /blocks' legend
         "error: no turn to regenerate",
         "nothing-saved.json: no such session file",

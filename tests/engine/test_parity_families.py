@@ -17,6 +17,7 @@ import torch
 
 from pagecli import LLM, SamplingParams
 from pagecli_kernels import layers_cpu, native
+from pagecli_kernels.settings import kernel_settings
 from tests.oracle import check_greedy, check_logprobs, compare_with_generate
 from tests.tiny_models import VOCAB, WINDOW
 
@@ -154,16 +155,13 @@ def test_long_rope_switches_as_transformers_does(family_models):
 
 
 def test_torch_ops_parity(family, program_calls):
-    """The same with the native small ops and attention off (native.set_enabled(False)):
+    """The same with the native small ops and attention off (the kernel settings' native):
     the torch versions of every block (the norm styles, partial rotary, gelu-tanh, windowed
     attention), as a machine without a C compiler runs them."""
     name, path, hf = family
     prompts = random_prompts(FAMILIES.index(name) + 50, [3, 30, 70])
-    native.set_enabled(False)
-    try:
+    with kernel_settings(native=False):
         _, outputs = generate(path, prompts, block_size=4, max_num_batched_tokens=32)
-    finally:
-        native.set_enabled(True)
     assert program_calls[0] == 0
     for prompt, output in zip(prompts, outputs):
         check(hf, name, prompt, output.token_ids)

@@ -96,9 +96,9 @@ def variants(full: bool) -> list[Variant]:
     for dtype, type_name in DTYPES.items():
         for head_dim in SUPPORTED_HEAD_DIMS:
             block_d = triton.next_power_of_2(head_dim)
-            decode_config = decode_attention.tiling(head_dim, dtype)
+            decode_config = decode_attention.launch_config(head_dim, dtype)
             decode_options = {k: decode_config[k] for k in ("num_warps", "num_stages")}
-            prefill_config = prefill_attention.tiling(head_dim, dtype)
+            prefill_config = prefill_attention.launch_config(head_dim, dtype)
             prefill_options = {k: prefill_config[k] for k in ("num_warps", "num_stages")}
             with_sinks = full or head_dim == max(SUPPORTED_HEAD_DIMS)
             sink_variants = (False, True) if with_sinks else (False,)

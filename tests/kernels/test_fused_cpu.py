@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from pagecli_kernels import fused_cpu, native, reference
+from pagecli_kernels.settings import kernel_settings
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: (1e-6, 1e-5), torch.bfloat16: (1e-2, 1e-2)}
@@ -152,8 +153,5 @@ def test_fused_ops_follow_the_native_switch():
     x = torch.randn(2, 8)
     assert fused_cpu.available(x)
     assert not fused_cpu.available(x.double())
-    native.set_enabled(False)
-    try:
+    with kernel_settings(native=False):
         assert not fused_cpu.available(x)
-    finally:
-        native.set_enabled(True)

@@ -17,6 +17,7 @@ import torch
 from pagecli import LLM, SamplingParams
 from pagecli_kernels import layers_cpu, native, quant_cpu
 from pagecli_kernels.quant_formats import QuantWeight, concat_rows
+from pagecli_kernels.settings import kernel_settings
 from tests.gguf_models import FORMATS, VOCAB, build_tiny_ggufs
 
 pytestmark = pytest.mark.skipif(
@@ -47,12 +48,9 @@ def _run(path, on: bool, **options) -> tuple[LLM, list[tuple]]:
     defaults = dict(dtype="float32", block_size=4, max_num_batched_tokens=64, num_kv_blocks=48)
     options = {**defaults, **options}
     llm = LLM(str(path), **options)
-    layers_cpu.set_enabled(on)
-    try:
+    with kernel_settings(layers=on):
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
         outputs = llm.generate(_prompts(), params)
-    finally:
-        layers_cpu.set_enabled(True)
     return llm, [
         (o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.outputs[0].logprobs])
         for o in outputs
@@ -123,15 +121,12 @@ def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, mon
     # between run the loop. Both runs must agree to the bit.
     if gemm == "tiles" and not quant_cpu.bf16_tiles():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
-    quant_cpu.set_bf16_gemm(gemm)
     calls = _counting(monkeypatch)
     options = dict(dtype="bfloat16", max_num_seqs=2 if gemm == "off" else 8)
-    try:
+    with kernel_settings(bf16_gemm=gemm):
         llm, native_run = _run(tiny_models[name], True, **options)
         used = calls[0]
         _, loop_run = _run(tiny_models[name], False, **options)
-    finally:
-        quant_cpu.set_bf16_gemm("auto")
     model = llm.engine.runner.model
     assert model.layers[0].mlp.down_proj.single_weight.format.name == "bfloat16"
     # without the pair GEMM, most of the 8 x 11 decode steps of two sequences took the C loop

@@ -15,6 +15,7 @@ from paged_cases import TOLERANCES, assert_close, make_case, poison_before_windo
 
 import pagecli_kernels
 from pagecli_kernels import cpu, native, reference
+from pagecli_kernels.settings import kernel_settings
 
 DTYPES = list(TOLERANCES)
 
@@ -28,11 +29,11 @@ def cpu_backend(request):
         name = request.param.removeprefix("native-")
         if name not in native.supported_isas():
             pytest.skip(f"this CPU does not run the {name} path")
-        native.set_isa(name)
-    native.set_enabled(request.param != "torch")
-    yield request.param
-    native.set_enabled(True)
-    native.set_isa(None)
+        with kernel_settings(isa=name):
+            yield request.param
+    else:
+        with kernel_settings(native=False):
+            yield request.param
 
 
 def _random_lengths(rng: random.Random, num_seqs: int, block_size: int, prefill: bool):
@@ -266,9 +267,8 @@ def native_isa(request):
         pytest.fail(f"the native CPU kernel did not build: {native.unavailable_reason()}")
     if request.param not in native.supported_isas():
         pytest.skip(f"this CPU does not run the {request.param} path")
-    native.set_isa(request.param)
-    yield request.param
-    native.set_isa(None)
+    with kernel_settings(isa=request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -310,7 +310,7 @@ def test_native_splits_long_single_sequences():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_native_prefill_at_model_sizes(dtype, native_isa):
     # a 300-token prompt in one chunk and a 100-token chunk over a 200-token prefix, 9 query
-    # heads over 3 kv heads, head_dim 64, 16-token blocks: tiles of query tokens cross blocks
+    # heads over 3 kv heads, head_dim 64, 16-token blocks: slices of query tokens cross blocks
     case = make_case(
         [300, 300, 1],
         [300, 100, 1],

@@ -1,8 +1,8 @@
 """The Triton kernels, run by Triton's interpreter on CPU tensors, against the reference.
 
 conftest.py sets TRITON_INTERPRET=1 before any kernel module is imported. Shapes are tiny (the
-interpreter runs every program in Python) but cross tile, block and split boundaries; every
-cache slot that no sequence owns is NaN.
+interpreter runs every program in Python) but cross slice, chunk, block and split boundaries;
+every cache slot that no sequence owns is NaN.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def test_prefill_matches_reference(dtype, group):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_many_query_tiles(dtype):
-    # 70 and 40 new tokens cross the query tile (32 for float32, 64 for 16-bit), head_dim 80
+def test_prefill_many_query_slices(dtype):
+    # 70 and 40 new tokens cross the query slice (32 for float32, 64 for 16-bit), head_dim 80
     case = make_case(
         [70, 50, 1],
         [70, 40, 1],
@@ -161,7 +161,7 @@ def test_window_and_sinks_match_reference(dtype, window, with_sinks):
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
 def test_decode_split_k_with_window_and_sinks(window, num_splits):
     # the splits cover the window only: with window 40 and 8 splits, sequence 0's two 32-token
-    # splits start at position 60, on no tile or block boundary; the sink enters once
+    # splits start at position 60, on no chunk or block boundary; the sink enters once
     decode = importlib.import_module("pagecli_kernels.decode_attention")
     case = make_case(
         [100, 3, 70, 33],
@@ -186,8 +186,8 @@ def test_decode_split_k_with_window_and_sinks(window, num_splits):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [5, 33])
 @pytest.mark.parametrize("with_sinks", [False, True])
-def test_prefill_many_query_tiles_with_window_and_sinks(dtype, window, with_sinks):
-    # query tiles past the first start past the window's start: whole K/V tiles are skipped,
+def test_prefill_many_query_slices_with_window_and_sinks(dtype, window, with_sinks):
+    # query slices past the first start past the window's start: whole K/V chunks are skipped,
     # and in the first one walked most rows see nothing (window 5), some rows part of it
     case = make_case(
         [70, 90, 1],

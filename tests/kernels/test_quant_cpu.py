@@ -20,6 +20,7 @@ import torch
 
 from pagecli_kernels import quant_cpu, reference
 from pagecli_kernels.quant_formats import FORMATS, QuantWeight, float_rows
+from pagecli_kernels.settings import kernel_settings
 
 # |y - y_ref| <= TOL * (|x| @ |W|.T) per output. The weights are exact in float32 (each is an
 # f16 scale times a small integer, or a difference of two such products), so every format's
@@ -67,9 +68,8 @@ def isa(request):
         pytest.fail(f"the quantized CPU kernels did not build: {quant_cpu.unavailable_reason()}")
     if request.param not in quant_cpu.supported_isas():
         pytest.skip(f"this CPU does not run the {request.param} path")
-    quant_cpu.set_isa(request.param)
-    yield request.param
-    quant_cpu.set_isa(None)
+    with kernel_settings(isa=request.param):
+        yield request.param
 
 
 def assert_within(got: torch.Tensor, x: torch.Tensor, weight: QuantWeight, fmt: str) -> None:
@@ -130,14 +130,13 @@ def test_quant_linear_matches_float64(isa, fmt, rows):
 
 
 def assert_bits_of_whole_rows(x: torch.Tensor, weight: QuantWeight, fmt: str) -> None:
-    """x @ W.T as the small-batch paths take it (tiles, pieces of x): within the float64
-    tolerance, and bit for bit the rows kernel's over whole rows (set_small_batches("off"))."""
+    """x @ W.T as the small-batch paths take it (the small-batch kernels, pieces of x): within
+    the float64 tolerance, and bit for bit the rows kernel's over whole rows (small_batches
+    "off")."""
     got = quant_cpu.quant_linear(x, weight)
-    quant_cpu.set_small_batches("off")
-    try:
+    with kernel_settings(small_batches="off"):
+        assert not quant_cpu.small_batches()
         whole = quant_cpu.quant_linear(x, weight)
-    finally:
-        quant_cpu.set_small_batches("auto")
     assert_within(got, x, weight, fmt)
     assert torch.equal(got.view(torch.int32), whole.view(torch.int32))
 
@@ -157,10 +156,10 @@ def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
 
 @pytest.mark.parametrize("rows", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_small_batch_tiles_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
-    """2-8 input rows: the tile kernels (AVX-512; R weight rows sharing each load of x; 5-8 rows
-    in two passes, 3 + 2 and 4 + 4 here) sum each (row, input) as the rows kernel does; 37
-    outputs leave a last group shorter than R."""
+def test_small_batch_kernels_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
+    """2-8 input rows: the small-batch kernels (AVX-512; R weight rows sharing each load of x;
+    5-8 rows in two passes, 3 + 2 and 4 + 4 here) sum each (row, input) as the rows kernel
+    does; 37 outputs leave a last group shorter than R."""
     cols = _cols(fmt)
     weight = random_weight(fmt, 37, cols, seed=rows + 10)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + 10))
@@ -168,8 +167,10 @@ def test_small_batch_tiles_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
 
 
 def test_small_batches_choices():
+    assert quant_cpu.small_batches()
     with pytest.raises(ValueError, match="small_batches"):
-        quant_cpu.set_small_batches("on")
+        with kernel_settings(small_batches="on"):
+            pass
 
 
 # Formats whose AVX2 path has a rows kernel that sums as its wide kernel does; their AVX2
@@ -187,8 +188,7 @@ def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(path, fmt):
     not depend on its neighbours."""
     if path not in quant_cpu.supported_isas():
         pytest.skip(f"this CPU does not run the {path} path")
-    quant_cpu.set_isa(path)
-    try:
+    with kernel_settings(isa=path):
         cols = _cols(fmt)
         weight = random_weight(fmt, 9, cols, seed=5)  # two groups of four, then one row
         x = torch.randn(1, cols, generator=torch.Generator().manual_seed(5))
@@ -197,8 +197,6 @@ def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(path, fmt):
             quant_cpu.quant_linear(x, QuantWeight(weight.format, weight.data[r : r + 1], cols))
             for r in range(9)
         ]
-    finally:
-        quant_cpu.set_isa(None)
     assert_within(together, x, weight, fmt)
     assert torch.equal(together.view(torch.int32), torch.cat(alone, dim=1).view(torch.int32))
 
@@ -213,13 +211,10 @@ def test_avx512_path_runs_the_avx2_kernels(fmt):
     weight = random_weight(fmt, 37, cols, seed=8)
     inputs = [torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) for m in ROWS]
     got = {}
-    try:
-        for path in ("avx2", "avx512"):
-            quant_cpu.set_isa(path)
+    for path in ("avx2", "avx512"):
+        with kernel_settings(isa=path):
             fused = [quant_cpu.quant_linear(x, weight) for x in inputs if x.shape[0] <= 8]
             got[path] = [quant_cpu.dequantize(weight), *fused]
-    finally:
-        quant_cpu.set_isa(None)
     for a, b in zip(got["avx2"], got["avx512"], strict=True):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
@@ -243,18 +238,14 @@ def gemm(request):
     again afterwards."""
     if request.param == "tiles" and not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
-    try:
-        if request.param == "tiles":
-            quant_cpu.set_tiles("on")
+    if request.param == "tiles":
+        with kernel_settings(tiles="on"):
             assert quant_cpu.tiles()
-        else:
-            quant_cpu.set_tiles("off")
-            quant_cpu.set_gemm(request.param)
+            yield request.param
+    else:
+        with kernel_settings(tiles="off", gemm=request.param):
             assert quant_cpu.gemm() == request.param and not quant_cpu.tiles()
-        yield request.param
-    finally:
-        quant_cpu.set_gemm("auto")
-        quant_cpu.set_tiles("auto")
+            yield request.param
 
 
 def _tiles_run() -> bool:
@@ -267,22 +258,19 @@ TILES_FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k"]  # a scale per 32 value
 
 def _tiles_and_panels(x: torch.Tensor, weight: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """quant_linear with the tiles on, then off."""
-    try:
-        quant_cpu.set_tiles("on")
+    with kernel_settings(tiles="on"):
         tiles = quant_cpu.quant_linear(x, weight)
-        quant_cpu.set_tiles("off")
+    with kernel_settings(tiles="off"):
         panels = quant_cpu.quant_linear(x, weight)
-    finally:
-        quant_cpu.set_tiles("auto")
     return tiles, panels
 
 
 @pytest.mark.parametrize("rows", [9, 16, 31, 33, 64, 300])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_panel_gemms_match_float64(isa, gemm, fmt, rows):
-    """Token counts around the native GEMM's 32-token tiles (9, 16 and the last tiles of 33
+    """Token counts around the native GEMM's 32-token strips (9, 16 and the last strips of 33
     and 300: at most 16 tokens, the half micro-kernel); 37 and 45 outputs: not whole 12-row
-    micro-tiles."""
+    micro-blocks."""
     cols = _cols(fmt)
     weight = random_weight(fmt, 37, cols, seed=rows)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
@@ -294,17 +282,17 @@ def test_panel_gemms_match_float64(isa, gemm, fmt, rows):
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q6_k"])
-def test_a_tile_of_16_tokens_sums_as_a_full_tile(isa, gemm, fmt):
-    """A tile of at most 16 tokens takes the half micro-kernel: its sums are those of the same
-    tokens in a full tile, bit for bit (batched decode must not depend on the batch size).
+def test_a_strip_of_16_tokens_sums_as_a_full_strip(isa, gemm, fmt):
+    """A strip of at most 16 tokens takes the half micro-kernel: its sums are those of the
+    same tokens in a full strip, bit for bit (batched decode must not depend on the batch size).
     The native GEMM only: a BLAS's or AMX's sums may follow the size."""
     if gemm != "native":
         pytest.skip("bit-for-bit across sizes is the native GEMM's promise")
     cols = _cols(fmt)
     weight = random_weight(fmt, 40, cols, seed=5)
     x = torch.randn(20, cols, generator=torch.Generator().manual_seed(6))
-    half = quant_cpu.quant_linear(x[:12].contiguous(), weight)  # one tile of 12: half
-    full = quant_cpu.quant_linear(x, weight)  # one tile of 20: full
+    half = quant_cpu.quant_linear(x[:12].contiguous(), weight)  # one strip of 12: half
+    full = quant_cpu.quant_linear(x, weight)  # one strip of 20: full
     assert torch.equal(half, full[:12])
 
 
@@ -329,60 +317,45 @@ def test_native_gemm_into_a_column_slice(gemm):
 def test_gemm_auto_follows_the_cpu():
     """Native where the path is AVX-512 on a CPU that is not Intel's (MKL runs its AVX-512
     code on Intel's only), torch's sgemm elsewhere."""
-    quant_cpu.set_gemm("auto")
     want = "native" if quant_cpu.isa() == "avx512" and _vendor() != "GenuineIntel" else "blas"
     assert quant_cpu.gemm() == want
-    quant_cpu.set_isa("portable")
-    try:
+    with kernel_settings(isa="portable"):
         assert quant_cpu.gemm() == "blas"
-    finally:
-        quant_cpu.set_isa(None)
     with pytest.raises(ValueError, match="gemm"):
-        quant_cpu.set_gemm("mkl")
+        with kernel_settings(gemm="mkl"):
+            pass
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q6_k"])
-def test_many_rows_without_blas_take_the_fused_path(isa, fmt):
+def test_many_rows_without_panels_take_the_fused_path(isa, fmt):
     cols = _cols(fmt)
     weight = random_weight(fmt, 21, cols, seed=4)
     x = torch.randn(64, cols, generator=torch.Generator().manual_seed(4))
-    quant_cpu.use_blas(False)
-    quant_cpu.set_gemm("blas")
-    quant_cpu.set_tiles("off")
-    try:
+    with kernel_settings(gemm="off", tiles="off"):
         assert quant_cpu.gemm() is None
         got = quant_cpu.quant_linear(x, weight)
-    finally:
-        quant_cpu.use_blas(True)
-        quant_cpu.set_gemm("auto")
-        quant_cpu.set_tiles("auto")
     assert_within(got, x, weight, fmt)
 
 
 def test_tiles_auto_follows_the_cpu():
     """On the AVX-512 path of a CPU with AMX that Linux grants; never on the other paths under
     "auto"; "on" refused where the tiles cannot run."""
-    quant_cpu.set_tiles("auto")
     assert quant_cpu.tiles() == (quant_cpu.isa() == "avx512" and quant_cpu.bf16_tiles())
-    quant_cpu.set_isa("portable")
-    try:
+    with kernel_settings(isa="portable"):
         assert not quant_cpu.tiles()
-    finally:
-        quant_cpu.set_isa(None)
     with pytest.raises(ValueError, match="tiles"):
-        quant_cpu.set_tiles("amx")
+        with kernel_settings(tiles="amx"):
+            pass
     if not _tiles_run():
         with pytest.raises(ValueError, match="not available on this CPU"):
-            quant_cpu.set_tiles("on")
+            with kernel_settings(tiles="on"):
+                pass
         assert not quant_cpu.tiles()
         return
-    try:
-        quant_cpu.set_tiles("on")
+    with kernel_settings(tiles="on"):
         assert quant_cpu.tiles()
-        quant_cpu.set_tiles("off")
+    with kernel_settings(tiles="off"):
         assert not quant_cpu.tiles()
-    finally:
-        quant_cpu.set_tiles("auto")
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -493,13 +466,6 @@ def test_columns_must_be_whole_blocks():
         QuantWeight(FORMATS["q4_k"], torch.zeros(2, 144, dtype=torch.uint8), 200)
 
 
-@pytest.fixture
-def prefetch():
-    """Restores the vendor's prefetch level after a test that changes it."""
-    yield quant_cpu.set_prefetch
-    quant_cpu.set_prefetch(None)
-
-
 def _vendor() -> str:
     with open("/proc/cpuinfo") as info:
         vendors = (line.split(":")[1].strip() for line in info if line.startswith("vendor_id"))
@@ -512,34 +478,35 @@ def _family() -> int:
         return int(next(found, "0"))
 
 
-def test_prefetch_default_follows_the_cpu(prefetch):
+def test_prefetch_default_follows_the_cpu():
     """The L2 on AMD CPUs before Zen 5 (family 0x1A), the L1 elsewhere."""
     if not _vendor():
         pytest.skip("/proc/cpuinfo names no vendor")
     want = "l2" if _vendor() == "AuthenticAMD" and _family() < 0x1A else "l1"
-    prefetch("l1" if want == "l2" else "l2")
-    prefetch(None)
+    with kernel_settings(prefetch="l1" if want == "l2" else "l2"):
+        assert quant_cpu.prefetch() != want
     assert quant_cpu.prefetch() == want
 
 
-def test_prefetch_levels_change_no_result(isa, prefetch):
+def test_prefetch_levels_change_no_result(isa):
     """The batch-1 kernels (every format, float rows too) give the same bits either way."""
     weights = [random_weight(fmt, 41, _cols(fmt), seed=3) for fmt in FORMATS]
     weights += [float_rows(torch.randn(41, 736, dtype=dtype)) for dtype in FLOAT_DTYPES]
     inputs = [torch.randn(1, w.cols, generator=torch.Generator().manual_seed(9)) for w in weights]
     outs = {}
     for level in ("l1", "l2"):
-        prefetch(level)
-        assert quant_cpu.prefetch() == level
-        outs[level] = [quant_cpu.quant_linear(x, w) for x, w in zip(inputs, weights)]
+        with kernel_settings(prefetch=level):
+            assert quant_cpu.prefetch() == level
+            outs[level] = [quant_cpu.quant_linear(x, w) for x, w in zip(inputs, weights)]
     for x, w, a, b in zip(inputs, weights, outs["l1"], outs["l2"]):
         assert torch.equal(a, b), w.format.name
         assert_within(b, x, w, w.format.name)
 
 
-def test_prefetch_level_must_be_known(prefetch):
-    with pytest.raises(ValueError, match="prefetch level"):
-        prefetch("l3")
+def test_prefetch_level_must_be_known():
+    with pytest.raises(ValueError, match="prefetch"):
+        with kernel_settings(prefetch="l3"):
+            pass
 
 
 # bfloat16 inputs with bfloat16 weights (quant_cpu.bf16_linear, csrc/gemm_bf16.c): exact
@@ -550,16 +517,15 @@ def test_prefetch_level_must_be_known(prefetch):
 def bf16_gemm(request):
     if request.param == "tiles" and not quant_cpu.bf16_tiles():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
-    quant_cpu.set_bf16_gemm(request.param)
-    assert quant_cpu.bf16_gemm() == request.param
-    yield request.param
-    quant_cpu.set_bf16_gemm("auto")
+    with kernel_settings(bf16_gemm=request.param):
+        assert quant_cpu.bf16_gemm() == request.param
+        yield request.param
 
 
 @pytest.mark.parametrize("rows", [*ROWS, 9, 31, 33])
 def test_bf16_linear_matches_float64(isa, bf16_gemm, rows):
-    """Token counts around the 32-token tiles; 37 and 45 outputs: not whole 12-row (pairs) or
-    32-row (tiles) micro-tiles, so the tiles' last one reads W's rows from a padded copy."""
+    """Token counts around the 32-token strips; 37 and 45 outputs: not whole 12-row (pairs) or
+    32-row (tiles) micro-blocks, so the tiles' last one reads W's rows from a padded copy."""
     gen = torch.Generator().manual_seed(rows)
     weight = float_rows(torch.randn(37, 736, generator=gen).bfloat16())
     x = torch.randn(rows, 736, generator=gen).bfloat16()
@@ -580,24 +546,18 @@ def test_bf16_pairs_sum_in_the_documented_order(path):
     2^-24 rounds to 1)."""
     if path == "avx512" and not quant_cpu.bf16_gemm_native():
         pytest.skip("this CPU has no AVX512_BF16")
-    quant_cpu.set_isa(path)
-    quant_cpu.set_bf16_gemm("pairs")
-    try:
+    with kernel_settings(isa=path, bf16_gemm="pairs"):
         x = torch.zeros(9, 32, dtype=torch.bfloat16)  # 9 rows: the pair GEMM
         w = torch.zeros(1, 32, dtype=torch.bfloat16)
         x[:, :4] = torch.tensor([1.0, 0.0, 2.0**-24, -1.0])  # pairs (x0, x1), (x2, x3)
         w[0, :4] = 1.0
         got = quant_cpu.bf16_linear(x, float_rows(w))
-    finally:
-        quant_cpu.set_bf16_gemm("auto")
-        quant_cpu.set_isa(None)
     assert (got == 2.0**-24).all(), got[:, 0]
 
 
 def test_bf16_gemm_auto_follows_the_cpu():
     """On the AVX-512 path: AMX's tiles where the CPU has them (and Linux grants them), else
     the pair GEMM where it has AVX512_BF16 and no AMX; torch's GEMM elsewhere."""
-    quant_cpu.set_bf16_gemm("auto")
     flags = _flags()
     native = quant_cpu.isa() == "avx512" and "avx512_bf16" in flags
     tiles = quant_cpu.bf16_tiles()
@@ -608,16 +568,15 @@ def test_bf16_gemm_auto_follows_the_cpu():
     if want == "off" and native and not amx:
         want = "pairs"
     assert quant_cpu.bf16_gemm() == want
-    quant_cpu.set_isa("portable")
-    try:
+    with kernel_settings(isa="portable"):
         assert quant_cpu.bf16_gemm() == "off" and not quant_cpu.bf16_gemm_native()
-    finally:
-        quant_cpu.set_isa(None)
-    with pytest.raises(ValueError, match="bf16 gemm"):
-        quant_cpu.set_bf16_gemm("amx")
+    with pytest.raises(ValueError, match="bf16_gemm"):
+        with kernel_settings(bf16_gemm="amx"):
+            pass
     if not tiles:
         with pytest.raises(ValueError, match="not available on this CPU"):
-            quant_cpu.set_bf16_gemm("tiles")
+            with kernel_settings(bf16_gemm="tiles"):
+                pass
         assert quant_cpu.bf16_gemm() == want
 
 
@@ -659,34 +618,26 @@ def int_dots():
     """The integer path on (skipped where the CPU has no AVX512_VNNI), back to auto after."""
     if not _int_dots_run():
         pytest.skip("this CPU has no AVX512_VNNI")
-    quant_cpu.set_isa("avx512")
-    quant_cpu.set_int_dots("on")
-    yield
-    quant_cpu.set_int_dots("auto")
-    quant_cpu.set_isa(None)
+    with kernel_settings(isa="avx512", int_dots="on"):
+        yield
 
 
 def test_int_dots_auto_follows_the_cpu():
     """On the AVX-512 path of a CPU with AVX512_VNNI under "auto", never on the others; "off"
     turns it off; "on" refused where the CPU lacks VNNI."""
-    quant_cpu.set_int_dots("auto")
     assert quant_cpu.int_dots() == (quant_cpu.isa() == "avx512" and "avx512_vnni" in _cpu_flags())
-    quant_cpu.set_isa("portable")
-    try:
+    with kernel_settings(isa="portable"):
         assert not quant_cpu.int_dots()
-    finally:
-        quant_cpu.set_isa(None)
     with pytest.raises(ValueError, match="int_dots"):
-        quant_cpu.set_int_dots("vnni")
+        with kernel_settings(int_dots="vnni"):
+            pass
     if not _int_dots_run():
         with pytest.raises(ValueError, match="not available on this CPU"):
-            quant_cpu.set_int_dots("on")
+            with kernel_settings(int_dots="on"):
+                pass
         return
-    try:
-        quant_cpu.set_int_dots("off")
+    with kernel_settings(int_dots="off"):
         assert not quant_cpu.int_dots()
-    finally:
-        quant_cpu.set_int_dots("auto")
 
 
 @pytest.mark.parametrize("cols", [768, 8192])
@@ -699,8 +650,8 @@ def test_int_dots_match_float64(int_dots, fmt, cols, outputs):
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(cols + outputs))
     got = quant_cpu.quant_linear(x, weight)
     assert_within(got, x, weight, fmt)
-    quant_cpu.set_int_dots("off")
-    floats = quant_cpu.quant_linear(x, weight)
+    with kernel_settings(int_dots="off"):
+        floats = quant_cpu.quant_linear(x, weight)
     assert_within(floats, x, weight, fmt)
     if outputs >= 37:
         assert not torch.equal(got, floats)
@@ -741,9 +692,8 @@ def test_int_dots_leave_inf_and_nan_to_the_float_kernels(int_dots, fmt):
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(3))
     x[0, 17] = float("inf")
     got = quant_cpu.quant_linear(x, weight)
-    quant_cpu.set_int_dots("off")
-    want = quant_cpu.quant_linear(x, weight)
+    with kernel_settings(int_dots="off"):
+        want = quant_cpu.quant_linear(x, weight)
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any() | got.isinf().any()
     x[0, 17] = float("nan")
-    quant_cpu.set_int_dots("on")
     assert quant_cpu.quant_linear(x, weight).isnan().all()

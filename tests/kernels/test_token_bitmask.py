@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pagecli_kernels import fused_cpu, native, ops, reference
+from pagecli_kernels.settings import kernel_settings
 
 VOCABS = [1, 31, 32, 33, 1000, 49152]
 NUM_ROWS = [1, 3, 64]
@@ -160,11 +161,8 @@ def test_op_cpu_paths_match_reference(built, path):
     mask = torch.cat([mask, mask], dim=1)[:, ::2]  # strided: the C path takes a copy
     expected = _expected(buffer, 1000, mask, rows)
     impl = "reference" if path == "reference" else "cpu"
-    native.set_enabled(path != "torch")
-    try:
+    with kernel_settings(native=path != "torch"):
         ops.apply_token_bitmask_(buffer[:, :1000], mask, rows, impl=impl)
-    finally:
-        native.set_enabled(True)
     _assert_bitwise_equal(buffer, expected)
 
 

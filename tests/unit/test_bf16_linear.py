@@ -4,6 +4,8 @@ to bfloat16; without the pair GEMM, larger ones exactly torch's."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from torch import nn
 
 from pagecli.layers.linear import BF16Linear, bf16_rows_supported, use_bf16_rows
 from pagecli_kernels import quant_cpu
+from pagecli_kernels.settings import kernel_settings
 
 pytestmark = pytest.mark.skipif(
     not bf16_rows_supported(torch.bfloat16, torch.device("cpu")),
@@ -27,9 +30,9 @@ def make(rows_out: int, cols: int, bias: bool, seed: int = 0):
 
 @pytest.fixture
 def bf16_gemm():
-    """Set quant_cpu's choice for larger batches for one test ("pairs" or "off")."""
-    yield quant_cpu.set_bf16_gemm
-    quant_cpu.set_bf16_gemm("auto")
+    """Set the kernels' choice for larger batches for one test ("pairs", "off", "tiles")."""
+    with contextlib.ExitStack() as stack:
+        yield lambda choice: stack.enter_context(kernel_settings(bf16_gemm=choice))
 
 
 def _counted(monkeypatch) -> list[int]:
