@@ -21,8 +21,8 @@ import httpx
 
 from pagecli.backends.base import Backend, BackendError, Request, RequestRejected
 from pagecli.backends.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from pagecli.openai.protocol import sampling_body
 from pagecli.outputs import CompletionOutput, RequestOutput, ServerReport
-from pagecli.sampling_params import SamplingParams, StructuredOutputs
 
 CONNECT_TIMEOUT_S = 10.0
 # Servers known to accept vLLM's `return_token_ids` (by the `owned_by` of /v1/models).
@@ -51,69 +51,6 @@ def base_url(url: str) -> str:
     if path == "":
         path = "/v1"
     return str(parsed.copy_with(path=path, query=None, fragment=None))
-
-
-def sampling_body(params: SamplingParams, chat: bool) -> dict[str, Any]:
-    """The OpenAI request fields of `params`; pagecli's defaults are sent only where servers
-    disagree on them, extensions (top_k, min_p, ...) only when they are set."""
-    body: dict[str, Any] = {"temperature": params.temperature}
-    if params.max_tokens is not None:
-        body["max_tokens"] = params.max_tokens
-    if params.n != 1:
-        body["n"] = params.n
-    if params.top_p != 1.0:
-        body["top_p"] = params.top_p
-    if params.top_k > 0:
-        body["top_k"] = params.top_k
-    if params.min_p > 0:
-        body["min_p"] = params.min_p
-    if params.seed is not None:
-        body["seed"] = params.seed
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        body["stop_token_ids"] = list(params.stop_token_ids)
-    if params.ignore_eos:
-        body["ignore_eos"] = True
-    if params.repetition_penalty != 1.0:
-        body["repetition_penalty"] = params.repetition_penalty
-    if params.presence_penalty:
-        body["presence_penalty"] = params.presence_penalty
-    if params.frequency_penalty:
-        body["frequency_penalty"] = params.frequency_penalty
-    if not params.skip_special_tokens:
-        body["skip_special_tokens"] = False
-    if params.logprobs is not None:
-        if chat:
-            body.update(logprobs=True, top_logprobs=params.logprobs)
-        else:
-            body["logprobs"] = params.logprobs
-    if params.structured is not None:
-        body.update(structured_body(params.structured))
-    return body
-
-
-def structured_body(spec: StructuredOutputs) -> dict[str, Any]:
-    """The request fields of an output constraint: OpenAI's standard `response_format` for
-    JSON (what most servers accept), vLLM's `structured_outputs` for what it cannot say (a
-    regex, a choice, a grammar, or JSON without whitespace; vLLM and `pagecli serve` take it)."""
-    if spec.whitespace == "bounded":
-        if spec.json_object:
-            return {"response_format": {"type": "json_object"}}
-        if spec.json_schema is not None:
-            schema = {"name": "schema", "schema": spec.json_schema}
-            return {"response_format": {"type": "json_schema", "json_schema": schema}}
-    fields: dict[str, Any] = {
-        "json": spec.json_schema,
-        "json_object": spec.json_object or None,
-        "regex": spec.regex,
-        "choice": spec.choice,
-        "grammar": spec.grammar,
-    }
-    out = {k: v for k, v in fields.items() if v is not None}
-    if spec.whitespace == "compact":
-        out["disable_any_whitespace"] = True
-    return {"structured_outputs": out}
 
 
 def error_message(response: httpx.Response) -> str:

@@ -9,32 +9,18 @@ import time
 import uuid
 from typing import Any
 
-from pagecli.cli.jsonl_fields import (
-    SAMPLING_FIELDS,
-    BadLine,
-    Job,
-    RecordError,
-    json_type,
-    parse_messages,
-    parse_token_ids,
-    sampling_params,
-)
+from pagecli.cli.jsonl_fields import BadLine, Job, RecordError, json_type, parse_messages
 from pagecli.outputs import RequestOutput
 
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 LINE_FIELDS = {"custom_id", "method", "url", "body"}
-# Body fields mapped onto SamplingParams (the rest of SamplingParams is accepted by name).
-BODY_RENAMES = {"max_completion_tokens": "max_tokens"}
-# Body fields that do not change the answer here; accepted and ignored.
-BODY_IGNORED = {"model", "user", "metadata", "store", "service_tier"}
-# Body fields accepted only when they ask for nothing (false or null).
-BODY_OFF = {"stream", "logprobs", "echo"}
 
 
 def parse(
     obj: dict[str, Any], line: int, defaults: dict[str, Any], system: str | None
 ) -> Job | BadLine:
-    """A batch-API line as a Job, or a BadLine answered in the batch error format."""
+    """A batch-API line as a Job, or a BadLine answered in the batch error format. The body
+    is validated by the server's own request models (pagecli/openai/protocol.py)."""
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str):
         return BadLine(line, line, "custom_id must be a string")
@@ -48,7 +34,7 @@ def parse(
             raise RecordError(f"method must be POST, got {_short(obj.get('method'))}")
         if api is None:
             raise RecordError(f"url must be one of {', '.join(URLS)}, got {_short(url)}")
-        return _job(obj["body"], line, custom_id, api, defaults, system)
+        return _job(obj["body"], line, custom_id, url, api, defaults, system)
     except RecordError as exc:
         return BadLine(line, custom_id, str(exc), api or "chat")
 
@@ -59,34 +45,31 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _job(body: Any, line: int, custom_id: str, api: str, defaults, system) -> Job:
+def _job(body: Any, line: int, custom_id: str, url: str, api: str, defaults, system) -> Job:
+    from pagecli.openai.protocol import ChatCompletionRequest, batch_request
+
     if not isinstance(body, dict):
         raise RecordError(f"body must be an object, got {json_type(body)}")
-    prompt_field = "messages" if api == "chat" else "prompt"
-    if prompt_field not in body:
-        raise RecordError(f"body.{prompt_field} is required for {api} requests")
-    fields = {}
-    for key, value in body.items():
-        name = BODY_RENAMES.get(key, key)
-        if key == prompt_field or key in BODY_IGNORED:
-            continue
-        if key in BODY_OFF:
-            if value not in (None, False):
-                raise RecordError(f"body.{key} is not supported")
-            continue
-        if name not in SAMPLING_FIELDS:
-            raise RecordError(f"unknown field body.{key}")
-        fields[name] = value
-    value = body[prompt_field]
-    if api == "chat":
-        prompt = parse_messages(value, system)
-    elif isinstance(value, str):
-        prompt = value
-    elif isinstance(value, list) and value and all(isinstance(t, int) for t in value):
-        prompt = {"prompt_token_ids": parse_token_ids("body.prompt", value)}
-    else:
-        raise RecordError("body.prompt must be a string or a list of token ids")
-    return Job(line, custom_id, prompt, sampling_params(fields, defaults), api)
+    try:
+        request = batch_request(url, body)
+        params = request.sampling_params(defaults)
+    except ValueError as exc:
+        raise RecordError(str(exc).splitlines()[0]) from None
+    except RecursionError:  # strict mode walks the schema: one nested a thousand deep
+        raise RecordError("body.response_format: nested too deeply") from None
+    if isinstance(request, ChatCompletionRequest):
+        messages = [m.as_template_message() for m in request.messages]
+        return Job(line, custom_id, parse_messages(messages, system), params, api)
+    try:
+        prompts = request.prompts()
+    except ValueError as exc:
+        raise RecordError(f"body.{exc}") from None
+    if len(prompts) != 1:
+        raise RecordError("body.prompt: one prompt per batch line (a string or token ids)")
+    prompt = prompts[0]
+    if not isinstance(prompt, str):
+        prompt = {"prompt_token_ids": prompt}
+    return Job(line, custom_id, prompt, params, api)
 
 
 def result_record(

@@ -157,7 +157,7 @@ class LLMEngine:
             sampling_params=params,
             max_tokens=max_tokens,
             generators=generators,
-            forked=params.n == 1,
+            pending_fork=params.n > 1,
             matcher=grammar.new_matcher() if grammar is not None else None,
             cache_salt=self.runner.cache_salt(num_prompt),
         )

@@ -149,7 +149,9 @@ class ModelRunner:
                 if plan.prepare is not None:
                     plan.prepare()  # once here, not once per rank
                 self.parallel = ParallelGroup(size, device, _collective_floats(config, hf_config))
-                self.parallel.start(config, full_config, source, device, dtype, max_model_len)
+                self.parallel.start(
+                    type(self), config, full_config, source, device, dtype, max_model_len
+                )
         try:
             self._build(hf_config, source, max_model_len, link)
         except BaseException:
@@ -516,8 +518,8 @@ class ModelRunner:
 
     def _sampling_row(self, item: ScheduledSeq) -> SamplingRow:
         seq = item.seq
-        # The first sample of an unforked n > 1 request draws all n tokens from one row.
-        generators = seq.generators if not seq.forked else seq.generators[:1]
+        # A sequence pending its fork (n > 1) draws all n first tokens from one row.
+        generators = seq.generators if seq.pending_fork else seq.generators[:1]
         return SamplingRow(
             seq.sampling_params, generators, seq.prompt_token_ids, seq.output_token_ids
         )

@@ -242,9 +242,18 @@ class ParallelGroup:
         )
 
     def start(
-        self, config: EngineConfig, hf_config, source, device: torch.device, dtype, max_len: int
+        self,
+        runner_class: type,
+        config: EngineConfig,
+        hf_config,
+        source,
+        device: torch.device,
+        dtype,
+        max_len: int,
     ) -> None:
-        """Spawn ranks 1..N-1; each loads its shard while this process loads its own."""
+        """Spawn ranks 1..N-1; each builds a `runner_class` over its shard (loading it while
+        this process loads its own) and runs its steps. The class comes from the caller, so
+        that this module does not import the model runner that uses it."""
         import multiprocessing as mp
         from multiprocessing import resource_tracker
 
@@ -259,7 +268,12 @@ class ParallelGroup:
             )
             proc = ctx.Process(
                 target=worker_main,
-                args=(link, config, hf_config, source, device, dtype, max_len, os.getpid()),
+                args=(
+                    runner_class,
+                    link,
+                    (config, hf_config, source, device, dtype, max_len),
+                    os.getpid(),
+                ),
                 name=f"pagecli-tp-rank{rank}",
                 daemon=True,
             )
@@ -437,10 +451,9 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def worker_main(
-    link: WorkerLink, config, hf_config, source, device, dtype, max_len: int, parent_pid: int
-) -> None:
-    """A worker rank: load the shard, join the group, then run steps until told to stop."""
+def worker_main(runner_class: type, link: WorkerLink, runner_args: tuple, parent_pid: int) -> None:
+    """A worker rank: build its runner (`runner_class(*runner_args, link=link)`: it loads the
+    shard and joins the group), then run steps until told to stop."""
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -449,9 +462,7 @@ def worker_main(
         import warnings
 
         warnings.simplefilter("ignore")
-        from pagecli.engine.model_runner import ModelRunner
-
-        runner = ModelRunner(config, hf_config, source, device, dtype, max_len, link=link)
+        runner = runner_class(*runner_args, link=link)
     except BaseException as exc:  # noqa: BLE001 - reported to rank 0 in one line
         _report(conn, exc)
         os._exit(1)

@@ -256,8 +256,8 @@ class Scheduler:
             if not token_ids:
                 continue
             family = [seq]
-            if not seq.forked:
-                seq.forked = True
+            if seq.pending_fork:
+                seq.pending_fork = False
                 children = [seq.fork(self.next_seq_id(), i) for i in range(1, len(token_ids))]
                 seq.generators = seq.generators[:1]
                 for child in reversed(children):

@@ -48,10 +48,12 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
-    # Per-sample random generators of a seeded request (None: the engine's generator). An
-    # unforked sequence holds all n; after the fork each sample keeps its own.
+    # Per-sample random generators of a seeded request (None: the engine's generator). A
+    # sequence pending its fork holds all n; after the fork each sample keeps its own.
     generators: list[torch.Generator | None] = field(default_factory=lambda: [None])
-    forked: bool = False  # True once the n samples exist (set at once when n == 1)
+    # True while this one sequence stands for all n > 1 samples of its request: from
+    # admission until its first sampled tokens, when the scheduler forks the other samples.
+    pending_fork: bool = False
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # when params ask
     # The llguidance matcher of a structured-output request, advanced with every sampled
     # token (engine/structured.py); None: unconstrained.
@@ -102,7 +104,6 @@ class Sequence:
             generators=[
                 self.generators[sample_index] if sample_index < len(self.generators) else None
             ],
-            forked=True,
             output_logprobs=list(self.output_logprobs),
             matcher=self.matcher.deep_copy() if self.matcher is not None else None,
             cache_salt=self.cache_salt,

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app of `pagecli serve` (FastAPI): routes, the API key, the body
 size limit and the access log. Route functions stay thin; the generation endpoints live in
-generation.py, the shapes in protocol.py and responses.py, the envelope in errors.py."""
+generation.py, the request shapes in ../openai/protocol.py, the answers in responses.py, the
+envelope in errors.py."""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ from fastapi.responses import JSONResponse, Response
 
 from pagecli import __version__
 from pagecli.engine.async_engine import AsyncEngine, EngineState, EngineUnavailable
-from pagecli.server import errors
-from pagecli.server.errors import APIError, envelope
-from pagecli.server.generation import GenerationHandler
-from pagecli.server.metrics import CONTENT_TYPE, ServerMetrics
-from pagecli.server.protocol import (
+from pagecli.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
+from pagecli.server import errors
+from pagecli.server.errors import APIError, envelope
+from pagecli.server.generation import GenerationHandler
+from pagecli.server.metrics import CONTENT_TYPE, ServerMetrics
 
 logger = logging.getLogger("pagecli.server")
 OPEN_PATHS = ("/health", "/metrics")  # answered without the API key

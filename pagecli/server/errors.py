@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pagecli.openai.protocol import first_error
+
 logger = logging.getLogger("pagecli.server")
 
 _TYPES = {
@@ -64,29 +66,10 @@ def error_response(exc: APIError) -> JSONResponse:
     )
 
 
-def _field_path(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    if not parts:
-        return None
-    path = parts[0]
-    for part in parts[1:]:
-        path += f"[{part}]" if part.isdigit() else f".{part}"
-    return path
-
-
 def validation_error(exc: RequestValidationError) -> APIError:
     """The first problem pydantic found, as a 400 naming its field."""
-    errors = exc.errors()
-    if not errors:
-        return APIError(400, "invalid request body")
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return APIError(400, f"the body is not valid JSON ({first.get('msg', '')})")
-    field = _field_path(tuple(first.get("loc", ())))
-    message = first.get("msg", "invalid value")
-    if field is None:
-        return APIError(400, f"invalid request body: {message}")
-    return APIError(400, f"{field}: {message}", param=field)
+    message, field = first_error(list(exc.errors()))
+    return APIError(400, message, param=field)
 
 
 def install(app: FastAPI) -> None:

@@ -32,11 +32,11 @@ from pagecli.engine.async_engine import (
     RequestStream,
 )
 from pagecli.errors import GrammarRejected, PromptTooLongError, RequestError
+from pagecli.openai.protocol import ChatCompletionRequest, CompletionRequest
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import StructuredOutputs
 from pagecli.server.errors import APIError
 from pagecli.server.metrics import ServerMetrics
-from pagecli.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagecli.server.responses import ChoiceState, ReplyParsing, ResponseFormat
 from pagecli.server.tool_calls import (
     FORMATS,

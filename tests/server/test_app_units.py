@@ -10,9 +10,9 @@ import pytest
 
 from pagecli.config import EngineConfig
 from pagecli.engine.async_engine import AsyncEngine, EngineState
+from pagecli.openai.protocol import ChatCompletionRequest, CompletionRequest
 from pagecli.server.app import ServerSettings, create_app
 from pagecli.server.generation import GenerationHandler
-from pagecli.server.protocol import ChatCompletionRequest, CompletionRequest
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "hi"}]}
 

@@ -1,8 +1,6 @@
-"""The import graph of pagecli/ and pagecli_kernels/ has no loops but the ones listed here,
-each still to be taken apart (issue 44). Imports are read with `ast`, everywhere in a module:
-inside functions and under TYPE_CHECKING too (an import deferred to run time is still a loop
-in the design). A new loop fails this test; so does a listed one that is gone (take it off
-the list)."""
+"""The import graph of pagecli/ and pagecli_kernels/ has no loops. Imports are read with
+`ast`, everywhere in a module: inside functions and under TYPE_CHECKING too (an import
+deferred to run time is still a loop in the design). A planted loop shows the check can fail."""
 
 from __future__ import annotations
 
@@ -11,11 +9,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pagecli", "pagecli_kernels")
-
-KNOWN_LOOPS = {
-    # the runner starts its own tensor-parallel workers, which build runners
-    frozenset({"pagecli.engine.model_runner", "pagecli.engine.parallel"}),
-}
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -100,12 +93,9 @@ def loops(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-def test_no_import_loops_but_the_known_ones():
+def test_no_import_loops():
     found = loops(import_graph(ROOT, PACKAGES))
-    new = [sorted(c) for c in found - KNOWN_LOOPS]
-    gone = [sorted(c) for c in KNOWN_LOOPS - found]
-    assert not new, f"new import loops: {new}"
-    assert not gone, f"these loops are gone: take them off KNOWN_LOOPS: {gone}"
+    assert not found, f"import loops: {[sorted(c) for c in found]}"
 
 
 def test_a_planted_loop_is_found(tmp_path):

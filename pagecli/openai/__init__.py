@@ -1,0 +1,1 @@
+"""The OpenAI API as pagecli speaks it: request models and their mapping (protocol.py)."""
