@@ -80,6 +80,16 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             stats = None
         return Response(metrics.render(stats), media_type=CONTENT_TYPE)
 
+    @app.get("/stats")
+    async def stats_route() -> dict:
+        """The engine's stats snapshot as JSON: blocks, requests, rates, the kernel settings
+        in effect (what chat's /stats and bench --json show)."""
+        try:
+            stats = await engine.stats()
+        except EngineUnavailable:
+            raise APIError(503, engine.unavailable_reason()) from None
+        return stats.as_dict()
+
     @app.get("/v1/models")
     async def models() -> dict:
         core = engine.engine

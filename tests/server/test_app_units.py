@@ -48,6 +48,8 @@ def test_not_ready_states_are_503(state, words):
     assert chat.status_code == 503 and chat.headers["retry-after"] == "1"
     assert words in chat.json()["error"]["message"]
     assert _call(app, "GET", "/metrics").status_code == 200
+    stats = _call(app, "GET", "/stats")
+    assert stats.status_code == 503 and words in stats.json()["error"]["message"]
 
 
 def test_an_internal_error_is_a_500_envelope_and_the_traceback_goes_to_the_log(monkeypatch, caplog):

@@ -315,6 +315,12 @@ def test_stderr_has_one_access_line_per_request(server):
     assert fields[-1].endswith("s") and "cached=" in line
 
 
+def test_stats_is_the_engine_snapshot_with_the_kernel_settings(server):
+    stats = httpx.get(f"{server.url}/stats").json()
+    assert stats["num_blocks"] > 0 and stats["num_running"] == 0 and "block_states" not in stats
+    assert stats["kernels"]["isa"] in ("portable", "avx2", "avx512")
+
+
 def test_prometheus_names(server):
     text = httpx.get(f"{server.url}/metrics").text
     for name in (
