@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from pagecli import LLM, SamplingParams
-from pagecli.cli.bench_scenarios import EngineRunner, Range, draw_workload
+from pagecli.bench.scenarios import EngineRunner, Range, draw_workload
 
 PAGECLI = str(Path(sys.executable).with_name("pagecli"))
 

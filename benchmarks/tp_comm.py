@@ -129,7 +129,7 @@ def main() -> None:
         tp, threads, batch = map(int, args.case.split(","))
         print(json.dumps(run_case(args.model, tp, threads, batch, args.rounds)))
         return
-    from pagecli.cli.bench_report import machine
+    from pagecli.bench.report import machine
 
     rows = []
     for batch in map(int, args.batches.split(",")):

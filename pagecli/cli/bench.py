@@ -1,7 +1,7 @@
 """`pagecli bench`: throughput, prefix, chat and latency scenarios, in-process through the
 engine, optionally beside transformers on exactly the same workload (`--compare hf`). With
 `--endpoint URL` (repeatable) the throughput, prefix and chat scenarios run against
-OpenAI-compatible servers instead, one row each (bench_serving.py).
+OpenAI-compatible servers instead, one row each (bench/serving.py).
 
 Results go to stdout (a Rich table, `--json` or `--csv`); progress and the live block display
 go to stderr.
@@ -21,8 +21,8 @@ from typing import Annotated, Optional
 import typer
 
 from pagecli import __version__
-from pagecli.cli.bench_report import machine, note, print_report
-from pagecli.cli.bench_scenarios import (
+from pagecli.bench.report import machine, note, print_report
+from pagecli.bench.scenarios import (
     EngineRunner,
     Range,
     draw_workload,
@@ -206,7 +206,7 @@ def bench(
 
     requests = read_workload(workload) if workload is not None else None  # before loading
     if endpoint.remote:
-        from pagecli.cli import bench_serving
+        from pagecli.bench import serving as bench_serving
 
         plan, model = bench_serving.make_plan(
             engine_config,
@@ -337,7 +337,7 @@ def baseline_rows(
     path, dtype, requests, batch_size: int, with_cb: bool, kv_tokens: int, verbose: bool
 ) -> list:
     """hf-static and (when available) hf-cb rows on the same workload, weights and dtype."""
-    from pagecli import baselines
+    from pagecli.bench import baselines
 
     note(f"loading transformers ({path.name}, {str(dtype).removeprefix('torch.')})")
     model = baselines.load_hf_model(path, dtype)

@@ -1,4 +1,4 @@
-"""`pagecli chat`: an interactive chat on a terminal (prompt-toolkit REPL, chat_repl.py), or a
+"""`pagecli chat`: an interactive chat on a terminal (prompt-toolkit REPL, chat/repl.py), or a
 scripted one when stdin is not a terminal: one user message per line, one reply per line.
 
 Replies go to stdout, token by token; everything else (stats lines, command output, errors)
@@ -12,15 +12,15 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional, TextIO
+from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console, RenderableType
+from rich.console import Console
 
 from pagecli.backends.sync import SyncBackend
-from pagecli.cli.chat_commands import check_compiles, run_command
-from pagecli.cli.chat_input import messages
-from pagecli.cli.chat_state import SESSION_NAME, ChatError, ChatState, sessions_dir
+from pagecli.chat.commands import check_compiles
+from pagecli.chat.console import Chat, run_piped
+from pagecli.chat.state import SESSION_NAME, ChatError, ChatState, sessions_dir
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
 from pagecli.cli.options import (
     CliError,
@@ -31,84 +31,8 @@ from pagecli.cli.options import (
 )
 from pagecli.config import EngineConfig
 
-if TYPE_CHECKING:  # chat_turn imports the engine (torch): loaded with the first turn
-    from pagecli.cli.chat_turn import TurnStats
-
 CHAT_PANEL = "Chat"
 BROKEN_PIPE_EXIT_CODE = 141  # what a tool killed by SIGPIPE reports
-
-
-class Chat:
-    """One chat process: the sessions, where replies and messages go, and one turn's glue."""
-
-    def __init__(
-        self,
-        state: ChatState,
-        stdout: Optional[TextIO] = None,
-        stderr: Optional[TextIO] = None,
-        interactive: bool = True,
-        autosave: Optional[str] = None,
-    ) -> None:
-        self.state = state
-        self.stdout = stdout or sys.stdout
-        self.console = Console(file=stderr or sys.stderr, highlight=False, soft_wrap=True)
-        self.interactive = interactive
-        self.autosave = autosave  # the session saved after each of its turns (--session)
-        self.last_stats: Optional[TurnStats] = None
-        self.num_errors = 0
-
-    def info(self, text: str, style: Optional[str] = None, markup: bool = False) -> None:
-        self.console.print(text, style=style, markup=markup)
-
-    def show(self, renderable: RenderableType) -> None:
-        self.console.print(renderable)
-
-    def error(self, text: str) -> None:
-        self.num_errors += 1
-        self.console.print(f"error: {text}", style="red", markup=False)
-
-    def handle(self, message: str) -> bool:
-        """A user message or a slash command; False when the chat should end."""
-        try:
-            if message.startswith("/") and not message.startswith("//"):
-                return run_command(self, message)
-            self.reply(message[1:] if message.startswith("//") else message)
-        except ChatError as exc:
-            self.error(str(exc))
-        return True
-
-    def reply(self, text: str) -> None:
-        """One turn: the reply streams to stdout, then one dim stats line on stderr."""
-        from pagecli.cli.chat_turn import run_turn
-
-        conversation = self.state.current
-
-        def write(delta: str) -> None:
-            self.stdout.write(delta)
-            self.stdout.flush()
-
-        num_warnings = len(conversation.session.warnings)
-        try:
-            stats = run_turn(conversation, text, write, stoppable=self.interactive)
-        finally:
-            write("\n")
-        for warning in conversation.session.warnings[num_warnings:]:
-            self.info(f"note: {warning}", style="dim")
-        self.last_stats = stats
-        if stats is None:
-            self.info("stopped before the first token", style="dim")
-        else:
-            self.info(stats.line(), style="dim")
-        if self.autosave is not None and conversation.name == self.autosave:
-            self.state.save()
-
-
-def run_piped(chat: Chat, lines: Iterable[str]) -> int:
-    """The non-terminal mode: each message gets its reply and a newline on stdout."""
-    for message in messages(lines):
-        if not chat.handle(message):
-            break
-    return 1 if chat.num_errors else 0
 
 
 def _read_system(system: Optional[str], system_file: Optional[Path]) -> Optional[str]:
@@ -255,6 +179,6 @@ def _run(
             # The reader went away (`| head -1`): stop quietly, as a tool killed by SIGPIPE.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return BROKEN_PIPE_EXIT_CODE
-    from pagecli.cli.chat_repl import Repl
+    from pagecli.chat.repl import Repl
 
     return Repl(chat).run()

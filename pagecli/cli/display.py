@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pagecli.cli.progress import GenerateProgress, progress_text
+from pagecli.batch.progress import GenerateProgress, progress_text
 from pagecli.engine.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -244,7 +244,7 @@ class DisplayProgress(GenerateProgress):
     def stop(self, summary: bool = True) -> None:
         self._display.__exit__(None, None, None)
         if self.progress_enabled and summary:
-            from pagecli.cli.progress import summary_text
+            from pagecli.batch.progress import summary_text
 
             self.state.elapsed_s = time.perf_counter() - self._start
             print(f"pagecli: {summary_text(self.state)}", file=sys.stderr, flush=True)

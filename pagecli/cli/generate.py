@@ -1,6 +1,6 @@
 """`pagecli generate`: JSONL records in, one JSONL answer per record out, safe in pipes.
 
-This module holds the command and its options; generate_run.py holds the loop.
+This module holds the command and its options; batch/run.py holds the loop.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Annotated, Any, BinaryIO, Optional
 
 import typer
 
+from pagecli.batch.files import DEFAULT_MAX_LINE_BYTES, read_resume_state
+from pagecli.batch.run import GenerateRun, RecordWriter, StartFailed
 from pagecli.cli.display import generate_progress
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options, start_error
-from pagecli.cli.generate_run import GenerateRun, RecordWriter, StartFailed
-from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, read_resume_state
 from pagecli.cli.options import (
     CliError,
     VerboseOption,

@@ -1,7 +1,7 @@
 """The OpenAI API's request bodies as pydantic models, and the one mapping between them and
 SamplingParams, both ways. Three users, one protocol:
 - `pagecli serve` validates its requests with the models (server/generation.py);
-- `pagecli generate` validates OpenAI batch lines with the same models (cli/openai_batch.py), as
+- `pagecli generate` validates OpenAI batch lines with the same models (batch/openai_batch.py), as
   vLLM's `run-batch` does;
 - the remote backend writes its requests with `sampling_body`, the inverse of
   `sampling_params` (backends/remote.py).

@@ -15,11 +15,11 @@ import json
 
 import pytest
 
+from pagecli.bench import report as bench_report
+from pagecli.bench.scenarios import Range, draw_workload, read_workload, summary
 from pagecli.cli import bench as bench_module
-from pagecli.cli import bench_report
 from pagecli.cli import blocks as blocks_module
 from pagecli.cli.app import main
-from pagecli.cli.bench_scenarios import Range, draw_workload, read_workload, summary
 
 # float32 pinned: `--dtype auto` is bfloat16 on CPUs with native bfloat16
 TINY = ["--num-prompts", "3", "--input-len", "8:16", "--output-len", "4", "--num-kv-blocks", "256"]

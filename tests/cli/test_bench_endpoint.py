@@ -19,10 +19,9 @@ import time
 import pytest
 
 from pagecli.backends.base import Backend
-from pagecli.cli import bench_report
-from pagecli.cli.app import main
-from pagecli.cli.bench_scenarios import read_workload
-from pagecli.cli.bench_serving import (
+from pagecli.bench import report as bench_report
+from pagecli.bench.scenarios import read_workload
+from pagecli.bench.serving import (
     Job,
     Plan,
     arrival_offsets,
@@ -30,6 +29,7 @@ from pagecli.cli.bench_serving import (
     run_chat_sessions,
     run_jobs,
 )
+from pagecli.cli.app import main
 from pagecli.outputs import CompletionOutput, RequestOutput, ServerReport
 from tests.server.conftest import Server
 

@@ -23,11 +23,12 @@ from prompt_toolkit.document import Document
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
+from pagecli.chat.console import Chat
+from pagecli.chat.framing import messages
+from pagecli.chat.repl import Repl, SlashCompleter
+from pagecli.chat.state import DATA_DIR_ENV, ChatState
+from pagecli.chat.turn import run_turn
 from pagecli.cli.app import main
-from pagecli.cli.chat import Chat, messages
-from pagecli.cli.chat_repl import Repl, SlashCompleter
-from pagecli.cli.chat_state import DATA_DIR_ENV, ChatState
-from pagecli.cli.chat_turn import run_turn
 from tests.cli.helpers import PAGECLI, TIMEOUT_S, env, no_traceback
 
 # Longer than one 16-token block, so sessions that share it share whole KV blocks.

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import typer
 
+from pagecli.batch.files import read_resume_state
+from pagecli.batch.jsonl import BadLine, Job, id_key, parse_line
+from pagecli.batch.progress import ProgressState, progress_text, summary_text
 from pagecli.cli.app import app
 from pagecli.cli.completions import render_all
-from pagecli.cli.jsonl import BadLine, Job, id_key, parse_line
-from pagecli.cli.jsonl_io import read_resume_state
-from pagecli.cli.progress import ProgressState, progress_text, summary_text
 from pagecli.config import EngineConfig
 from pagecli.sampling_params import SamplingParams
 

@@ -15,7 +15,8 @@ import math
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
-from pagecli.cli.jsonl import (
+from pagecli.batch.files import LongLine, read_lines
+from pagecli.batch.jsonl import (
     KNOWN_FIELDS,
     BadLine,
     Job,
@@ -23,7 +24,6 @@ from pagecli.cli.jsonl import (
     error_record,
     parse_line,
 )
-from pagecli.cli.jsonl_io import LongLine, read_lines
 from pagecli.outputs import CompletionOutput, RequestOutput
 
 DEFAULTS = {"max_tokens": 8, "temperature": 0.0}
@@ -102,7 +102,7 @@ def answer(raw: bytes, line: int = 5) -> dict | None:
     output = RequestOutput(
         "0", None, [1, 2], [CompletionOutput(0, "ok\u2028", [3], "stop")], finished=True
     )
-    from pagecli.cli.jsonl import result_record
+    from pagecli.batch.jsonl import result_record
 
     return result_record(item, output, "model")
 

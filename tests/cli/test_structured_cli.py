@@ -16,10 +16,10 @@ import pytest
 
 from pagecli.backends.base import Request
 from pagecli.backends.remote import RemoteBackend
-from pagecli.cli.chat import Chat
-from pagecli.cli.chat_commands import constraint_text
-from pagecli.cli.chat_state import DATA_DIR_ENV, ChatState
-from pagecli.cli.jsonl import BadLine, Job, parse_line
+from pagecli.batch.jsonl import BadLine, Job, parse_line
+from pagecli.chat.commands import constraint_text
+from pagecli.chat.console import Chat
+from pagecli.chat.state import DATA_DIR_ENV, ChatState
 from pagecli.openai.protocol import structured_body
 from pagecli.sampling_params import SamplingParams, StructuredOutputs
 from tests.cli.helpers import jsonl, no_traceback, records, run

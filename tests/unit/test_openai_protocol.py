@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagecli.cli.jsonl import BadLine, Job, parse_line
+from pagecli.batch.jsonl import BadLine, Job, parse_line
 from pagecli.openai.protocol import (
     BatchLine,
     ChatCompletionRequest,

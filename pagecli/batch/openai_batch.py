@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from pagecli.cli.jsonl_fields import BadLine, Job, RecordError, json_type, parse_messages
+from pagecli.batch.fields import BadLine, Job, RecordError, json_type, parse_messages
 from pagecli.outputs import RequestOutput
 
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}

@@ -1,5 +1,5 @@
 """The JSONL records of `pagecli generate`: input lines parsed into jobs, results and errors
-formatted as output records (jsonl_io.py reads the files).
+formatted as output records (files.py reads the files).
 
 Pure functions over plain data; the engine is not touched here.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pagecli.cli.jsonl_fields import (
+from pagecli.batch.fields import (
     KNOWN_FIELDS,
     SAMPLING_FIELDS,
     BadLine,
@@ -24,7 +24,7 @@ from pagecli.cli.jsonl_fields import (
 )
 from pagecli.outputs import RequestOutput, TokenLogprob
 
-# Names the commands and tests read from here (defined in jsonl_fields.py).
+# Names the commands and tests read from here (defined in fields.py).
 __all__ = [
     "KNOWN_FIELDS",
     "BadLine",
@@ -68,7 +68,7 @@ def parse_line(
     if not isinstance(obj, dict):
         return BadLine(line, line, f"expected a JSON object, got {json_type(obj)}")
     if "custom_id" in obj and "body" in obj:
-        from pagecli.cli import openai_batch  # loaded for batch lines only
+        from pagecli.batch import openai_batch  # loaded for batch lines only
 
         return openai_batch.parse(obj, line, defaults, system)
     record_id = obj.get("id", line)
@@ -108,7 +108,7 @@ def usage(output: RequestOutput) -> dict[str, int | None]:
 def result_record(job: Job, output: RequestOutput, model: str) -> dict[str, Any]:
     """The answer to a finished job."""
     if job.api != "native":
-        from pagecli.cli import openai_batch
+        from pagecli.batch import openai_batch
 
         return openai_batch.result_record(job.id, job.api, output, usage(output), model)
     known_ids = output.server is None or output.server.has_token_ids
@@ -164,7 +164,7 @@ def error_record(
 ) -> dict[str, Any]:
     """The answer to a line that cannot run (`status`: the HTTP status a server gave)."""
     if item.api != "native":
-        from pagecli.cli import openai_batch
+        from pagecli.batch import openai_batch
 
         return openai_batch.error_record(item.id, message, item.line, status)
     error: dict[str, Any] = {"message": message, "line": item.line}

@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from pagecli.cli.chat_state import ChatError, ChatState, turns_text
+from pagecli.chat.state import ChatError, ChatState, turns_text
 from pagecli.cli.options import CliError, read_json_schema
 from pagecli.sampling_params import SamplingParams, StructuredOutputs
 
 
 class Chat(Protocol):
-    """What the commands and the terminal use of a chat (pagecli.cli.chat.Chat is one): named
+    """What the commands and the terminal use of a chat (pagecli.chat.console.Chat is one): named
     here so that neither imports the command-line shell."""
 
     state: ChatState
     console: Any  # rich.console.Console, on stderr
-    last_stats: Any  # the last turn's chat_turn.TurnStats, or None
+    last_stats: Any  # the last turn's turn.TurnStats, or None
 
     def info(self, text: str, style: Optional[str] = None, markup: bool = False) -> None: ...
 

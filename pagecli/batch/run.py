@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from pagecli.backends.base import Backend, Request
-from pagecli.cli.jsonl import (
+from pagecli.batch.files import DEFAULT_MAX_LINE_BYTES, LongLine, read_lines
+from pagecli.batch.jsonl import (
     BadLine,
     Job,
     encode_record,
@@ -30,9 +31,8 @@ from pagecli.cli.jsonl import (
     parse_line,
     result_record,
 )
-from pagecli.cli.jsonl_io import DEFAULT_MAX_LINE_BYTES, LongLine, read_lines
+from pagecli.batch.progress import GenerateProgress
 from pagecli.cli.options import CliError
-from pagecli.cli.progress import GenerateProgress
 from pagecli.errors import BackendError, RequestRejected
 from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import StructuredOutputs

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pagecli.cli.jsonl import id_key, is_valid_id, json_type
+from pagecli.batch.jsonl import id_key, is_valid_id, json_type
 
 DEFAULT_MAX_LINE_BYTES = 8 * 2**20
 READ_CHUNK_BYTES = 2**16

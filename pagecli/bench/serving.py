@@ -54,8 +54,8 @@ from typing import Any
 from pagecli import __version__
 from pagecli.backends.base import Backend, Prompt
 from pagecli.backends.base import Request as BackendRequest
-from pagecli.cli.bench_report import machine, note
-from pagecli.cli.bench_scenarios import (
+from pagecli.bench.report import machine, note
+from pagecli.bench.scenarios import (
     USER_TURNS,
     Range,
     draw_workload,
@@ -232,7 +232,7 @@ def workload_model(engine_config: EngineConfig):
 
 
 def chat_system_prompt(source, engine_config: EngineConfig, prefix_len: int) -> str:
-    """bench_scenarios' system prompt, sized with the tokenizer of `--model`."""
+    """scenarios.py's system prompt, sized with the tokenizer of `--model`."""
     from pagecli.tokenizer import Tokenizer
 
     if not source.has_tokenizer:
@@ -279,7 +279,7 @@ def make_plan(
         vocab_size=vocab,
     )
     if scenario == "chat":
-        rng = random.Random(seed)  # the draws of bench_scenarios.run_chat, in its order
+        rng = random.Random(seed)  # the draws of scenarios.run_chat, in its order
         max_tokens = [[output_len.draw(rng) for _ in range(sessions)] for _ in range(turns)]
         system = chat_system_prompt(source, engine_config, prefix_len)
         return Plan(**common, system=system, chat_max_tokens=max_tokens), source.name
@@ -374,7 +374,7 @@ async def run_chat_sessions(backend: Backend, plan: Plan) -> tuple[list[Sample],
 def serving_row(
     backend: Backend, description: dict[str, Any], plan: Plan, samples: list[Sample], wall: float
 ) -> dict:
-    """A result row: the counts and rates of bench_scenarios plus client-side latencies."""
+    """A result row: the counts and rates of scenarios.py plus client-side latencies."""
     row: dict[str, Any] = {
         "engine": backend.name,
         **description,
@@ -471,7 +471,7 @@ async def run_rows(backends: list[Backend], plan: Plan, engine_config: EngineCon
 def bench_endpoints(
     endpoint: EndpointSettings, engine_config: EngineConfig, plan: Plan, model: str
 ) -> dict:
-    """The report of every --endpoint row on `plan`, for bench_report.print_report."""
+    """The report of every --endpoint row on `plan`, for report.print_report."""
     backends = endpoint.backends(engine_config)
     info = {
         "machine": machine(),

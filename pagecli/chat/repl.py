@@ -14,12 +14,12 @@ from prompt_toolkit.input import Input
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.output import Output
 
-from pagecli.cli.chat_commands import COMMANDS, SETTABLE
-from pagecli.cli.chat_input import is_closed_block, unfence
-from pagecli.cli.chat_state import data_dir, sessions_dir, turns_text
+from pagecli.chat.commands import COMMANDS, SETTABLE
+from pagecli.chat.framing import is_closed_block, unfence
+from pagecli.chat.state import data_dir, sessions_dir, turns_text
 
 if TYPE_CHECKING:
-    from pagecli.cli.chat_commands import Chat
+    from pagecli.chat.commands import Chat
 
 PROMPT = ">>> "
 CONTINUATION = "... "

@@ -178,7 +178,7 @@ def note(message: str) -> None:
 
 def machine() -> str:
     """The CPU model and core count (and the GPU, when the engine runs on one)."""
-    from pagecli.baselines import gpu_name
+    from pagecli.bench.baselines import gpu_name
     from pagecli.engine.dtype_choice import cpu_model
 
     name = cpu_model(platform.processor() or platform.machine())

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pagecli.cli.chat_state import ChatError, Conversation
+from pagecli.chat.state import ChatError, Conversation
 from pagecli.errors import BackendError, RequestError, RequestRejected
 from pagecli.outputs import RequestOutput
 
