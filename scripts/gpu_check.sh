@@ -34,7 +34,7 @@ section() { printf '\n## %s\n\n```\n' "$1" >> "$RESULTS"; }
 end_section() { printf '```\n' >> "$RESULTS"; }
 
 section "Kernel tests on CUDA (compiled Triton against the reference)"
-PAGECLI_KERNEL_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
+PAGECLI_FULL_TESTS=1 PAGECLI_KERNEL_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_ops_triton.py 2>&1 | tail -15 >> "$RESULTS"
 end_section
 

@@ -20,6 +20,7 @@ from tests.cli.helpers import (
     run,
     start,
 )
+from tests.sizes import size
 
 
 def test_producer_waits_for_each_answer_then_sigint():
@@ -73,7 +74,7 @@ def test_resume_after_kill(tmp_path):
     source = tmp_path / "in.jsonl"
     # the last two run long, so that the kill lands while they do: four records of --max-tokens
     # 6 came out together on a fast machine, between two looks at the file
-    long = {"max_tokens": 300, "ignore_eos": True}
+    long = {"max_tokens": size(120, 300), "ignore_eos": True}
     source.write_bytes(
         jsonl(
             *(

@@ -12,8 +12,9 @@ import pytest
 from pagecli import LLM, SamplingParams
 from pagecli.engine.llm_engine import GrammarRejected
 from pagecli.sampling_params import StructuredOutputs
+from tests.sizes import size
 
-NUM_PROMPTS = 50
+NUM_PROMPTS = size(20, 50)
 
 SCHEMAS = {
     "nested": {

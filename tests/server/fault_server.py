@@ -209,4 +209,5 @@ class FaultServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
+        self.server.force_exit = True  # not waiting for a handler still in its SLOW_S sleep
         self.thread.join(10)

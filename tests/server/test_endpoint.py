@@ -9,6 +9,7 @@ import signal
 import time
 
 from tests.cli.helpers import FAST, jsonl, no_traceback, records, run, start
+from tests.sizes import size
 
 GREEDY = {"temperature": 0, "max_tokens": 8}
 JOBS = [
@@ -73,7 +74,7 @@ def test_generate_endpoint_gives_the_local_records(server):
 def test_resume_after_sigkill_answers_every_id_once(server, tmp_path):
     jobs = [
         {"id": i, "prompt": f"Write a sentence about the number {i}.", "max_tokens": 24}
-        for i in range(40)
+        for i in range(size(20, 40))
     ]
     out = tmp_path / "out.jsonl"
     args = ["generate", "--endpoint", server.base_url, "--max-concurrency", "4", "-o", str(out)]

@@ -13,7 +13,7 @@ import httpx
 
 from tests.cli.test_tensor_parallel_cli import _alive, _worker
 from tests.server.conftest import SEED_MODEL, Server
-from tests.server.test_serve import SEED_SNIPPET
+from tests.server.test_serve import seed_snippet
 
 
 def test_serve_tp2_answers_the_seed_snippet_then_ends_when_a_worker_dies():
@@ -30,7 +30,7 @@ def test_serve_tp2_answers_the_seed_snippet_then_ends_when_a_worker_dies():
         ]
     )
     try:
-        code = SEED_SNIPPET.replace("http://localhost:8000/v1", srv.base_url)
+        code = seed_snippet(srv.base_url)
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=600)
         assert done.returncode == 0, done.stderr.decode()
         assert done.stdout.decode().strip(), "the snippet printed no text"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pagecli.engine.dtype_choice import cpu_flags
+from tests.sizes import FULL
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
@@ -30,7 +31,7 @@ def bench_modules():
     return shaped_gguf, fma_peak
 
 
-@pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"])
+@pytest.mark.parametrize("mix", ["q8_0", "q4_k_m"] if FULL else ["q4_k_m"])
 def test_prefill_flops_count_the_shape(bench_modules, tmp_path, mix):
     shaped_gguf, _ = bench_modules
     shape = shaped_gguf.SHAPES["smoke"]
