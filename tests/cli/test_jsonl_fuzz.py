@@ -25,9 +25,12 @@ from pagecli.batch.jsonl import (
     parse_line,
 )
 from pagecli.outputs import CompletionOutput, RequestOutput
+from tests.sizes import size
 
 DEFAULTS = {"max_tokens": 8, "temperature": 0.0}
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=size(100, 300), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 # JSON values as Python's json module reads them (NaN and Infinity included: it accepts them).
 json_scalars = (

@@ -23,10 +23,11 @@ import pytest
 from pagecli.config import EngineConfig
 from pagecli.engine.llm_engine import LLMEngine
 from pagecli.sampling_params import SamplingParams
+from tests.sizes import size
 
 pytestmark = pytest.mark.soak
 
-NUM_REQUESTS = int(os.environ.get("PAGECLI_SOAK_REQUESTS", "300"))
+NUM_REQUESTS = int(os.environ.get("PAGECLI_SOAK_REQUESTS", size(150, 300)))
 # RSS is first measured once this many requests were added: a process's memory grows for
 # its first ~2,000 steps of this workload (caches of torch and oneDNN, malloc's high-water
 # mark; Python objects stay flat), then stays flat (measured over 6,000 steps).

@@ -14,7 +14,7 @@ from pagecli.engine.llm_engine import GrammarRejected
 from pagecli.sampling_params import StructuredOutputs
 from tests.sizes import size
 
-NUM_PROMPTS = size(20, 50)
+NUM_PROMPTS = size(12, 50)
 
 SCHEMAS = {
     "nested": {
