@@ -94,8 +94,9 @@ TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k")
 
 def tiles() -> bool:
     """Whether batches of more than a few rows of the formats with a scale per 32 values
-    multiply on AMX's tiles now (csrc/gemm_quant_amx.c); Q6_K and float rows never do. Under
-    "auto": on the AVX-512 path where Linux grants the tiles; "on" needs AMX and AVX-512."""
+    multiply on AMX's tiles under the settings in effect (csrc/gemm_quant_amx.c); Q6_K and
+    float rows never do. Under "auto": on the AVX-512 path where Linux grants the tiles; "on"
+    needs AMX and AVX-512."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_tiles())
 
