@@ -139,8 +139,8 @@ def main() -> None:
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(rows[-1], file=sys.stderr)
+    from pagecli.loader.hf_config import load_hf_config
     from pagecli.loader.resolve import resolve_model
-    from pagecli.loader.weights import load_hf_config
 
     hidden = load_hf_config(resolve_model(args.model)).hidden_size
     result = {

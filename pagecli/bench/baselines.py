@@ -30,11 +30,6 @@ class BaselineRun:
     generated_tokens: int  # including the tokens of requests that had to wait for their batch
 
 
-def gpu_name() -> str | None:
-    """The CUDA device's name, when there is one."""
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
 def hf_cb_available() -> str | None:
     """None when transformers has continuous batching (`generate_batch`), else why not."""
     try:

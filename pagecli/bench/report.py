@@ -177,11 +177,11 @@ def note(message: str) -> None:
 
 
 def machine() -> str:
-    """The CPU model and core count (and the GPU, when the engine runs on one)."""
-    from pagecli.bench.baselines import gpu_name
-    from pagecli.engine.dtype_choice import cpu_model
+    """The CPU model and core count, and the GPU where the local engine ran on one (torch is
+    imported only where it ran: a bench of remote servers names this client's CPU alone)."""
+    from pagecli.engine.cpu_threads import cpu_model
 
     name = cpu_model(platform.processor() or platform.machine())
-
-    gpu = gpu_name()
+    torch = sys.modules.get("torch")
+    gpu = torch.cuda.get_device_name(0) if torch and torch.cuda.is_available() else None
     return f"{name}, {os.cpu_count()} CPUs" + (f", {gpu}" if gpu else "")

@@ -221,8 +221,8 @@ class Plan:
 
 def workload_model(engine_config: EngineConfig):
     """The resolved `--model` and its transformers config (no weights loaded)."""
+    from pagecli.loader.hf_config import load_hf_config
     from pagecli.loader.resolve import resolve_model
-    from pagecli.loader.weights import load_hf_config
 
     try:
         source = resolve_model(engine_config.model)
@@ -437,9 +437,11 @@ async def bench_backend(backend: Backend, plan: Plan, engine_config: EngineConfi
 
 
 def _is_local(backend: Backend) -> bool:
-    from pagecli.backends.local import LocalBackend
+    """Whether the row runs on this process's engine (told apart from the remote class: the
+    local one's module imports torch)."""
+    from pagecli.backends.remote import RemoteBackend
 
-    return isinstance(backend, LocalBackend)
+    return not isinstance(backend, RemoteBackend)
 
 
 async def check_reachable(backends: list[Backend], engine_config: EngineConfig) -> None:

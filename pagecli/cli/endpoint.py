@@ -35,16 +35,21 @@ class EndpointSettings:
 
     def backends(self, engine_config: EngineConfig) -> list[Backend]:
         """One backend per --endpoint (NAME=URL names a row; `local` is this process's
-        engine), or the local engine alone."""
-        from pagecli.backends.local import LocalBackend
+        engine), or the local engine alone. The local engine's module (torch) is imported
+        only where a row runs on it: a client of a remote server starts in a fraction of a
+        second."""
         from pagecli.backends.remote import RemoteBackend
 
         if not self.urls:
+            from pagecli.backends.local import LocalBackend
+
             return [LocalBackend(engine_config)]
         backends: list[Backend] = []
         for spec in self.urls:
             name, url = _split(spec)
             if url == LOCAL:
+                from pagecli.backends.local import LocalBackend
+
                 backends.append(LocalBackend(engine_config, name=name or "pagecli"))
                 continue
             try:

@@ -189,3 +189,14 @@ def choose_threads(
     if cpus is None:
         cpus = allowed_cpus()
     return default_threads(cpus, sysfs_cpu, proc_cgroup, cgroup_root)
+
+
+def cpu_model(default: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (`model name` of /proc/cpuinfo), else `default`."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from pagecli.engine.cpu_threads import cpu_model
+
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo names
 # bfloat16 must beat float32 by this factor in the probe: at about parity, float32 is exact.
 MIN_PROBE_SPEEDUP = 1.2
@@ -48,17 +50,6 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     except OSError:
         pass
     return set()
-
-
-def cpu_model(default: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name (`model name` of /proc/cpuinfo), else `default`."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return default
 
 
 def _median_s(fn, budget_s: float) -> float:

@@ -16,9 +16,9 @@ from pagecli.engine.sequence import FinishReason, Sequence
 from pagecli.engine.stats import EngineStats, StepTimer
 from pagecli.engine.structured import CompiledGrammar, GrammarCompiler, StructuredOutputError
 from pagecli.errors import GrammarRejected, RequestError
+from pagecli.loader.hf_config import load_hf_config
 from pagecli.loader.resolve import ModelLoadError, resolve_model
 from pagecli.loader.weight_plan import quantizes
-from pagecli.loader.weights import load_hf_config
 from pagecli.models.registry import UnsupportedModelError, model_class
 from pagecli.outputs import CompletionOutput, RequestOutput
 from pagecli.sampling_params import SamplingParams, StructuredOutputs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,33 +9,10 @@ from pathlib import Path
 import torch
 
 from pagecli.errors import KVCacheMemoryError
-from pagecli.loader.resolve import ModelLoadError, ModelSource
+from pagecli.loader.resolve import ModelLoadError
 from pagecli.loader.shards import RankShard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_hf_config(source: ModelSource):
-    """The transformers config of the model, read from its config.json (for a converted GGUF
-    the same values without transformers: loader/model_config.py)."""
-    path = source.path / "config.json"
-    try:
-        json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{source.name}: unreadable config.json ({exc})") from None
-    if source.kind == "gguf":
-        from pagecli.loader.model_config import load_full_config
-
-        config = load_full_config(source.path)
-        if config is not None:
-            return config
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(source.path))
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"{source.name}: cannot read config.json ({first})") from None
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:

@@ -1,5 +1,6 @@
-"""Start-up cost: help never loads torch or transformers, and a GGUF run never imports
-transformers (its tokenizer and config come from the converted folder without it)."""
+"""Start-up cost: help and a remote server's client never load torch or transformers, and a
+GGUF run never imports transformers (its tokenizer and config come from the converted folder
+without it)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,15 @@ def test_help_imports_neither_torch_nor_transformers(args):
     result = _imports(*args)
     assert result["code"] in (0, None)
     assert result["loaded"] == [], f"{' '.join(args)} imported {result['loaded']}"
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench"])
+def test_a_client_of_a_remote_server_imports_neither(command):
+    """With --endpoint the local engine never runs, so its torch is never imported (1.5 s of
+    a client's start); an unreachable server ends the run in its one line, exit 2."""
+    result = _imports(command, "--endpoint", "http://127.0.0.1:1/v1")
+    assert result["code"] == 2
+    assert result["loaded"] == [], f"{command} --endpoint imported {result['loaded']}"
 
 
 def test_gguf_generate_runs_without_transformers():
