@@ -11,6 +11,8 @@ greedy ids where a tiny model's argmax is trivial (tied embeddings echo the inpu
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -26,9 +28,25 @@ def reference_logits(hf_model, prompt_ids: list[int], output_ids: list[int]) -> 
     return logits[start : start + len(output_ids)]
 
 
+# Checks that passed, per model: the same tokens checked again (the same workload run with
+# preemption, or through other kernels, gives the same output) pass again without another
+# forward pass. A failed check is never kept.
+_PASSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def check_greedy(hf_model, prompt_ids: list[int], output_ids: list[int]) -> list[str]:
     """Raise AssertionError unless every output token is transformers' greedy choice (or a
     near-tie with it). Returns a note for each near-tie found."""
+    passed = _PASSED.setdefault(hf_model, {})
+    key = (tuple(prompt_ids), tuple(output_ids))
+    if key in passed:
+        return list(passed[key])
+    notes = _check_greedy(hf_model, prompt_ids, output_ids)
+    passed[key] = list(notes)
+    return notes
+
+
+def _check_greedy(hf_model, prompt_ids: list[int], output_ids: list[int]) -> list[str]:
     notes = []
     logits = reference_logits(hf_model, prompt_ids, output_ids)
     for step, (token, row) in enumerate(zip(output_ids, logits)):

@@ -2,7 +2,7 @@
 copy-on-write and a host-memory swap pool.
 
 A block is in exactly one state:
-  free         ref_count 0, no hash                 (in `_free_ids`)
+  free         ref_count 0, no hash                 (in `_free_ids`, or never handed out yet)
   cached-free  ref_count 0, hash still findable     (in `_cached_free`, least recent first)
   in use       ref_count >= 1                       (held by that many block tables)
 Only full blocks whose K/V have been computed get a hash. A hash chains the parent block's hash
@@ -57,8 +57,12 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._root_hash = hash(("pagecli-prefix", model_key))
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free_ids: deque[int] = deque(range(num_blocks))
+        # Blocks come into being when first handed out, in id order: ids from len(blocks) up
+        # are free and were never used. A pool of millions of small blocks (a small model
+        # under a large --kv-cache-memory) starts at once, and the walks over `blocks` (the
+        # stats, the invariants) cover only the blocks ever used.
+        self.blocks: list[Block] = []
+        self._free_ids: deque[int] = deque()  # freed blocks, handed out after the unused
         self._cached_free: OrderedDict[int, None] = OrderedDict()
         self._hash_to_block: dict[int, int] = {}
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) device blocks
@@ -73,7 +77,12 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now (free plus evictable cached-free)."""
-        return len(self._free_ids) + len(self._cached_free)
+        return self.num_unused_blocks + len(self._free_ids) + len(self._cached_free)
+
+    @property
+    def num_unused_blocks(self) -> int:
+        """Free blocks that were never handed out (ids from len(blocks) on)."""
+        return self.num_blocks - len(self.blocks)
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -198,7 +207,10 @@ class BlockManager:
     # ---- allocation ----------------------------------------------------------------------
 
     def _take_block(self) -> int:
-        if self._free_ids:
+        if len(self.blocks) < self.num_blocks:  # the unused first, in id order
+            block_id = len(self.blocks)
+            self.blocks.append(Block(block_id))
+        elif self._free_ids:
             block_id = self._free_ids.popleft()
         else:
             block_id, _ = self._cached_free.popitem(last=False)  # least recently used
@@ -314,9 +326,10 @@ class BlockManager:
     def check_invariants(self, seqs: Iterable[Sequence]) -> None:
         """Raise AssertionError when the pool's bookkeeping is inconsistent with `seqs`,
         the sequences that currently hold block tables."""
-        holders = [0] * self.num_blocks
+        holders = [0] * len(self.blocks)
         for seq in seqs:
             for block_id in seq.block_table:
+                assert block_id < len(self.blocks), f"block {block_id} was never handed out"
                 holders[block_id] += 1
         free = set(self._free_ids)
         cached = set(self._cached_free)
@@ -339,7 +352,8 @@ class BlockManager:
                 assert block.hash is not None, f"cached-free block {block.block_id} lacks a hash"
             if block.hash is not None:
                 assert self._hash_to_block.get(block.hash) == block.block_id
-        assert len(free) + len(cached) + num_in_use == self.num_blocks
+        assert all(b.block_id == i for i, b in enumerate(self.blocks)), "blocks out of order"
+        assert len(free) + len(cached) + num_in_use == len(self.blocks)
         for h, block_id in self._hash_to_block.items():
             assert self.blocks[block_id].hash == h
         swapped = [h for ids in self._swapped.values() for h in ids]

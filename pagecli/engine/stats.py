@@ -114,6 +114,7 @@ class EngineStats:
                 states.append("cached")
             else:
                 states.append("free")
+        states += ["free"] * bm.num_unused_blocks  # the blocks never handed out
         held_blocks: dict[int, int] = {}
         for seq in sched.running:
             for i, block_id in enumerate(seq.block_table):

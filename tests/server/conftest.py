@@ -93,8 +93,9 @@ class Server:
                 values[name] = float(value)
         return values
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
+    def stop(self, sig: int | None = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal the server (`sig` None: it was signalled already) and wait for its exit."""
+        if sig is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import jsonschema
@@ -63,13 +64,32 @@ ASK = [{"role": "user", "content": "What is the weather in Rome, in celsius?"}]
 ROME = {"city": "Rome", "unit": "celsius"}
 
 
-@pytest.fixture(scope="module", params=list(FORMS))
-def served(request, tmp_path_factory):
-    name = request.param
-    folder = tool_model_dir(tmp_path_factory.mktemp(name) / "model", TEMPLATES / FORMS[name])
-    srv = Server(["--model", str(folder), "--kv-cache-memory", "0.5", "--grammar-timeout", "10"])
-    yield name, srv
-    srv.stop()
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """One server per format, all started at once: their start-ups (mostly one thread each)
+    overlap instead of running one after another."""
+    started = {}
+    try:
+        for name, template in FORMS.items():
+            folder = tool_model_dir(tmp_path_factory.mktemp(name) / "model", TEMPLATES / template)
+            started[name] = Server(
+                ["--model", str(folder), "--kv-cache-memory", "0.5", "--grammar-timeout", "10"],
+                wait=False,
+            )
+        for srv in started.values():
+            srv.wait_healthy()
+        yield started
+    finally:  # all asked to stop first, then each waited for: they shut down together
+        for srv in started.values():
+            if srv.proc.poll() is None:
+                srv.proc.send_signal(signal.SIGTERM)
+        for srv in started.values():
+            srv.stop(None)
+
+
+@pytest.fixture(params=list(FORMS))
+def served(request, servers):
+    return request.param, servers[request.param]
 
 
 def id_ok(name: str, call_id: str) -> bool:
