@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 from pagecli_kernels.settings import KernelSettings
 
@@ -20,6 +21,67 @@ _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 _PREEMPTION_MODES = ("recompute", "swap")
 _ATTENTION_IMPLS = ("auto", "triton", "cpu", "reference")
 _QUANTIZATIONS = ("auto", "none", "q8_0", "q4_k")
+
+
+SpecMethod = Literal["ngram"]
+_SPEC_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, with vLLM's `--speculative-config` keys: a proposer guesses up to
+    `num_speculative_tokens` tokens per sequence and step, one forward pass checks them, and
+    the output is token for token what decoding without it gives (engine/spec_decode/).
+
+    ngram (prompt lookup): the tokens that followed the latest earlier occurrence of the
+    sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`."""
+
+    method: SpecMethod = "ngram"
+    num_speculative_tokens: int = 5  # the most drafts per sequence and step (k)
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    # llama.cpp's --draft-min: fewer proposed drafts than this are not checked
+    draft_min: int = 1
+
+    def __post_init__(self) -> None:
+        _choice("speculative method", self.method, _SPEC_METHODS)
+        _at_least("num_speculative_tokens", self.num_speculative_tokens, 1)
+        _at_least("draft_min", self.draft_min, 1)
+        if self.draft_min > self.num_speculative_tokens:
+            raise ValueError(
+                f"draft_min ({self.draft_min}) exceeds num_speculative_tokens "
+                f"({self.num_speculative_tokens})"
+            )
+        _at_least("prompt_lookup_min", self.prompt_lookup_min, 1)
+        _at_least("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min)
+
+    @classmethod
+    def parse(cls, value: str | dict[str, Any]) -> SpeculativeConfig:
+        """From `--speculative-config`'s JSON object (or its dict); ValueError names an
+        unknown key or a bad value."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"speculative config is not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError("speculative config must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        if "model" in value:
+            raise ValueError(
+                'speculative config: a draft model ("model") is not supported yet; '
+                'use {"method": "ngram"}'
+            )
+        unknown = sorted(set(value) - known)
+        if unknown:
+            names = ", ".join(sorted(known))
+            raise ValueError(f"speculative config: unknown key {unknown[0]!r} (known: {names})")
+        args = dict(value)
+        if args.get("method") == "[ngram]":  # vLLM's older spelling
+            args["method"] = "ngram"
+        if "prompt_lookup_max" in args and "prompt_lookup_min" not in args:
+            args["prompt_lookup_min"] = min(cls.prompt_lookup_min, args["prompt_lookup_max"])
+        return cls(**args)
 
 
 @dataclass(frozen=True)
@@ -66,6 +128,8 @@ class EngineConfig:
     # engine applies them at start where they differ from the defaults (all "auto": the
     # CPU's own choices, or what a test or benchmark set); pagecli_kernels/settings.py
     kernels: KernelSettings = KernelSettings()
+    # speculative decoding (None: off); a JSON string or dict is parsed
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, _DTYPES)
@@ -103,6 +167,13 @@ class EngineConfig:
             object.__setattr__(self, "kernels", KernelSettings.parse(self.kernels))
         if not isinstance(self.kernels, KernelSettings):
             raise ValueError(f"kernels must be a KernelSettings, got {self.kernels!r}")
+        if isinstance(self.speculative_config, (str, dict)):
+            spec = SpeculativeConfig.parse(self.speculative_config)
+            object.__setattr__(self, "speculative_config", spec)
+        if self.speculative_config is not None and not isinstance(
+            self.speculative_config, SpeculativeConfig
+        ):
+            raise ValueError(f"speculative_config: not a config: {self.speculative_config!r}")
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -18,6 +18,7 @@ COLUMNS = [  # (header, row key, format)
     ("engine", "engine", "{}"),
     ("backend", "backend", "{}"),
     ("test", "test", "{}"),
+    ("workload", "workload", "{}"),
     ("requests", "num_requests", "{}"),
     ("prompt tok", "prompt_tokens", "{:,}"),
     ("output tok", "output_tokens", "{:,}"),
@@ -33,6 +34,13 @@ COLUMNS = [  # (header, row key, format)
     ("peak KV", "peak_kv_blocks", None),
     ("prefix hits", "prefix_hit_rate", "{:.1%}"),
     ("preempt", "preemptions", "{}"),
+    # the spec scenario: decode rates without and with speculative decoding
+    ("dec tok/s off", "decode_tokens_per_s_off", "{:.1f}"),
+    ("dec tok/s on", "decode_tokens_per_s_on", "{:.1f}"),
+    ("speedup", "speedup", "{:.2f}x"),
+    ("accepted", "acceptance_rate", "{:.0%}"),
+    ("mean len", "mean_accepted_length", "{:.2f}"),
+    ("same tokens", "identical", "{}"),
 ]
 # Shown only in a report of --endpoint rows (one with "endpoints"): the in-process table
 # keeps its columns.
@@ -105,7 +113,8 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
     table = Table(title=title, caption=caption)
     for header, _, _ in used:
         table.add_column(
-            header, justify="left" if header in ("engine", "backend", "test") else "right"
+            header,
+            justify="left" if header in ("engine", "backend", "test", "workload") else "right",
         )
     for row in rows:
         table.add_row(*(_cell(row, key, fmt) for _, key, fmt in used))

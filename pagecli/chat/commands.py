@@ -249,6 +249,12 @@ def _stats(chat: Chat, arg: str) -> None:
                 f"{stats.tp_comm_s:.2f} s in collectives"
             )
         chat.info(f"memory: {chat.state.llm.engine.runner.memory.line()}")
+        if stats.spec_drafts:
+            chat.info(
+                f"speculative decoding: {stats.spec_draft_tokens} drafts checked, "
+                f"{stats.spec_acceptance_rate:.0%} accepted, "
+                f"{stats.spec_mean_accepted_length:.2f} tokens a step"
+            )
         chat.info("kernels: " + ", ".join(f"{k} {v}" for k, v in stats.kernels.items()))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -29,6 +30,11 @@ class TurnStats:
     interrupted: bool
 
     remote: bool = False  # counted by a server (prompt and cached tokens), not here
+    # speculative decoding in this turn (local engine): decodes that checked drafts, the
+    # drafts, those accepted
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     @property
     def num_prefilled_tokens(self) -> int:
@@ -83,6 +89,10 @@ class TurnStats:
             if self.tokens_per_s is not None:
                 tokens += f" at {self.tokens_per_s:.1f} tok/s"
             parts.append(tokens)
+        if self.spec_drafts:
+            rate = self.spec_accepted_tokens / self.spec_draft_tokens
+            mean = 1 + self.spec_accepted_tokens / self.spec_drafts
+            parts.append(f"drafts {rate:.0%} accepted, {mean:.1f} tokens a step")
         if self.interrupted:
             parts.append("interrupted")
         elif self.finish_reason == "length":
@@ -148,6 +158,7 @@ def run_turn(
     session = conversation.session
     backend = session.llm  # a SyncBackend
     ids_before = list(session.token_ids)
+    spec_before = _spec_counts(backend)
     conversation.begin_turn()
     last = None
     interrupted = False
@@ -173,4 +184,21 @@ def run_turn(
             conversation.end_turn(ids_before)
     if last is None:
         return None
-    return TurnStats.of(last, interrupted, remote=not backend.is_local)
+    stats = TurnStats.of(last, interrupted, remote=not backend.is_local)
+    if spec_before is not None:  # the engine ran this turn alone: the counts' difference
+        drafts, draft_tokens, accepted = (a - b for a, b in zip(_spec_counts(backend), spec_before))
+        stats = dataclasses.replace(
+            stats,
+            spec_drafts=drafts,
+            spec_draft_tokens=draft_tokens,
+            spec_accepted_tokens=accepted,
+        )
+    return stats
+
+
+def _spec_counts(backend) -> tuple[int, int, int] | None:
+    """The local engine's speculative-decoding counters (None: a server, or it is off)."""
+    if not backend.is_local or backend.engine.config.speculative_config is None:
+        return None
+    counters = backend.engine.scheduler.counters
+    return counters.spec_drafts, counters.spec_draft_tokens, counters.spec_accepted_tokens

@@ -51,6 +51,7 @@ class Scenario(str, enum.Enum):
     prefix = "prefix"
     chat = "chat"
     latency = "latency"
+    spec = "spec"
 
 
 class Compare(str, enum.Enum):
@@ -186,14 +187,14 @@ def bench(
     if endpoint.remote:
         if compare is not None:
             raise CliError("--compare hf runs in-process only, not with --endpoint", exit_code=2)
-        if scenario == Scenario.latency:
+        if scenario in (Scenario.latency, Scenario.spec):
             raise CliError(
-                "--endpoint runs the throughput, prefix and chat scenarios, not latency",
+                f"--endpoint runs the throughput, prefix and chat scenarios, not {scenario.value}",
                 exit_code=2,
             )
     elif max_concurrency is not None or not math.isinf(request_rate):
         raise CliError("--max-concurrency and --request-rate need --endpoint", exit_code=2)
-    if compare is not None and scenario in (Scenario.chat, Scenario.latency):
+    if compare is not None and scenario in (Scenario.chat, Scenario.latency, Scenario.spec):
         raise CliError(
             f"--compare hf applies to the throughput and prefix scenarios, not {scenario.value}",
             exit_code=2,
@@ -228,6 +229,10 @@ def bench(
     note(f"loading {engine_config.model or 'the default model'}")
     if scenario == Scenario.prefix:
         engine_config = dataclasses.replace(engine_config, enable_prefix_caching=True)
+    if scenario == Scenario.spec and engine_config.speculative_config is None:
+        from pagecli.config import SpeculativeConfig
+
+        engine_config = dataclasses.replace(engine_config, speculative_config=SpeculativeConfig())
     llm = load_llm(engine_config)
     engine = llm.engine
     vocab = engine.hf_config.vocab_size
@@ -290,6 +295,12 @@ def bench(
         elif scenario == Scenario.latency:
             note(f"latency: pp{pp}, tg{tg}, {repetitions} repetitions")
             rows += run_latency(llm, refresh, pp, tg, repetitions, workload_seed)
+        elif scenario == Scenario.spec:
+            from pagecli.bench.spec import run_spec
+
+            count = min(num_prompts, 3)
+            note(f"spec: 4 workloads x {count} prompts, off and on, {repetitions} repetitions")
+            rows += run_spec(llm, refresh, out_range.high, repetitions, count)
         else:
             note(f"pagecli: {len(requests)} requests")
             rows.append(EngineRunner(llm, refresh).run("pagecli", requests))

@@ -31,6 +31,7 @@ from pagecli.sampling_params import SamplingParams
 
 MODEL_PANEL = "Model"
 ENGINE_PANEL = "Engine"
+SPEC_PANEL = "Speculative decoding"
 SAMPLING_PANEL = "Sampling"
 
 
@@ -181,9 +182,47 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
             show_default=False,
         ),
     ),
+    "speculative_config": (
+        Optional[str],
+        _opt(
+            SPEC_PANEL,
+            'Speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
+            '"num_speculative_tokens": 5}\' (prompt lookup; prompt_lookup_min/max): the same '
+            "tokens, faster where replies repeat their prompt.",
+            metavar="JSON",
+            show_default=False,
+        ),
+    ),
 }
 # EngineConfig fields whose CLI default is None (the option's text, parsed by EngineConfig)
-_NONE_DEFAULTS = {"kernels"}
+_NONE_DEFAULTS = {"kernels", "speculative_config"}
+
+# llama.cpp's shorthands for the speculative config (not EngineConfig fields: engine_config()
+# folds them into speculative_config)
+SPEC_SHORTHANDS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
+    "spec_type": (
+        Optional[str],
+        _opt(
+            SPEC_PANEL,
+            "llama.cpp's spelling: ngram (prompt lookup) or none.",
+            "--spec-type",
+            metavar="ngram|none",
+            show_default=False,
+        ),
+    ),
+    "draft_max": (
+        Optional[int],
+        _opt(SPEC_PANEL, "Most drafts per step (num_speculative_tokens).", show_default=False),
+    ),
+    "draft_min": (
+        Optional[int],
+        _opt(
+            SPEC_PANEL,
+            "Check drafts only where at least this many are proposed.",
+            show_default=False,
+        ),
+    ),
+}
 
 # SamplingParams fields that are not CLI defaults: `seed` is per request (the CLI's --seed
 # seeds the engine instead).
@@ -231,6 +270,8 @@ def _engine_parameters() -> list[inspect.Parameter]:
         if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
             default = annotation(default)
         params.append(_keyword(name, Annotated[annotation, option], default))
+    for name, (annotation, option) in SPEC_SHORTHANDS.items():
+        params.append(_keyword(name, Annotated[annotation, option], None))
     return params
 
 
@@ -293,9 +334,39 @@ def engine_config(values: dict[str, Any]) -> EngineConfig:
     if values.get("chat_template") is not None:
         values["chat_template"] = str(values["chat_template"])
     try:
+        _fold_spec_shorthands(values)
         return EngineConfig(**values)
     except ValueError as exc:
         raise CliError(f"invalid engine option: {exc}", exit_code=2) from None
+
+
+def _fold_spec_shorthands(values: dict[str, Any]) -> None:
+    """--spec-type, --draft-max and --draft-min into `speculative_config`: --draft-max or
+    --draft-min alone turn prompt lookup on; --spec-type none turns it off."""
+    import json
+
+    spec_type = values.pop("spec_type", None)
+    draft_max = values.pop("draft_max", None)
+    draft_min = values.pop("draft_min", None)
+    text = values.get("speculative_config")
+    if spec_type not in (None, "ngram", "none"):
+        raise ValueError(f"--spec-type must be ngram or none, got {spec_type!r}")
+    if spec_type == "none":
+        if text is not None or draft_max is not None or draft_min is not None:
+            raise ValueError("--spec-type none turns speculative decoding off; drop the others")
+        return
+    if spec_type is None and draft_max is None and draft_min is None:
+        return
+    spec: dict[str, Any] = {"method": "ngram"}
+    if text is not None:
+        from pagecli.config import SpeculativeConfig
+
+        spec = dataclasses.asdict(SpeculativeConfig.parse(text))
+    if draft_max is not None:
+        spec["num_speculative_tokens"] = draft_max
+    if draft_min is not None:
+        spec["draft_min"] = draft_min
+    values["speculative_config"] = json.dumps(spec)
 
 
 def sampling_defaults(values: dict[str, Any]) -> dict[str, Any]:

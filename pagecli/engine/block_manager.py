@@ -261,6 +261,13 @@ class BlockManager:
             seq.block_table.append(self._take_block())
         return True
 
+    def trim(self, seq: Sequence) -> None:
+        """Release the blocks past those the sequence's tokens need (speculative decoding:
+        blocks that held only rejected drafts' K/V), last first."""
+        needed = self.blocks_needed(seq.num_tokens)
+        while len(seq.block_table) > needed:
+            self._release(seq.block_table.pop())
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (prompt blocks, a partly filled last
         block included); whoever writes a shared block first copies it."""

@@ -85,6 +85,11 @@ class LLMEngine:
             restart_past=self.runner.model.long_rope_from,
         )
         self._requests: dict[str, _Request] = {}
+        self.proposer = None  # speculative decoding's (engine/spec_decode/), when configured
+        if config.speculative_config is not None:
+            from pagecli.engine.spec_decode.proposer import NgramProposer
+
+            self.proposer = NgramProposer(config.speculative_config)
         self.timer = StepTimer()
         self.grammars = GrammarCompiler(
             self.tokenizer.backend_json if self.tokenizer is not None else None,
@@ -243,9 +248,14 @@ class LLMEngine:
                 if self.scheduler.has_unfinished():
                     raise RuntimeError("the scheduler could not make progress")
                 return []
-            sampled = self.runner.run(batch)
-            updated = self.scheduler.postprocess(batch, sampled.token_ids, sampled.logprobs)
-            record(batch)
+            start = time.perf_counter()
+            samples = self.runner.run(batch)
+            seconds = time.perf_counter() - start
+            updated = self.scheduler.postprocess(batch, samples)
+            if self.proposer is not None:
+                self.proposer.observe(batch, samples, seconds)
+                self.proposer.propose(self.scheduler.running)
+            record(batch, samples)
         return self._outputs(updated)
 
     def _outputs(self, updated: list[Sequence]) -> list[RequestOutput]:
@@ -276,20 +286,30 @@ class LLMEngine:
                 self.tokenizer, request.params.skip_special_tokens, request.params.keep_token_ids
             )
             request.detokenizers[seq.sample_index] = detok
-        before = len(detok.text)
-        detok.add(seq.output_token_ids[len(detok.token_ids) :])
+        new = seq.output_token_ids[len(detok.token_ids) :]
         stops = request.params.stop
         if not stops:
+            detok.add(new)
             return
         longest = max(len(s) for s in stops)
-        window_start = max(0, before - longest + 1)
-        found = [(idx, s) for s in stops if (idx := detok.text.find(s, window_start)) != -1]
-        if found:
-            idx, stop = min(found)
-            detok.text = detok.text[:idx]
-            seq.finish_reason, seq.stop_reason = FinishReason.STOP, stop
-            if not seq.is_finished:
-                self.scheduler.finish(seq)
+        # one token at a time: a step that appended several (accepted drafts) ends at the
+        # token that completes a stop string, as decoding them one by one would
+        for i, token_id in enumerate(new):
+            before = len(detok.text)
+            detok.add([token_id])
+            window_start = max(0, before - longest + 1)
+            found = [(idx, s) for s in stops if (idx := detok.text.find(s, window_start)) != -1]
+            if found:
+                idx, stop = min(found)
+                detok.text = detok.text[:idx]
+                if i + 1 < len(new):  # the tokens after the stop were never decoded
+                    keep = seq.num_tokens - (len(new) - i - 1)
+                    del seq.token_ids[keep:]
+                    del seq.output_logprobs[seq.num_output_tokens :]
+                seq.finish_reason, seq.stop_reason = FinishReason.STOP, stop
+                if not seq.is_finished:
+                    self.scheduler.finish(seq)
+                return
 
     def _request_output(self, request: _Request) -> RequestOutput:
         completions = []

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pagecli.config import EngineConfig
@@ -19,7 +19,8 @@ from pagecli.engine.parallel import (
     pin_to_numa_node,
     rank_device,
 )
-from pagecli.engine.scheduler import ScheduledBatch, ScheduledSeq
+from pagecli.engine.scheduler import SampledTokens, ScheduledBatch, ScheduledSeq
+from pagecli.engine.spec_decode.verify import verify
 from pagecli.engine.structured import BitmaskFiller
 from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.linear import bf16_rows_supported, packing_supported
@@ -41,7 +42,6 @@ from pagecli.loader.weights import (
 from pagecli.models import weight_methods
 from pagecli.models.base import CausalLM
 from pagecli.models.registry import model_class
-from pagecli.outputs import TokenLogprob
 from pagecli_kernels.settings import apply as apply_kernel_settings
 
 
@@ -88,16 +88,6 @@ def release_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(trim(0)) if trim is not None else False
-
-
-@dataclass
-class RunOutput:
-    """What one step sampled, per scheduled sequence (decodes, then prefills): the drawn ids
-    (empty for a prefill chunk that does not finish its prompt) and, for requests that asked
-    for them, one TokenLogprob per drawn id."""
-
-    token_ids: list[list[int]]
-    logprobs: list[list[TokenLogprob] | None]
 
 
 class ModelRunner:
@@ -413,14 +403,16 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> RunOutput:
-        """Forward the whole mixed batch once and sample the sequences that completed their
-        prompt."""
+    def run(self, batch: ScheduledBatch) -> list[SampledTokens]:
+        """Forward the whole mixed batch once and sample, per scheduled sequence, the rows it
+        asks for (ScheduledSeq.num_rows): what it drew, in batch.seqs order."""
         self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         items = batch.seqs
-        sampled = [s for s in items if s.completes_prefill]
+        rows = self._row_starts(items)
         constrained = [
-            (i, s.seq.matcher) for i, s in enumerate(sampled) if s.seq.matcher is not None
+            (rows[i], s.seq.matcher)
+            for i, s in enumerate(items)
+            if s.num_rows and s.seq.matcher is not None
         ]
         # the grammar's mask is computed on its own thread while the model runs
         mask = self.bitmask.start(constrained) if constrained else None
@@ -429,11 +421,11 @@ class ModelRunner:
             logits = self._run_ranks(
                 StepInputs.from_step(input_ids, positions, meta, sample_index, batch)
             )
-            return self._sample(items, sampled, constrained, logits, mask)
+            return self._sample(items, rows, constrained, logits, mask)
         if (
             self.graphs is not None
             and not batch.prefills
-            and self.graphs.padded_size(len(batch.decodes))
+            and self.graphs.padded_size(meta.num_decode_tokens)
         ):
             hidden = self.graphs.run(  # [T, H]
                 input_ids,
@@ -445,9 +437,19 @@ class ModelRunner:
         else:
             hidden = self.model(input_ids, positions, meta)  # [T, H]
         logits = None
-        if sampled:
+        if sample_index.numel():
             logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
-        return self._sample(items, sampled, constrained, logits, mask)
+        return self._sample(items, rows, constrained, logits, mask)
+
+    @staticmethod
+    def _row_starts(items: list[ScheduledSeq]) -> list[int]:
+        """Each item's first row among the step's sampled logits (items that sample no row
+        get the next item's)."""
+        starts, row = [], 0
+        for item in items:
+            starts.append(row)
+            row += item.num_rows
+        return starts
 
     def _run_ranks(self, step: StepInputs) -> torch.Tensor | None:
         """Rank 0's tensor-parallel step: hand the workers `step`, run this rank's shard.
@@ -490,24 +492,42 @@ class ModelRunner:
         self._copy_blocks(step.swap_out, step.swap_in, step.block_copies)
         self._forward_logits(*step.tensors(self.device))
 
-    def _sample(self, items, sampled, constrained, logits, mask) -> RunOutput:
-        if not sampled:
-            return RunOutput([[] for _ in items], [None] * len(items))
-        rows = [self._sampling_row(s) for s in sampled]
+    def _sample(self, items, rows, constrained, logits, mask) -> list[SampledTokens]:
+        """Draw each item's tokens: one row per decode or finished prefill (n ids for a
+        request's first tokens with n > 1), and for a decode with k drafts its k + 1 rows in
+        order, each drawn with the request's own sampler as if decoded alone, accepted while
+        the draw equals the draft (engine/spec_decode/verify.py)."""
+        if logits is None:
+            return [SampledTokens() for _ in items]
         raw_logits = logits
         if mask is not None:
             # logprobs report the model's own distribution, as without a grammar (vLLM's
             # default too): they read the logits from before the mask
-            if any(rows[i].params.logprobs is not None for i, _ in constrained):
+            if any(s.seq.matcher is not None and s.seq.sampling_params.logprobs is not None
+                   for s in items):  # fmt: skip
                 raw_logits = logits.clone()
             BitmaskFiller.apply(logits, mask)
-        drawn = sample(logits, rows, self.generator)
-        logprobs = compute_logprobs(raw_logits, rows, drawn)
-        ids_iter, logprobs_iter = iter(drawn), iter(logprobs)
-        return RunOutput(
-            [next(ids_iter) if s.completes_prefill else [] for s in items],
-            [next(logprobs_iter) if s.completes_prefill else None for s in items],
-        )
+        plain = [i for i, s in enumerate(items) if s.num_rows and not s.draft_token_ids]
+        out = [SampledTokens() for _ in items]
+        if plain:
+            index = [rows[i] for i in plain]
+            every_row = len(index) == logits.shape[0]
+            picked = logits if every_row else logits[index]
+            picked_raw = raw_logits if every_row else raw_logits[index]
+            sampling_rows = [self._sampling_row(items[i]) for i in plain]
+            drawn = sample(picked, sampling_rows, self.generator)
+            logprobs = compute_logprobs(picked_raw, sampling_rows, drawn)
+            for i, ids, lp in zip(plain, drawn, logprobs):
+                out[i] = SampledTokens(ids, lp)
+        for i, item in enumerate(items):
+            if item.draft_token_ids:
+                out[i] = verify(
+                    logits[rows[i] : rows[i] + item.num_rows],
+                    item.seq,
+                    item.draft_token_ids,
+                    self.generator,
+                )
+        return out
 
     @property
     def bitmask(self) -> BitmaskFiller:
@@ -524,60 +544,86 @@ class ModelRunner:
             seq.sampling_params, generators, seq.prompt_token_ids, seq.output_token_ids
         )
 
-    def _prepare(self, batch: ScheduledBatch):
-        if self.device.type == "cpu":
-            return self._prepare_host(batch)
-        return self._prepare_lists(batch)
-
-    def _host_buffers(self, num_tokens: int, num_seqs: int) -> dict:
-        """Step metadata buffers, allocated once (CPU) and grown only if a step needs more:
-        numpy views that the step fills and torch tensors over the same memory that the model
-        reads. A step's tensors are slices of these, valid until the next step."""
-        import numpy as np
-
+    def _host_buffers(self, num_tokens: int, num_rows: int) -> dict:
+        """Step metadata buffers, allocated once and grown only if a step needs more: numpy
+        arrays that the step fills and torch tensors over the same memory. A step's tensors
+        are slices of these, valid until the next step (on the CPU the model reads them in
+        place; other devices get copies)."""
         shapes = {
             "input_ids": ((num_tokens,), np.int64),
             "positions": ((num_tokens,), np.int64),
             "slots": ((num_tokens,), np.int64),
-            "sample_index": ((num_seqs,), np.int64),
-            "decode_tables": ((num_seqs, self.max_blocks_per_seq), np.int32),
-            "decode_lens": ((num_seqs,), np.int32),
-            "prefill_tables": ((num_seqs, self.max_blocks_per_seq), np.int32),
-            "prefill_lens": ((num_seqs,), np.int32),
-            "query_start": ((num_seqs + 1,), np.int32),
+            "sample_index": ((num_rows,), np.int64),
+            "decode_tables": ((num_rows, self.max_blocks_per_seq), np.int32),
+            "decode_lens": ((num_rows,), np.int32),
+            "prefill_tables": ((num_rows, self.max_blocks_per_seq), np.int32),
+            "prefill_lens": ((num_rows,), np.int32),
+            "query_start": ((num_rows + 1,), np.int32),
         }
         return {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
 
-    def _prepare_host(self, batch: ScheduledBatch):
-        """The step's flat tensors, written into the persistent host buffers."""
-        import numpy as np
-
+    def _prepare(self, batch: ScheduledBatch):
+        """The step's flat tensors: decode rows first (a decode with k drafts is k + 1 rows,
+        each a decode of its own position with the sequence's block table, so that each
+        row's attention is the one decoding alone would run), then the prefill chunks back
+        to back. Written into the persistent host buffers; copied to the device if it is
+        not the CPU."""
+        decodes, prefills = batch.decodes, batch.prefills
+        num_decode_rows = sum(item.num_new_tokens for item in decodes)
+        num_rows = num_decode_rows + len(prefills)
+        num_tokens = num_decode_rows + sum(item.num_new_tokens for item in prefills)
         # A step holds at most max_num_seqs sequences and max_num_batched_tokens tokens, except
         # when the forks of n > 1 requests join the running batch past the first budget.
-        num_seqs = len(batch.decodes) + len(batch.prefills)
-        num_tokens = sum(item.num_new_tokens for item in batch.seqs)
         if (
             self._buffers is None
-            or num_seqs > len(self._buffers["sample_index"])
+            or num_rows > len(self._buffers["sample_index"])
             or num_tokens > len(self._buffers["input_ids"])
         ):
             self._buffers = self._host_buffers(
                 max(num_tokens, self.config.max_num_batched_tokens),
-                max(num_seqs, self.config.max_num_seqs),
+                max(num_rows, self.config.max_num_seqs),
             )
         buf, bs = self._buffers, self.block_size
         input_ids, positions, slots = buf["input_ids"], buf["positions"], buf["slots"]
-        num_decodes = len(batch.decodes)
-        for i, item in enumerate(batch.decodes):  # one token each: plain stores are cheapest
+        sample_index = buf["sample_index"]
+        decode_tables, decode_lens = buf["decode_tables"], buf["decode_lens"]
+        d_width = max((len(item.seq.block_table) for item in decodes), default=0)
+        r = num_sampled = 0
+        for item in decodes:  # one token each, plain stores being cheapest; + drafts
             seq = item.seq
+            table = seq.block_table
             pos = seq.num_computed_tokens
-            input_ids[i] = seq.token_ids[pos]
-            positions[i] = pos
-            slots[i] = seq.block_table[pos // bs] * bs + pos % bs
-        num_tokens = num_decodes
+            sampled = item.num_rows > 0  # not a prompt's one-token chunk short of its end
+            if not item.draft_token_ids:
+                input_ids[r] = seq.token_ids[pos]
+                positions[r] = pos
+                slots[r] = table[pos // bs] * bs + pos % bs
+                decode_tables[r, : len(table)] = table
+                decode_tables[r, len(table) : d_width] = 0
+                decode_lens[r] = pos + 1
+                if sampled:
+                    sample_index[num_sampled] = r
+                    num_sampled += 1
+                r += 1
+                continue
+            for j, token in enumerate([seq.token_ids[pos], *item.draft_token_ids]):
+                p = pos + j
+                input_ids[r] = token
+                positions[r] = p
+                slots[r] = table[p // bs] * bs + p % bs
+                decode_tables[r, : len(table)] = table
+                decode_tables[r, len(table) : d_width] = 0
+                decode_lens[r] = p + 1
+                if sampled:
+                    sample_index[num_sampled] = r
+                    num_sampled += 1
+                r += 1
+        num_tokens = num_decode_rows
         starts = buf["query_start"]
         starts[0] = 0
-        for j, item in enumerate(batch.prefills):
+        prefill_tables, prefill_lens = buf["prefill_tables"], buf["prefill_lens"]
+        p_width = max((len(item.seq.block_table) for item in prefills), default=0)
+        for j, item in enumerate(prefills):
             seq = item.seq
             start, n = seq.num_computed_tokens, item.num_new_tokens
             end = num_tokens + n
@@ -587,136 +633,59 @@ class ModelRunner:
             table = np.asarray(seq.block_table, dtype=np.int64)
             slots[num_tokens:end] = table[pos // bs] * bs + pos % bs
             starts[j + 1] = starts[j] + n
-            num_tokens = end
-        sample_index = buf["sample_index"]
-        num_sampled = 0
-        offset = 0
-        for item in batch.seqs:  # decodes first, then prefills, as laid out above
-            offset += item.num_new_tokens
+            prefill_tables[j, : len(table)] = table
+            prefill_tables[j, len(table) : p_width] = 0
+            prefill_lens[j] = start + n
             if item.completes_prefill:
-                sample_index[num_sampled] = offset - 1
+                sample_index[num_sampled] = end - 1
                 num_sampled += 1
+            num_tokens = end
 
-        def tables(kind: str, items) -> tuple[torch.Tensor, torch.Tensor]:
-            table_buf, lens = buf[f"{kind}_tables"], buf[f"{kind}_lens"]
-            width = max(len(item.seq.block_table) for item in items)
-            for i, item in enumerate(items):
-                block_table = item.seq.block_table
-                table_buf[i, : len(block_table)] = block_table
-                table_buf[i, len(block_table) : width] = 0
-                lens[i] = item.seq.num_computed_tokens + item.num_new_tokens
-            n = len(items)
-            return torch.from_numpy(table_buf[:n, :width]), torch.from_numpy(lens[:n])
-
-        decode_tables = decode_lens = prefill_tables = prefill_lens = query_start = None
-        if batch.decodes:
-            decode_tables, decode_lens = tables("decode", batch.decodes)  # [D, width], [D]
-        if batch.prefills:
-            prefill_tables, prefill_lens = tables("prefill", batch.prefills)  # [P, width], [P]
-            query_start = torch.from_numpy(starts[: len(batch.prefills) + 1])  # [P + 1]
+        dev = self._on_device
+        num_p = len(prefills)
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slots[:num_tokens]),  # [T]
-            num_decode_tokens=num_decodes,
-            decode_block_tables=decode_tables,
-            decode_seq_lens=decode_lens,
-            prefill_block_tables=prefill_tables,
-            prefill_seq_lens=prefill_lens,
-            prefill_query_start_loc=query_start,
-            long_rope_rows=self._long_rope_rows(batch, torch.from_numpy(positions[:num_tokens])),
+            slot_mapping=dev(slots[:num_tokens]),  # [T]
+            num_decode_tokens=num_decode_rows,
+            decode_block_tables=dev(decode_tables[:num_decode_rows, :d_width]) if decodes else None,
+            decode_seq_lens=dev(decode_lens[:num_decode_rows]) if decodes else None,
+            prefill_block_tables=dev(prefill_tables[:num_p, :p_width]) if prefills else None,
+            prefill_seq_lens=dev(prefill_lens[:num_p]) if prefills else None,
+            prefill_query_start_loc=dev(starts[: num_p + 1]) if prefills else None,
+            long_rope_rows=self._long_rope_rows(batch),
         )
         return (
-            torch.from_numpy(input_ids[:num_tokens]),  # [T]
-            torch.from_numpy(positions[:num_tokens]),  # [T]
+            dev(input_ids[:num_tokens]),  # [T]
+            dev(positions[:num_tokens]),  # [T]
             meta,
-            torch.from_numpy(sample_index[:num_sampled]),  # [S]
+            dev(sample_index[:num_sampled]),  # [S]
         )
 
-    def _prepare_lists(self, batch: ScheduledBatch):
-        """The step's flat tensors from Python lists (CUDA: through pinned memory)."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_index: list[int] = []
+    def _on_device(self, array) -> torch.Tensor:
+        """A host buffer's slice as a tensor on the model's device: the buffer itself on the
+        CPU, else a pinned copy sent without a sync (the buffer is rewritten next step)."""
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cpu":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
-        def add(item: ScheduledSeq) -> None:
-            seq = item.seq
-            start = seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            input_ids.extend(seq.token_ids[start:end])
-            table = seq.block_table
-            for pos in range(start, end):
-                positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
-            if item.completes_prefill:
-                sample_index.append(len(input_ids) - 1)
-
-        for item in batch.decodes:
-            add(item)
-        for item in batch.prefills:
-            add(item)
-        decode_tables = decode_lens = prefill_tables = prefill_lens = query_start = None
-        if batch.decodes:
-            decode_tables = self._block_tables([s.seq for s in batch.decodes])
-            decode_lens = self._to_device(
-                [s.seq.num_computed_tokens + 1 for s in batch.decodes], torch.int32
-            )
-        if batch.prefills:
-            prefill_tables = self._block_tables([s.seq for s in batch.prefills])
-            prefill_lens = self._to_device(
-                [s.seq.num_computed_tokens + s.num_new_tokens for s in batch.prefills],
-                torch.int32,
-            )
-            starts = [0]
-            for s in batch.prefills:
-                starts.append(starts[-1] + s.num_new_tokens)
-            query_start = self._to_device(starts, torch.int32)
-        meta = AttentionMetadata(
-            slot_mapping=self._to_device(slots, torch.int64),
-            num_decode_tokens=len(batch.decodes),
-            decode_block_tables=decode_tables,
-            decode_seq_lens=decode_lens,
-            prefill_block_tables=prefill_tables,
-            prefill_seq_lens=prefill_lens,
-            prefill_query_start_loc=query_start,
-            long_rope_rows=self._long_rope_rows(batch, self._to_device(positions, torch.long)),
-        )
-        return (
-            self._to_device(input_ids, torch.long),  # [T]
-            self._to_device(positions, torch.long),  # [T]
-            meta,
-            self._to_device(sample_index, torch.long),  # [S]
-        )
-
-    def _long_rope_rows(self, batch: ScheduledBatch, positions: torch.Tensor):
+    def _long_rope_rows(self, batch: ScheduledBatch):
         """For a LongRoPE model, the step's tokens that rotate with its long-context table:
         every token of a sequence longer than the original context, as transformers rotates
-        it (the scheduler recomputes a sequence whole when it grows past it); [T] bool, or
-        None for other models."""
+        it (the scheduler recomputes a sequence whole when it grows past it, and keeps drafts
+        short of that point); [T] bool, or None for other models."""
         start = self.model.long_rope_from
         if start is None:
             return None
-        flags = [item.seq.num_tokens > start for item in batch.decodes]
-        for item in batch.prefills:
+        flags = []
+        for item in batch.seqs:
             flags += [item.seq.num_tokens > start] * item.num_new_tokens
-        return torch.tensor(flags, dtype=torch.bool, device=positions.device)  # [T]
+        return self._on_device(np.asarray(flags, dtype=np.bool_))  # [T]
 
     def cache_salt(self, num_tokens: int) -> int:
         """The prefix-cache salt of a new sequence (engine/sequence.py): a LongRoPE model's
         long sequences are rotated with other factors, so their blocks never meet the rest."""
         start = self.model.long_rope_from
         return 1 if start is not None and num_tokens > start else 0
-
-    def _block_tables(self, seqs) -> torch.Tensor:
-        width = max(len(s.block_table) for s in seqs)
-        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-        return self._to_device(rows, torch.int32)  # [N, max_blocks]
-
-    def _to_device(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        """A host list as a device tensor; through pinned memory without a sync on CUDA."""
-        if self.device.type == "cpu":
-            return torch.tensor(data, dtype=dtype)
-        return torch.tensor(data, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
 
     def _copy_blocks(self, swap_out, swap_in, block_copies) -> None:
         """Swap-outs first (their device blocks may be reused in this very step), then

@@ -28,13 +28,37 @@ MIN_BLOCKS_TO_WAIT_FOR = 2
 
 @dataclass
 class ScheduledSeq:
+    """One sequence's part of a step: `num_new_tokens` tokens to compute, the last of which
+    are `draft_token_ids` (speculative decoding: a decode of 1 + k tokens whose k + 1 rows
+    are all sampled, each checked against the draft before it)."""
+
     seq: Sequence
     num_new_tokens: int
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def completes_prefill(self) -> bool:
         """True when this chunk brings the sequence up to date, so its last logits are sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        num_real = self.num_new_tokens - len(self.draft_token_ids)
+        return self.seq.num_computed_tokens + num_real == self.seq.num_tokens
+
+    @property
+    def num_rows(self) -> int:
+        """Logits rows this item samples: 1 + k for a decode with k drafts, 1 for a decode
+        or a prefill that completes its prompt, 0 for a chunk that does not."""
+        return 1 + len(self.draft_token_ids) if self.completes_prefill else 0
+
+
+@dataclass
+class SampledTokens:
+    """What one step gave one scheduled sequence: the ids drawn (empty for a prefill chunk
+    that does not finish its prompt; n ids for a request's first tokens with n > 1; the
+    accepted drafts then one more id for a speculative decode), one TokenLogprob per id
+    where the request asked for them, and how many of its drafts were accepted."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    num_accepted: int = 0
 
 
 @dataclass
@@ -53,7 +77,9 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + sum(s.num_new_tokens for s in self.prefills)
+        return sum(s.num_new_tokens for s in self.decodes) + sum(
+            s.num_new_tokens for s in self.prefills
+        )
 
     @property
     def is_empty(self) -> bool:
@@ -68,6 +94,12 @@ class SchedulerCounters:
     steps: int = 0
     # sequences recomputed whole as they grew past a LongRoPE model's original context
     long_context_restarts: int = 0
+    # speculative decoding: decodes that carried drafts, the drafts, those accepted, and
+    # those accepted at each draft position (vLLM's spec_decode_* counters)
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -123,6 +155,19 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            drafts = self._drafts_to_check(seq, budget)
+            # drafts take free blocks only where every running sequence keeps one for its
+            # next token: they never cost a preemption
+            spare = bm.num_free_blocks - len(self.running)
+            if (
+                drafts
+                and bm.slots_cost(seq, 1 + len(drafts)) <= spare
+                and bm.allocate_slots(seq, 1 + len(drafts))
+            ):
+                self._add_to_batch(batch, seq, 1 + len(drafts), drafts)
+                budget -= 1 + len(drafts)
+                i += 1
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not bm.allocate_slots(seq, num_new):
                 victim = self.running.pop()
@@ -186,6 +231,22 @@ class Scheduler:
         self.counters.steps += 1
         return batch
 
+    def _drafts_to_check(self, seq: Sequence, budget: int) -> list[int]:
+        """The drafts a decoding sequence carries into this step, cut to what it may still
+        emit (each accepted draft and the token after them are outputs: max_tokens and
+        max_model_len bound them), to the token budget, and short of a LongRoPE model's
+        restart point; [] for any other sequence. Drafts never cost a preemption: the caller
+        checks them only where their blocks are free."""
+        drafts = seq.draft_token_ids
+        seq.draft_token_ids = []
+        if not drafts or seq.num_uncomputed_tokens != 1:
+            return []
+        room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+        room = min(room - 1, budget - 1)
+        if self.restart_past is not None and seq.num_tokens <= self.restart_past:
+            room = min(room, self.restart_past - seq.num_tokens)
+        return drafts[: max(room, 0)]
+
     def _note_in_flight(self, in_flight: set[int], seq: Sequence, num_new: int) -> None:
         """Record the hashes of the prompt blocks that this prefill chunk completes."""
         bm = self.block_manager
@@ -195,9 +256,11 @@ class Scheduler:
         first = seq.num_computed_tokens // bm.block_size
         in_flight.update(bm.full_block_hashes(seq, end)[first:])
 
-    def _add_to_batch(self, batch: ScheduledBatch, seq: Sequence, num_new: int) -> None:
-        item = ScheduledSeq(seq, num_new)
-        if num_new == 1:
+    def _add_to_batch(
+        self, batch: ScheduledBatch, seq: Sequence, num_new: int, drafts: list[int] | None = None
+    ) -> None:
+        item = ScheduledSeq(seq, num_new, drafts or [])
+        if num_new == 1 or drafts:
             batch.decodes.append(item)
         else:
             batch.prefills.append(item)
@@ -236,22 +299,22 @@ class Scheduler:
         self.block_manager.fork(parent, child)
         self.running.insert(self.running.index(parent) + 1, child)
 
-    def postprocess(
-        self,
-        batch: ScheduledBatch,
-        sampled: list[list[int]],
-        logprobs: list[list[TokenLogprob] | None] | None = None,
-    ) -> list[Sequence]:
+    def postprocess(self, batch: ScheduledBatch, samples: list[SampledTokens]) -> list[Sequence]:
         """Account for the computed tokens, append the sampled ones (and their logprobs, when
         given, forking n > 1 requests after their prefill), finish sequences that hit a
-        token-level stop condition and release their blocks. Returns the sequences that
-        received tokens."""
+        token-level stop condition and release their blocks. A speculative decode keeps the
+        K/V of its accepted drafts only: the rest of its slots are rolled back, and blocks
+        that hold nothing else are freed. Returns the sequences that received tokens."""
         updated: list[Sequence] = []
-        if logprobs is None:
-            logprobs = [None] * len(sampled)
-        for item, token_ids, token_logprobs in zip(batch.seqs, sampled, logprobs):
+        for item, sampled in zip(batch.seqs, samples):
             seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
+            token_ids = sampled.token_ids
+            if item.draft_token_ids:
+                self._count_spec(item, sampled.num_accepted)
+                # the decoded token and the accepted drafts have their K/V in the cache
+                seq.num_computed_tokens += 1 + sampled.num_accepted
+            else:
+                seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.commit_full_blocks(seq)
             if not token_ids:
                 continue
@@ -263,20 +326,47 @@ class Scheduler:
                 for child in reversed(children):
                     self.add_fork(seq, child)
                 family += children
-            for i, (member, token_id) in enumerate(zip(family, token_ids)):
-                member.token_ids.append(token_id)
-                if token_logprobs is not None:
-                    member.output_logprobs.append(token_logprobs[i])
-                self._check_stop(member)
+                pairs = [(member, [t]) for member, t in zip(family, token_ids)]
+            else:
+                pairs = [(seq, token_ids)]
+            for member, ids in pairs:
+                self._append(member, ids, sampled.logprobs, family.index(member))
                 updated.append(member)
-                if (
-                    self.restart_past is not None
-                    and member.finish_reason is None
-                    and not member.cache_salt
-                    and member.num_tokens > self.restart_past
-                ):
-                    self._restart_long(member)
+            if item.draft_token_ids and seq.status is SequenceStatus.RUNNING:
+                self.block_manager.trim(seq)  # blocks that held only rejected drafts
         return updated
+
+    def _append(
+        self, seq: Sequence, token_ids: list[int], logprobs: list[TokenLogprob] | None, index: int
+    ) -> None:
+        """Append a sequence's new tokens one at a time, each checked for a stop: a run of
+        accepted drafts ends at the first token that stops it, as decoding token by token
+        would."""
+        for j, token_id in enumerate(token_ids):
+            seq.token_ids.append(token_id)
+            if logprobs is not None:
+                seq.output_logprobs.append(logprobs[index + j])
+            self._check_stop(seq)
+            if seq.finish_reason is not None:
+                return
+            if (
+                self.restart_past is not None
+                and not seq.cache_salt
+                and seq.num_tokens > self.restart_past
+            ):
+                self._restart_long(seq)
+                return
+
+    def _count_spec(self, item: ScheduledSeq, num_accepted: int) -> None:
+        counters = self.counters
+        counters.spec_drafts += 1
+        counters.spec_draft_tokens += len(item.draft_token_ids)
+        counters.spec_accepted_tokens += num_accepted
+        per_position = counters.spec_accepted_per_position
+        if len(per_position) < len(item.draft_token_ids):
+            per_position.extend([0] * (len(item.draft_token_ids) - len(per_position)))
+        for i in range(num_accepted):
+            per_position[i] += 1
 
     def _restart_long(self, seq: Sequence) -> None:
         """Recompute a sequence that grew past `restart_past`: its blocks are released and it

@@ -61,6 +61,10 @@ class Sequence:
     # Mixed into its blocks' prefix hashes: sequences whose K/V differ for the same tokens
     # (a LongRoPE model rotates a long prompt with other factors) never share blocks.
     cache_salt: int = 0
+    # Speculative decoding (engine/spec_decode/): the tokens proposed to follow `token_ids`,
+    # checked in the next step; never part of `token_ids` until accepted.
+    draft_token_ids: list[int] = field(default_factory=list)
+    spec: Any = None  # the proposer's per-sequence state (SpecState), made at first use
 
     @property
     def num_tokens(self) -> int:

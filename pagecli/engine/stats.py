@@ -37,14 +37,16 @@ class StepTimer:
     @contextmanager
     def step(self):
         start = time.perf_counter()
-        seen: list[ScheduledBatch] = []
-        yield seen.append
+        seen: list[tuple[ScheduledBatch, list | None]] = []
+        yield lambda batch, samples=None: seen.append((batch, samples))
         if not seen:
             return
-        batch = seen[0]
+        batch, samples = seen[0]
         elapsed = time.perf_counter() - start
         prefill = sum(s.num_new_tokens for s in batch.prefills)
-        decode = len(batch.decodes)
+        # decoded tokens: one per decode, or what a speculative decode emitted
+        decodes = len(batch.decodes)
+        decode = sum(len(s.token_ids) for s in samples[:decodes]) if samples else decodes
         self.recent.append((elapsed, prefill, decode))
         self.total_prefill_tokens += prefill
         self.total_decode_tokens += decode
@@ -85,6 +87,22 @@ class EngineStats:
     tp_comm_s: float = 0.0  # rank 0's time in all-reduces and gathers since the start
     # the CPU kernels' choices in effect, resolved (pagecli_kernels.settings.report)
     kernels: dict[str, object] = field(default_factory=dict)
+    # speculative decoding: decodes that carried drafts, their drafts, the drafts accepted
+    # (in all, and at each draft position)
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted drafts / drafts."""
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a checked decode emitted, on average: its accepted drafts, plus one."""
+        return 1 + self.spec_accepted_tokens / self.spec_drafts if self.spec_drafts else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -96,6 +114,8 @@ class EngineStats:
         data = asdict(self)
         data.pop("block_states")
         data["prefix_hit_rate"] = self.prefix_hit_rate
+        data["spec_acceptance_rate"] = self.spec_acceptance_rate
+        data["spec_mean_accepted_length"] = self.spec_mean_accepted_length
         return data
 
     @classmethod
@@ -150,4 +170,8 @@ class EngineStats:
             tensor_parallel_size=engine.config.tensor_parallel_size,
             tp_comm_s=engine.runner.tp.comm_seconds if engine.runner.tp is not None else 0.0,
             kernels=kernel_report(),
+            spec_drafts=sched.counters.spec_drafts,
+            spec_draft_tokens=sched.counters.spec_draft_tokens,
+            spec_accepted_tokens=sched.counters.spec_accepted_tokens,
+            spec_accepted_per_position=tuple(sched.counters.spec_accepted_per_position),
         )

@@ -121,6 +121,22 @@ class _EngineCollector:
         preemptions.add_metric([*value, "recompute"], s.preemptions_recompute)
         preemptions.add_metric([*value, "swap"], s.preemptions_swap)
         yield preemptions
+        # speculative decoding, as vLLM names it (zero while it is off)
+        yield counter(
+            "spec_decode_num_drafts", "Decodes that carried drafts to check.", s.spec_drafts
+        )
+        yield counter("spec_decode_num_draft_tokens", "Draft tokens checked.", s.spec_draft_tokens)
+        yield counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_accepted_tokens
+        )
+        per_position = CounterMetricFamily(
+            "pagecli:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by their position among a decode's drafts (0 first).",
+            labels=[*labels, "position"],
+        )
+        for position, accepted in enumerate(s.spec_accepted_per_position):
+            per_position.add_metric([*value, str(position)], accepted)
+        yield per_position
 
 
 class ServerMetrics:

@@ -1,6 +1,7 @@
 """The block manager as a hypothesis state machine, with a model of the cache's contents.
 
-Random sequences are admitted (with prefix-cache lookups), grow token by token, fork (n > 1,
+Random sequences are admitted (with prefix-cache lookups), grow token by token or by a
+speculative step (1 + k slots, a <= k drafts accepted, the rest rolled back), fork (n > 1,
 copy-on-write), are swapped out and in, and are freed. A fake KV cache records which token
 each slot holds: after every step every sequence must read back exactly its own tokens, and
 `check_invariants()` must hold. At the end, with every sequence freed, no block is in use.
@@ -118,6 +119,32 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.content[dev] = list(self.host[host])
         self.swapped.remove(seq)
         self.live.append(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(
+        data=st.data(),
+        token=st.integers(1, 9),
+        drafts=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    )
+    def spec_step(self, data, token, drafts):
+        """A speculative decode: slots for the new token and k drafts, K/V written for all,
+        a <= k drafts accepted, the rest rolled back (their trailing blocks freed)."""
+        seq = data.draw(st.sampled_from(self.live))
+        accepted = data.draw(st.integers(0, len(drafts)))
+        seq.token_ids.append(token)
+        if not self.bm.allocate_slots(seq, 1 + len(drafts)):
+            seq.token_ids.pop()  # nothing was taken: the step runs without drafts
+            return
+        self._apply_copies()
+        start = seq.num_computed_tokens
+        for j, t in enumerate([token, *drafts]):
+            block = seq.block_table[(start + j) // BLOCK_SIZE]
+            self.content.setdefault(block, [None] * BLOCK_SIZE)[(start + j) % BLOCK_SIZE] = t
+        seq.token_ids.extend(drafts[:accepted])
+        seq.num_computed_tokens = start + 1 + accepted
+        self.bm.commit_full_blocks(seq)  # hashes of accepted tokens only
+        self.bm.trim(seq)
+        assert len(seq.block_table) == self.bm.blocks_needed(seq.num_tokens)
 
     # ---- checks --------------------------------------------------------------------------
 

@@ -1,0 +1,56 @@
+"""Speculative decoding from the command line: vLLM's --speculative-config and llama.cpp's
+shorthands give generate the same records; chat's turn line shows the drafts' acceptance;
+bad settings end in one line, exit 2, before any model loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli.helpers import jsonl, no_traceback, records, run
+
+ECHO = (
+    "Repeat this sentence three times: the quick brown fox jumps over the lazy dog, "
+    "and the lazy dog sleeps."
+)
+ARGS = ["--temperature", "0", "--max-tokens", "48", "--kv-cache-memory", "0.25"]
+
+
+def test_generate_records_are_the_same_with_drafts():
+    stdin = jsonl({"id": 1, "prompt": ECHO}, {"id": 2, "prompt": "Count from 1 to 20."})
+    plain = run(["generate", *ARGS], stdin)
+    assert plain.returncode == 0, plain.stderr
+    for flags in (
+        ["--spec-type", "ngram"],
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+        ["--draft-max", "6", "--draft-min", "2"],
+    ):
+        spec = run(["generate", *ARGS, *flags], stdin)
+        assert spec.returncode == 0 and spec.stderr == b"", spec.stderr
+        assert [(r["text"], r["finish_reason"]) for r in records(spec.stdout)] == [
+            (r["text"], r["finish_reason"]) for r in records(plain.stdout)
+        ]
+
+
+def test_chat_turn_line_shows_the_acceptance():
+    done = run(["chat", *ARGS, "--spec-type", "ngram"], f"{ECHO}\n".encode())
+    no_traceback(done.stderr)
+    assert done.returncode == 0, done.stderr
+    assert "accepted" in done.stderr.decode() and "tokens a step" in done.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    "flags, word",
+    [
+        (["--speculative-config", '{"method": "ngram", "k": 3}'], "unknown key 'k'"),
+        (["--speculative-config", '{"model": "draft.gguf"}'], "draft model"),
+        (["--speculative-config", "{bad"], "not JSON"),
+        (["--draft-max", "0"], "num_speculative_tokens"),
+        (["--spec-type", "eagle"], "--spec-type"),
+        (["--spec-type", "none", "--draft-max", "4"], "--spec-type none"),
+    ],
+)
+def test_bad_settings_are_one_line_exit_2(flags, word):
+    done = run(["generate", *flags], jsonl({"prompt": "hi"}))
+    lines = done.stderr.decode().splitlines()
+    assert done.returncode == 2 and done.stdout == b""
+    assert len(lines) == 1 and word in lines[0], lines

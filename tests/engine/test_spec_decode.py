@@ -1,0 +1,138 @@
+"""Speculative decoding (n-gram) gives the tokens decoding without it gives: greedy and
+seeded sampling, through chunked prefills, prefix hits, preemption (recompute and swap),
+logprobs, stop strings and ids, EOS and max_tokens inside a run of drafts, on the default
+model's own (quantized) path. Each test also checks that drafts were checked and accepted,
+so a proposer that never fires cannot pass it."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagecli import LLM, SamplingParams
+from tests.sizes import size
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# Replies that repeat their prompt (the case prompt lookup is for) and ones that do not.
+PROMPTS = [
+    chat("Repeat this sentence three times: The quick brown fox jumps over the lazy dog."),
+    chat(
+        "Rename the variable x to count in this function and show the whole function:\n\n"
+        "def step(x):\n    x = x + 1\n    if x > 10:\n        x = 0\n    return x * x\n"
+    ),
+    chat("List the numbers from 1 to 30, separated by commas."),
+    chat("Write a short poem about the sea."),
+    chat("Quote the second line of this text.\nRoses are red.\nViolets are blue.\nSugar."),
+]
+
+
+def run(prompts, params, spec: bool, **engine):
+    llm = LLM(None, speculative_config=SPEC if spec else None, **engine)
+    outputs = llm.generate(prompts, params)
+    llm.engine.check_invariants()
+    stats = llm.engine.stats()
+    assert stats.blocks_in_use == 0
+    return outputs, stats
+
+
+def same(off, on) -> None:
+    for a, b in zip(off, on):
+        assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+        assert [o.text for o in a.outputs] == [o.text for o in b.outputs]
+        assert [(o.finish_reason, o.stop_reason) for o in a.outputs] == [
+            (o.finish_reason, o.stop_reason) for o in b.outputs
+        ]
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 8])
+def test_greedy_identity(max_num_seqs):
+    params = SamplingParams(temperature=0, max_tokens=size(48, 128))
+    off, _ = run(PROMPTS, params, False, max_num_seqs=max_num_seqs)
+    on, stats = run(PROMPTS, params, True, max_num_seqs=max_num_seqs)
+    same(off, on)
+    assert stats.spec_drafts > 0 and stats.spec_accepted_tokens > 0
+    # fewer steps than tokens: accepted drafts came out several to a step
+    assert stats.num_steps < sum(len(o.token_ids) for o in on)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_identity_through_chunks_prefix_hits_preemption_and_logprobs(mode):
+    """A small cache (preemption), a small token budget (chunked prefills), the same prompt
+    twice (prefix hits), logprobs=5: the same tokens, and logprobs for each. (Their values
+    differ in the last bits where a CPU linear kernel sums 1 + k rows in another order than
+    one row: the verify rows are not row-invariant yet, on this machine's AVX2 path.)"""
+    prompts = PROMPTS[:3] + PROMPTS[:1]
+    params = SamplingParams(temperature=0, max_tokens=size(40, 96), logprobs=5)
+    engine = dict(block_size=4, num_kv_blocks=32, max_num_batched_tokens=32, preemption_mode=mode)
+    if mode == "swap":
+        engine["swap_space"] = 0.05
+    off, _ = run(prompts, params, False, **engine)
+    on, stats = run(prompts, params, True, **engine)
+    same(off, on)
+    for out in on:
+        assert [lp.token_id for lp in out.outputs[0].logprobs] == out.outputs[0].token_ids
+        assert [len(lp.top) for lp in out.outputs[0].logprobs] == [5] * len(out.token_ids)
+    assert stats.spec_accepted_tokens > 0
+    assert stats.chunked_prefills > 0 and stats.prefix_hit_tokens > 0
+    assert stats.preemptions_swap > 0 if mode == "swap" else stats.preemptions_recompute > 0
+
+
+def test_stops_eos_and_max_tokens_inside_drafts():
+    """Stop strings, stop ids, EOS and max_tokens cut a run of accepted drafts at the token
+    where decoding one token at a time stops."""
+    prompt = PROMPTS[1]  # the reply copies the function: runs of accepted drafts
+    full, _ = run([prompt], SamplingParams(temperature=0, max_tokens=64), False)
+    ids, text = full[0].token_ids, full[0].text
+    assert "x > 10" in text and "x = 0" in text  # what the cases stop at
+    cases = [
+        SamplingParams(temperature=0, max_tokens=64, stop=["x > 10"]),
+        SamplingParams(temperature=0, max_tokens=64, stop_token_ids=[ids[12]]),
+        SamplingParams(temperature=0, max_tokens=64, stop=["zzz", "x = 0"]),
+        SamplingParams(temperature=0, max_tokens=23),  # ends inside a run of drafts
+        SamplingParams(temperature=0, max_tokens=200),  # to EOS
+    ]
+    accepted = 0
+    for params in cases:
+        off, _ = run([prompt], params, False)
+        on, stats = run([prompt], params, True)
+        same(off, on)
+        accepted += stats.spec_accepted_tokens
+    assert accepted > 0
+
+
+def test_seeded_sampling_identity():
+    """temperature, top-p, a presence penalty and a seed, n = 3: each sample's generator
+    draws once per emitted token, in order, with or without drafts."""
+    params = SamplingParams(
+        n=3, temperature=0.8, top_p=0.9, presence_penalty=0.3, seed=11, max_tokens=size(40, 96)
+    )
+    off, _ = run(PROMPTS[:3], params, False)
+    on, stats = run(PROMPTS[:3], params, True)
+    same(off, on)
+    assert stats.spec_drafts > 0
+
+
+def test_structured_outputs_stay_valid_and_identical():
+    import json
+
+    from pagecli.sampling_params import StructuredOutputs
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    params = SamplingParams(
+        temperature=0, max_tokens=60, structured=StructuredOutputs(json_schema=schema)
+    )
+    prompts = [chat("Describe a person as JSON with a name and an age."), PROMPTS[0]]
+    off, _ = run(prompts, params, False)
+    on, _ = run(prompts, params, True)
+    same(off, on)
+    for out in on:
+        json.loads(out.text)
