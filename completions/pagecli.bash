@@ -10,7 +10,7 @@ _pagecli() {
             COMPREPLY=($(compgen -W "--version -h --help bench blocks chat generate serve" -- "$cur")) ;;
         bench)
             case "$prev" in
-                --scenario) COMPREPLY=($(compgen -W "throughput prefix chat latency" -- "$cur")); return ;;
+                --scenario) COMPREPLY=($(compgen -W "throughput prefix chat latency spec" -- "$cur")); return ;;
                 --preset) COMPREPLY=(); return ;;
                 --num-prompts) COMPREPLY=(); return ;;
                 --input-len) COMPREPLY=(); return ;;
@@ -53,8 +53,12 @@ _pagecli() {
                 --grammar-timeout) COMPREPLY=(); return ;;
                 -tp|--tensor-parallel-size) COMPREPLY=(); return ;;
                 --kernels) COMPREPLY=(); return ;;
+                --speculative-config) COMPREPLY=(); return ;;
+                --spec-type) COMPREPLY=(); return ;;
+                --draft-max) COMPREPLY=(); return ;;
+                --draft-min) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display --max-concurrency --request-rate -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display --max-concurrency --request-rate -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
         blocks)
             case "$prev" in
                 --svg) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -79,8 +83,12 @@ _pagecli() {
                 --grammar-timeout) COMPREPLY=(); return ;;
                 -tp|--tensor-parallel-size) COMPREPLY=(); return ;;
                 --kernels) COMPREPLY=(); return ;;
+                --speculative-config) COMPREPLY=(); return ;;
+                --spec-type) COMPREPLY=(); return ;;
+                --draft-max) COMPREPLY=(); return ;;
+                --draft-min) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
         chat)
             case "$prev" in
                 -s|--system) COMPREPLY=(); return ;;
@@ -125,8 +133,12 @@ _pagecli() {
                 --grammar-timeout) COMPREPLY=(); return ;;
                 -tp|--tensor-parallel-size) COMPREPLY=(); return ;;
                 --kernels) COMPREPLY=(); return ;;
+                --speculative-config) COMPREPLY=(); return ;;
+                --spec-type) COMPREPLY=(); return ;;
+                --draft-max) COMPREPLY=(); return ;;
+                --draft-min) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
         generate)
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -173,8 +185,12 @@ _pagecli() {
                 --grammar-timeout) COMPREPLY=(); return ;;
                 -tp|--tensor-parallel-size) COMPREPLY=(); return ;;
                 --kernels) COMPREPLY=(); return ;;
+                --speculative-config) COMPREPLY=(); return ;;
+                --spec-type) COMPREPLY=(); return ;;
+                --draft-max) COMPREPLY=(); return ;;
+                --draft-min) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system --max-concurrency -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system --max-concurrency -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
         serve)
             case "$prev" in
                 --host) COMPREPLY=(); return ;;
@@ -207,8 +223,12 @@ _pagecli() {
                 --grammar-timeout) COMPREPLY=(); return ;;
                 -tp|--tensor-parallel-size) COMPREPLY=(); return ;;
                 --kernels) COMPREPLY=(); return ;;
+                --speculative-config) COMPREPLY=(); return ;;
+                --spec-type) COMPREPLY=(); return ;;
+                --draft-max) COMPREPLY=(); return ;;
+                --draft-min) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --tool-call-parser --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --tool-call-parser --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli
