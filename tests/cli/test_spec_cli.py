@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from pagecli.cli.options import engine_config
 from tests.cli.helpers import jsonl, no_traceback, records, run
+from tests.sizes import FULL
 
 ECHO = (
     "Repeat this sentence three times: the quick brown fox jumps over the lazy dog, "
@@ -19,11 +21,13 @@ def test_generate_records_are_the_same_with_drafts():
     stdin = jsonl({"id": 1, "prompt": ECHO}, {"id": 2, "prompt": "Count from 1 to 20."})
     plain = run(["generate", *ARGS], stdin)
     assert plain.returncode == 0, plain.stderr
-    for flags in (
-        ["--spec-type", "ngram"],
-        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
-        ["--draft-max", "6", "--draft-min", "2"],
-    ):
+    variants = [["--draft-max", "6", "--draft-min", "2"]]  # the shorthands turn it on
+    if FULL:
+        variants += [
+            ["--spec-type", "ngram"],
+            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+        ]
+    for flags in variants:
         spec = run(["generate", *ARGS, *flags], stdin)
         assert spec.returncode == 0 and spec.stderr == b"", spec.stderr
         assert [(r["text"], r["finish_reason"]) for r in records(spec.stdout)] == [
@@ -36,6 +40,20 @@ def test_chat_turn_line_shows_the_acceptance():
     no_traceback(done.stderr)
     assert done.returncode == 0, done.stderr
     assert "accepted" in done.stderr.decode() and "tokens a step" in done.stderr.decode()
+
+
+def test_the_shorthands_fold_into_the_config():
+    """What each spelling turns into (the processes above run one of them end to end)."""
+
+    def spec(**values):
+        return engine_config(
+            {"spec_type": None, "draft_max": None, "draft_min": None, **values}
+        ).speculative_config
+
+    assert spec() is None and spec(spec_type="none") is None
+    assert spec(spec_type="ngram").num_speculative_tokens == 5
+    both = spec(speculative_config='{"prompt_lookup_max": 3}', draft_max=7, draft_min=2)
+    assert (both.num_speculative_tokens, both.draft_min, both.prompt_lookup_max) == (7, 2, 3)
 
 
 @pytest.mark.parametrize(
