@@ -91,7 +91,8 @@ def release_freed_memory() -> bool:
 
 
 class ModelRunner:
-    """Runs the model over a `ScheduledBatch` and returns the sampled token ids."""
+    """Runs the model over a `ScheduledBatch` and returns what each scheduled sequence drew
+    (`SampledTokens`: a speculative decode's rows are checked against its drafts)."""
 
     def __init__(
         self,
@@ -503,8 +504,11 @@ class ModelRunner:
         if mask is not None:
             # logprobs report the model's own distribution, as without a grammar (vLLM's
             # default too): they read the logits from before the mask
-            if any(s.seq.matcher is not None and s.seq.sampling_params.logprobs is not None
-                   for s in items):  # fmt: skip
+            constrained_logprobs = (
+                s.seq.matcher is not None and s.seq.sampling_params.logprobs is not None
+                for s in items
+            )
+            if any(constrained_logprobs):
                 raw_logits = logits.clone()
             BitmaskFiller.apply(logits, mask)
         plain = [i for i, s in enumerate(items) if s.num_rows and not s.draft_token_ids]
