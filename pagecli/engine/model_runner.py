@@ -593,23 +593,11 @@ class ModelRunner:
         decode_tables, decode_lens = buf["decode_tables"], buf["decode_lens"]
         d_width = max((len(item.seq.block_table) for item in decodes), default=0)
         r = num_sampled = 0
-        for item in decodes:  # one token each, plain stores being cheapest; + drafts
+        for item in decodes:  # one token each (plain stores are cheapest), then its drafts
             seq = item.seq
             table = seq.block_table
             pos = seq.num_computed_tokens
             sampled = item.num_rows > 0  # not a prompt's one-token chunk short of its end
-            if not item.draft_token_ids:
-                input_ids[r] = seq.token_ids[pos]
-                positions[r] = pos
-                slots[r] = table[pos // bs] * bs + pos % bs
-                decode_tables[r, : len(table)] = table
-                decode_tables[r, len(table) : d_width] = 0
-                decode_lens[r] = pos + 1
-                if sampled:
-                    sample_index[num_sampled] = r
-                    num_sampled += 1
-                r += 1
-                continue
             for j, token in enumerate([seq.token_ids[pos], *item.draft_token_ids]):
                 p = pos + j
                 input_ids[r] = token
