@@ -418,7 +418,8 @@ class LayerProgram:
             starts = starts.contiguous()
             part = hidden[g.token_start : g.token_start + g.num_tokens]
             lens, _ = check_lengths_host(part, tables, seq_lens, block_size, starts)
-            split = native.choose_split_tokens(num_seqs * self._num_kv_heads, max(lens), threads)
+            items = native.distinct_sequences(tables) * self._num_kv_heads
+            split = native.choose_split_tokens(items, max(lens), threads)
             rows.append(
                 [g.token_start, g.num_tokens, num_seqs, tables.data_ptr(), tables.stride(0)]
                 + [seq_lens.data_ptr(), starts.data_ptr(), split]

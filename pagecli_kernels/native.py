@@ -263,14 +263,29 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) 
 # Split-K: cut contexts into pieces of this many tokens when the batch has too few
 # (sequence, kv head) items to keep every thread busy (see benchmarks/cpu_attention.py).
 SPLIT_TOKENS = 256
-SPLIT_MIN_CONTEXT = 512
 
 
 def choose_split_tokens(num_items: int, max_seq_len: int, num_threads: int) -> int:
-    """Context tokens per split (0: no split-K) for a call with `num_items` natural items."""
-    if num_threads > 1 and num_items < 4 * num_threads and max_seq_len >= SPLIT_MIN_CONTEXT:
+    """Context tokens per split (0: no split-K) for a call with `num_items` natural items
+    ((sequence, kv head) pairs: count a sequence once however many of its rows the call has,
+    `distinct_sequences`) whose longest context is `max_seq_len`.
+
+    A row's bits then do not depend on the other rows of its call, only on the sequences:
+    a context of at most SPLIT_TOKENS is one split, whose combine gives the bits of no split
+    (without sinks), and a longer one is cut at the same tokens in any call that cuts. So
+    speculative decoding's k + 1 verify rows of a sequence get the bits its decodes get one at
+    a time."""
+    if num_threads > 1 and num_items < 4 * num_threads and max_seq_len > SPLIT_TOKENS:
         return SPLIT_TOKENS
     return 0
+
+
+def distinct_sequences(block_tables: torch.Tensor) -> int:
+    """The sequences among a call's rows: rows with the same first block are one sequence's
+    (speculative decoding lays out its verify rows as decodes of one block table)."""
+    if block_tables.shape[0] <= 1 or block_tables.shape[1] == 0:
+        return block_tables.shape[0]
+    return len(set(block_tables[:, 0].tolist()))
 
 
 def paged_attention(
@@ -301,7 +316,8 @@ def paged_attention(
     threads = torch.get_num_threads()
     if split_tokens is None:
         context = max_seq_len if window is None else min(max_seq_len, window)
-        split_tokens = choose_split_tokens(num_seqs * num_kv_heads, context, threads)
+        items = distinct_sequences(block_tables) * num_kv_heads
+        split_tokens = choose_split_tokens(items, context, threads)
     sinks32 = None if sinks is None else sinks.to(torch.float32).contiguous()  # [H]
     query32 = query.to(torch.float32).contiguous()  # [T, H, D], converted once (small)
     if block_tables.stride(1) != 1:

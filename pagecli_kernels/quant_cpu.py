@@ -124,6 +124,15 @@ def small_batches() -> bool:
     return lib is not None and bool(lib.pagecli_quant_small_batches())
 
 
+def fused_rows() -> int:
+    """Batches of up to this many input rows take the fused decode path now (8 unless the
+    `fused_rows` setting asks for more), where every output has the bits it has at one input
+    row: the verify rows of speculative decoding rely on it. Larger batches take the panels
+    or AMX's tiles, which sum in another order. 0 without the library."""
+    lib = library()
+    return lib.pagecli_quant_fused_rows() if lib is not None else 0
+
+
 BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
 
 
@@ -152,7 +161,13 @@ def bf16_gemm_native() -> bool:
 
 
 def _configure(
-    prefetch: str, gemm: str, tiles: str, int_dots: str, small_batches: str, bf16_gemm: str
+    prefetch: str,
+    gemm: str,
+    tiles: str,
+    int_dots: str,
+    small_batches: str,
+    bf16_gemm: str,
+    fused_rows: int = 0,
 ) -> None:
     """The settings' part (pagecli_kernels/settings.py): each choice into the library.
     ValueError for a choice this CPU, its kernel or this build cannot run."""
@@ -163,6 +178,8 @@ def _configure(
     _choose("pagecli_quant_set_int_dots", INT_DOTS, int_dots, "int_dots")
     _choose("pagecli_quant_set_small_batches", SMALL_BATCHES, small_batches, "small_batches")
     _choose("pagecli_bf16_set_gemm", BF16_GEMMS, bf16_gemm, "bf16_gemm")
+    if library().pagecli_quant_set_fused_rows(fused_rows) != 0:
+        raise ValueError(f"fused_rows {fused_rows}: out of range")
 
 
 def _choose(setter: str, choices: tuple[str, ...], choice: str, what: str) -> None:
@@ -249,6 +266,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_small_batches.argtypes = [i32]
     lib.pagecli_quant_set_small_batches.restype = i32
     lib.pagecli_quant_small_batches.restype = i32
+    lib.pagecli_quant_set_fused_rows.argtypes = [i32]
+    lib.pagecli_quant_set_fused_rows.restype = i32
+    lib.pagecli_quant_fused_rows.restype = i32
     lib.pagecli_bf16_linear.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i32]
     lib.pagecli_bf16_linear.restype = i32
     lib.pagecli_bf16_set_gemm.argtypes = [i32]

@@ -41,6 +41,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "bf16_gemm": ("auto", "off", "pairs", "tiles"),
 }
 SWITCHES = ("native", "layers", "timing")  # the bool fields
+NUMBERS = ("fused_rows",)  # the int fields
+FUSED_ROWS_MAX = 4096  # csrc/quant_linear_cpu.c's FUSED_ROWS_LIMIT
 _TRUE, _FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
 
 
@@ -68,6 +70,9 @@ class KernelSettings:
     small_batches: SmallBatches = "auto"
     # bfloat16 batches: AMX's tiles, VDPBF16PS pairs, or off (torch's GEMM)
     bf16_gemm: Bf16Gemm = "auto"
+    # batches of up to this many rows take the fused decode kernels, where a row's output
+    # has the bits it has alone (0: auto, 8; speculative decoding asks for its verify rows)
+    fused_rows: int = 0
     # the one-call layers sum their kernels' seconds (layers_cpu.kernel_seconds)
     timing: bool = False
 
@@ -82,6 +87,9 @@ class KernelSettings:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"kernels {name} must be true or false; got {value!r}")
+        rows = self.fused_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= FUSED_ROWS_MAX:
+            raise ValueError(f"kernels fused_rows must be 0 to {FUSED_ROWS_MAX}; got {rows!r}")
 
     @classmethod
     def parse(cls, text: str | dict[str, object]) -> KernelSettings:
@@ -105,6 +113,10 @@ class KernelSettings:
                 if value.lower() not in (*_TRUE, *_FALSE):
                     raise ValueError(f"kernels {name} must be on or off; got {value!r}")
                 values[name] = value.lower() in _TRUE
+            elif name in NUMBERS:
+                if not value.isdigit():
+                    raise ValueError(f"kernels {name} must be a whole number; got {value!r}")
+                values[name] = int(value)
             else:
                 values[name] = value
         return cls(**values)
@@ -161,7 +173,8 @@ def kernel_settings(**changes: object) -> Iterator[KernelSettings]:
 def report() -> dict[str, object]:
     """The kernel choices in effect, resolved, as one plain dict: "native" ("on", "off",
     "not loaded" before the library is built, or "unavailable: <why>"), "layers", "isa",
-    "prefetch", "gemm", "tiles", "int_dots", "small_batches", "bf16_gemm", "timing" and "cpu"
+    "prefetch", "gemm", "tiles", "int_dots", "small_batches", "bf16_gemm", "fused_rows",
+    "timing" and "cpu"
     (what the library found). Before the library loads the other choices are the settings
     as given ("auto"); reading this never builds the library."""
     from pagecli_kernels import layers_cpu, native, quant_cpu
@@ -184,6 +197,7 @@ def report() -> dict[str, object]:
         int_dots="on" if quant_cpu.int_dots() else "off",
         small_batches="on" if quant_cpu.small_batches() else "off",
         bf16_gemm=quant_cpu.bf16_gemm(),
+        fused_rows=quant_cpu.fused_rows(),
         timing="on" if layers_cpu.timing() else "off",
         cpu=_cpu_line(native.cpu_features()),
     )
@@ -206,7 +220,9 @@ def _push(settings: KernelSettings) -> None:
     """Set every choice of `settings` in the kernel modules."""
     from pagecli_kernels import layers_cpu, native, quant_cpu
 
-    needs_library = any(getattr(settings, name) != "auto" for name in CHOICES)
+    needs_library = settings.fused_rows != 0 or any(
+        getattr(settings, name) != "auto" for name in CHOICES
+    )
     if needs_library and native.library() is None:
         chosen = {name: getattr(settings, name) for name in CHOICES}
         chosen = {name: value for name, value in chosen.items() if value != "auto"}
@@ -223,6 +239,7 @@ def _push(settings: KernelSettings) -> None:
             settings.int_dots,
             settings.small_batches,
             settings.bf16_gemm,
+            settings.fused_rows,
         )
     else:  # nothing to tell a library not built yet: it loads with the CPU's choices
         native._configure(settings.native, None)

@@ -20,6 +20,7 @@ from pagecli.engine.parallel import (
     rank_device,
 )
 from pagecli.engine.scheduler import SampledTokens, ScheduledBatch, ScheduledSeq
+from pagecli.engine.spec_decode.invariance import verify_kernels
 from pagecli.engine.spec_decode.verify import verify
 from pagecli.engine.structured import BitmaskFiller
 from pagecli.layers.attention import AttentionMetadata
@@ -132,6 +133,9 @@ class ModelRunner:
             )
         if config.kernels.changed():  # the defaults leave the process's choices as they are
             apply_kernel_settings(config.kernels)  # every rank: the workers are processes
+        # speculative decoding: each step under the kernel choices that give a row the same
+        # bits at one row and beside its drafts (spec_decode/invariance.py)
+        self.spec = config.speculative_config if device.type == "cpu" else None
         if size > 1:
             shard = plan_shards(hf_config, size, _row_blocks(hf_config, plan))[self.rank]
             self.tp = TensorParallel(shard)
@@ -403,10 +407,17 @@ class ModelRunner:
 
     # ---- one step ------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[SampledTokens]:
         """Forward the whole mixed batch once and sample, per scheduled sequence, the rows it
         asks for (ScheduledSeq.num_rows): what it drew, in batch.seqs order."""
+        if self.spec is None:
+            return self._run(batch)
+        rows = sum(s.num_new_tokens for s in batch.seqs)
+        with verify_kernels(rows, any(s.draft_token_ids for s in batch.seqs)):
+            return self._run(batch)
+
+    @torch.inference_mode()
+    def _run(self, batch: ScheduledBatch) -> list[SampledTokens]:
         self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         items = batch.seqs
         rows = self._row_starts(items)
@@ -491,7 +502,11 @@ class ModelRunner:
     def run_worker_step(self, step: StepInputs) -> None:
         """A worker rank's part of one step (rank 0 sent `step`)."""
         self._copy_blocks(step.swap_out, step.swap_in, step.block_copies)
-        self._forward_logits(*step.tensors(self.device))
+        if self.spec is None:
+            self._forward_logits(*step.tensors(self.device))
+            return
+        with verify_kernels(len(step.input_ids), step.drafts):
+            self._forward_logits(*step.tensors(self.device))
 
     def _sample(self, items, rows, constrained, logits, mask) -> list[SampledTokens]:
         """Draw each item's tokens: one row per decode or finished prefill (n ids for a

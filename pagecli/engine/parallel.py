@@ -55,6 +55,7 @@ class StepInputs:
     swap_out: list[tuple[int, int]]
     swap_in: list[tuple[int, int]]
     block_copies: list[tuple[int, int]]
+    drafts: bool = False  # speculative decoding: the step checks drafts (verify_kernels)
 
     @classmethod
     def from_step(cls, input_ids, positions, meta, sample_index, batch) -> StepInputs:
@@ -77,6 +78,7 @@ class StepInputs:
             list(batch.swap_out),
             list(batch.swap_in),
             list(batch.block_copies),
+            any(s.draft_token_ids for s in batch.seqs),
         )
 
     def tensors(self, device: torch.device):

@@ -64,6 +64,16 @@ TARGET_AVX512 static void wide_bf16_avx512(const void *w, int64_t row_bytes, int
         out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+/* AVX2 rows: weights k of each 32 into accumulator k & 1, the wide kernel's order. */
+ROWS2_KERNEL(rows_bf16_avx2) {
+    const uint16_t *w = row;
+    ROWS2_BEGIN
+    for (int64_t j = 0; j < nb; j++)
+        for (int k = 0; k < 4; k++) ROWS2_FMA8(k, widen8(w + 32 * j + 8 * k), 32 * j + 8 * k)
+    ROWS2_END
+}
+ROWS2_DISPATCH(rows_bf16_avx2)
+
 TARGET_AVX2 static void wide_bf16_avx2(const void *w, int64_t row_bytes, int64_t nb,
                                        const float *x, float *out) {
     const int64_t ahead = wide_prefetch_distance(row_bytes, FLOAT_WIDE_ROWS);
@@ -86,7 +96,7 @@ const struct quant_format FORMAT_BF16 = {QT_BF16,
                                          32,
                                          32 * sizeof(uint16_t),
                                          {dequant_bf16, dequant_bf16, dequant_bf16},
-                                         {NULL, NULL, rows_bf16_avx512},
+                                         {NULL, rows_bf16_avx2, rows_bf16_avx512},
                                          {NULL, wide_bf16_avx2, wide_bf16_avx512},
                                          FLOAT_WIDE_ROWS};
 #else

@@ -365,14 +365,14 @@ TARGET_AVX2 static inline float hsum256(__m256 v) {
     for (int r_ = 0; r_ < WIDE_ROWS; r_++) acc[r_][0] = acc[r_][1] = _mm256_setzero_ps();
 #define WIDE2_END                                                                              \
     for (int r_ = 0; r_ < WIDE_ROWS; r_++) out[r_] = hsum256(_mm256_add_ps(acc[r_][0], acc[r_][1]));
-/* acc[r][k & 1] += (fma(float(q), d, m)) * x[off..off+8) for the 8 bytes of v (as int32) */
-#define WIDE2_FMA8(k, v, d, m, off)                                                            \
-    acc[r][(k) & 1] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m),          \
-                                      _mm256_loadu_ps(x + (off)), acc[r][(k) & 1]);
+/* acc[r][k & 1] += w * x[off..off+8) for 8 weights w of row r */
+#define WIDE2_FMA(k, w, off)                                                                   \
+    acc[r][(k) & 1] = _mm256_fmadd_ps((w), _mm256_loadu_ps(x + (off)), acc[r][(k) & 1]);
 
-/* The rows kernels' frame for AVX2 (rows_fn; quant_q5.c): acc[i][0..2) of 8 lanes per input
- * row, 16 floats of `state` each, the 8 weights k of a block into acc[i][k & 1] (the order of
- * the AVX2 wide kernels, so that a row's batch-1 sum is the same in a group or alone). Past 4
+/* The rows kernels' frame for AVX2 (rows_fn): acc[i][0..2) of 8 lanes per input row, 16
+ * floats of `state` each, the 8 weights k of a block into acc[i][k & 1] (the order of the
+ * AVX2 wide kernels, so that a row's sum is the same bits in a group or alone, at one input
+ * row or several: speculative decoding's verify rows rely on it). Past 4
  * inputs the accumulators no longer all fit the 16 registers, but one pass over the row was
  * still 5-25% faster than two passes of at most 4 inputs at 5-7 inputs, and as fast at 8
  * (Q5_0 rows in the L2, AMD EPYC Zen 3). */
@@ -413,6 +413,41 @@ TARGET_AVX2 static inline float hsum256(__m256 v) {
         case 7: NAME##_m(row, nb, x, ldx, out, state, phase, 7); break;                        \
         default: NAME##_m(row, nb, x, ldx, out, state, phase, 8); break;                       \
         }                                                                                      \
+    }
+
+/* The AVX2 rows and wide kernels of a 32-value block format, from its block reader
+ * avx2_weights_NAME(b, w): the block's 32 weights as four vectors of 8, bit for bit gguf's.
+ * Both add weights k of a block into accumulator k & 1, block after block, so a row's sums
+ * are the same bits in either kernel: alone or beside other rows at one input row, and at
+ * any number of input rows (quant_q4_q8.c, quant_q5.c; quant_k.c walks its super-blocks the
+ * same way). */
+#define AVX2_BLOCK32_KERNELS(name)                                                             \
+    ROWS2_KERNEL(rows_##name##_avx2) {                                                         \
+        const block_##name *b = row;                                                           \
+        ROWS2_BEGIN                                                                            \
+        for (int64_t j = 0; j < nb; j++) {                                                     \
+            __m256 w[4];                                                                       \
+            avx2_weights_##name(&b[j], w);                                                     \
+            for (int k = 0; k < 4; k++) ROWS2_FMA8(k, w[k], 32 * j + 8 * k)                    \
+        }                                                                                      \
+        ROWS2_END                                                                              \
+    }                                                                                          \
+    ROWS2_DISPATCH(rows_##name##_avx2)                                                         \
+                                                                                               \
+    TARGET_AVX2 static void wide_##name##_avx2(const void *w, int64_t row_bytes, int64_t nb,   \
+                                               const float *x, float *out) {                   \
+        WIDE2_BEGIN                                                                            \
+        for (int64_t j = 0; j < nb; j++) {                                                     \
+            for (int r = 0; r < WIDE_ROWS; r++) {                                              \
+                const block_##name *b =                                                        \
+                    (const block_##name *)((const uint8_t *)w + r * row_bytes) + j;            \
+                WIDE_PREFETCH(b);                                                              \
+                __m256 v[4];                                                                   \
+                avx2_weights_##name(b, v);                                                     \
+                for (int k = 0; k < 4; k++) WIDE2_FMA(k, v[k], 32 * j + 8 * k)                 \
+            }                                                                                  \
+        }                                                                                      \
+        WIDE2_END                                                                              \
     }
 
 #endif

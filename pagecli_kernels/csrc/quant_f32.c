@@ -49,6 +49,19 @@ TARGET_AVX512 static void wide_f32_avx512(const void *w, int64_t row_bytes, int6
         out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+/* AVX2 rows: weights k of each 32 into accumulator k & 1, the wide kernel's order. */
+ROWS2_KERNEL(rows_f32_avx2) {
+    const float *w = row;
+    ROWS2_BEGIN
+    for (int64_t j = 0; j < nb; j++)
+        for (int k = 0; k < 4; k++) {
+            const __m256 v = _mm256_loadu_ps(w + 32 * j + 8 * k);
+            ROWS2_FMA8(k, v, 32 * j + 8 * k)
+        }
+    ROWS2_END
+}
+ROWS2_DISPATCH(rows_f32_avx2)
+
 TARGET_AVX2 static void wide_f32_avx2(const void *w, int64_t row_bytes, int64_t nb,
                                       const float *x, float *out) {
     const int64_t ahead = wide_prefetch_distance(row_bytes, FLOAT_WIDE_ROWS);
@@ -72,7 +85,7 @@ const struct quant_format FORMAT_F32 = {QT_F32,
                                         32,
                                         32 * sizeof(float),
                                         {dequant_f32, dequant_f32, dequant_f32},
-                                        {NULL, NULL, rows_f32_avx512},
+                                        {NULL, rows_f32_avx2, rows_f32_avx512},
                                         {NULL, wide_f32_avx2, wide_f32_avx512},
                                         FLOAT_WIDE_ROWS};
 #else

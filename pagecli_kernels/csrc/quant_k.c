@@ -540,106 +540,118 @@ TARGET_AVX512 static void wide_q6_K_avx512(const void *w, int64_t row_bytes, int
     WIDE_END
 }
 
-/* AVX2: each 8 weights converted and scaled, fma(q, d * sc, -(dmin * m)) (one rounding of an
- * exact product minus an exact product, as gguf rounds it) or (d * sc) * (q - 32). */
-TARGET_AVX2 static void wide_q4_K_avx2(const void *w, int64_t row_bytes, int64_t nb,
-                                       const float *x, float *out) {
-    const __m128i low = _mm_set1_epi8(0xF);
-    WIDE2_BEGIN
-    for (int64_t s = 0; s < nb; s++) {
-        const int64_t base = s * QK_K;
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + r * row_bytes) + s;
-            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q4_K))
-            float ds[8], ms[8];
-            k_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, ms);
-            for (int j = 0; j < 8; j += 2) {
-                const __m256 d0 = _mm256_set1_ps(ds[j]), m0 = _mm256_set1_ps(-ms[j]);
-                const __m256 d1 = _mm256_set1_ps(ds[j + 1]), m1 = _mm256_set1_ps(-ms[j + 1]);
-                for (int h = 0; h < 32; h += 16) {
-                    const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h));
-                    const __m128i lo = _mm_and_si128(q, low);
-                    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-                    const int64_t o = base + 32 * j + h;
-                    WIDE2_FMA8(0, _mm256_cvtepu8_epi32(lo), d0, m0, o)
-                    WIDE2_FMA8(1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), d0, m0, o + 8)
-                    WIDE2_FMA8(0, _mm256_cvtepu8_epi32(hi), d1, m1, o + 32)
-                    WIDE2_FMA8(1, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), d1, m1, o + 40)
-                }
-            }
-        }
-    }
-    WIDE2_END
+/* ---- AVX2 rows and wide kernels ------------------------------------------------------------
+ * Each 8 weights converted and scaled, fma(q, d * sc, -(dmin * m)) (one rounding of an exact
+ * product minus an exact product, as gguf rounds it) or (d * sc) * (q - 32). One walk over a
+ * super-block per format (K_AVX2_*: EMIT(k, w, off) for each 8 weights w at value off of the
+ * row, into accumulator k & 1) feeds both kernels, so a row sums in the same order alone or
+ * beside other rows, at one input row or several (quant_blocks.h: ROWS2_*, WIDE2_*). */
+
+/* 8 bytes as int32 lanes, float. */
+TARGET_AVX2 static inline __m256 u8x8_ps(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
 }
 
-TARGET_AVX2 static void wide_q5_K_avx2(const void *w, int64_t row_bytes, int64_t nb,
-                                       const float *x, float *out) {
-    const __m128i low = _mm_set1_epi8(0xF);
-    const __m256i one = _mm256_set1_epi32(1);
-    WIDE2_BEGIN
-    for (int64_t s = 0; s < nb; s++) {
-        const int64_t base = s * QK_K;
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q5_K *b = (const block_q5_K *)((const uint8_t *)w + r * row_bytes) + s;
-            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q5_K))
-            float ds[8], ms[8];
-            k_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, ms);
-            for (int j = 0; j < 8; j += 2) {
-                const __m256 d0 = _mm256_set1_ps(ds[j]), m0 = _mm256_set1_ps(-ms[j]);
-                const __m256 d1 = _mm256_set1_ps(ds[j + 1]), m1 = _mm256_set1_ps(-ms[j + 1]);
-                for (int h = 0; h < 32; h += 8) {
-                    const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + 16 * j + h));
-                    const __m256i qh =
-                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qh + h)));
-                    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi32(qh, j), one);
-                    const __m256i h1 = _mm256_and_si256(_mm256_srli_epi32(qh, j + 1), one);
-                    const __m256i lo = _mm256_cvtepu8_epi32(_mm_and_si128(q, low));
-                    const __m256i hi =
-                        _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low));
-                    WIDE2_FMA8(h >> 3, _mm256_or_si256(lo, _mm256_slli_epi32(h0, 4)), d0, m0,
-                               base + 32 * j + h)
-                    WIDE2_FMA8((h >> 3) + 1, _mm256_or_si256(hi, _mm256_slli_epi32(h1, 4)), d1,
-                               m1, base + 32 * j + 32 + h)
-                }
-            }
-        }
-    }
-    WIDE2_END
-}
+#define K_AVX2_Q4_K(b, base, EMIT)                                                             \
+    do {                                                                                       \
+        const __m128i low_ = _mm_set1_epi8(0xF);                                               \
+        float ds_[8], ms_[8];                                                                  \
+        k_scales((b)->scales, _cvtsh_ss((b)->d), _cvtsh_ss((b)->dmin), ds_, ms_);              \
+        for (int j_ = 0; j_ < 8; j_ += 2) {                                                    \
+            const __m256 d0_ = _mm256_set1_ps(ds_[j_]), m0_ = _mm256_set1_ps(-ms_[j_]);        \
+            const __m256 d1_ = _mm256_set1_ps(ds_[j_ + 1]), m1_ = _mm256_set1_ps(-ms_[j_ + 1]); \
+            for (int h_ = 0; h_ < 32; h_ += 16) {                                              \
+                const __m128i q_ = _mm_loadu_si128((const __m128i *)((b)->qs + 16 * j_ + h_)); \
+                const __m128i lo_ = _mm_and_si128(q_, low_);                                   \
+                const __m128i hi_ = _mm_and_si128(_mm_srli_epi16(q_, 4), low_);                \
+                const int64_t o_ = (base) + 32 * j_ + h_;                                      \
+                EMIT(0, _mm256_fmadd_ps(u8x8_ps(lo_), d0_, m0_), o_)                           \
+                EMIT(1, _mm256_fmadd_ps(u8x8_ps(_mm_srli_si128(lo_, 8)), d0_, m0_), o_ + 8)    \
+                EMIT(0, _mm256_fmadd_ps(u8x8_ps(hi_), d1_, m1_), o_ + 32)                      \
+                EMIT(1, _mm256_fmadd_ps(u8x8_ps(_mm_srli_si128(hi_, 8)), d1_, m1_), o_ + 40)   \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
 
-/* Each 8 weights d * sc * (q - 32) into the accumulators in the order the AVX-512 path and the
- * dequantization take them. Putting 32 values together in bytes before widening them (where
- * they were widened 8 at a time and put together in int32 lanes) took the rows from memory
- * from 3.7 to 5.0 GB/s of weights per thread, the same bits (AMD EPYC Zen 3, one thread,
- * Llama-3.2-1B shapes: benchmarks/quant_kernels.py). */
-TARGET_AVX2 static void wide_q6_K_avx2(const void *w, int64_t row_bytes, int64_t nb,
-                                       const float *x, float *out) {
-    const __m256 zero = _mm256_setzero_ps();
-    int8_t q[32] __attribute__((aligned(32)));
-    WIDE2_BEGIN
-    for (int64_t s = 0; s < nb; s++) {
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
-            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q6_K))
-            const float d = _cvtsh_ss(b->d);
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
-                const int8_t *sc = b->scales + 8 * h;
-                const int64_t base = s * QK_K + 128 * h;
-                for (int g = 0; g < 4; g++) {
-                    q6_32_bytes(ql + 32 * (g & 1), qh, g, q);
-                    for (int k = 0; k < 32; k += 8) {
-                        const __m256 dsc = _mm256_set1_ps(d * (float)sc[2 * g + k / 16]);
-                        const __m128i eight = _mm_loadl_epi64((const void *)(q + k));
-                        WIDE2_FMA8(k >> 3, _mm256_cvtepi8_epi32(eight), dsc, zero,
-                                   base + 32 * g + k)
-                    }
-                }
-            }
-        }
+#define K_AVX2_Q5_K(b, base, EMIT)                                                             \
+    do {                                                                                       \
+        const __m128i low_ = _mm_set1_epi8(0xF);                                               \
+        const __m256i one_ = _mm256_set1_epi32(1);                                             \
+        float ds_[8], ms_[8];                                                                  \
+        k_scales((b)->scales, _cvtsh_ss((b)->d), _cvtsh_ss((b)->dmin), ds_, ms_);              \
+        for (int j_ = 0; j_ < 8; j_ += 2) {                                                    \
+            const __m256 d0_ = _mm256_set1_ps(ds_[j_]), m0_ = _mm256_set1_ps(-ms_[j_]);        \
+            const __m256 d1_ = _mm256_set1_ps(ds_[j_ + 1]), m1_ = _mm256_set1_ps(-ms_[j_ + 1]); \
+            for (int h_ = 0; h_ < 32; h_ += 8) {                                               \
+                const __m128i q_ = _mm_loadl_epi64((const __m128i *)((b)->qs + 16 * j_ + h_)); \
+                const __m256i qh_ =                                                            \
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((b)->qh + h_)));    \
+                const __m256i h0_ = _mm256_and_si256(_mm256_srli_epi32(qh_, j_), one_);        \
+                const __m256i h1_ = _mm256_and_si256(_mm256_srli_epi32(qh_, j_ + 1), one_);    \
+                const __m256i lo_ = _mm256_cvtepu8_epi32(_mm_and_si128(q_, low_));             \
+                const __m256i hi_ =                                                            \
+                    _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q_, 4), low_));          \
+                const __m256i v0_ = _mm256_or_si256(lo_, _mm256_slli_epi32(h0_, 4));           \
+                const __m256i v1_ = _mm256_or_si256(hi_, _mm256_slli_epi32(h1_, 4));           \
+                EMIT(h_ >> 3, _mm256_fmadd_ps(_mm256_cvtepi32_ps(v0_), d0_, m0_),              \
+                     (base) + 32 * j_ + h_)                                                    \
+                EMIT((h_ >> 3) + 1, _mm256_fmadd_ps(_mm256_cvtepi32_ps(v1_), d1_, m1_),        \
+                     (base) + 32 * j_ + 32 + h_)                                               \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+/* Putting 32 values together in bytes before widening them (where they were widened 8 at a
+ * time and put together in int32 lanes) took the rows from memory from 3.7 to 5.0 GB/s of
+ * weights per thread, the same bits (AMD EPYC Zen 3, one thread, Llama-3.2-1B shapes:
+ * benchmarks/quant_kernels.py). */
+#define K_AVX2_Q6_K(b, base, EMIT)                                                             \
+    do {                                                                                       \
+        int8_t q_[32] __attribute__((aligned(32)));                                            \
+        const float d_ = _cvtsh_ss((b)->d);                                                    \
+        for (int h_ = 0; h_ < 2; h_++) {                                                       \
+            const uint8_t *ql_ = (b)->ql + 64 * h_, *qh_ = (b)->qh + 32 * h_;                  \
+            const int8_t *sc_ = (b)->scales + 8 * h_;                                          \
+            for (int g_ = 0; g_ < 4; g_++) {                                                   \
+                q6_32_bytes(ql_ + 32 * (g_ & 1), qh_, g_, q_);                                 \
+                for (int k_ = 0; k_ < 32; k_ += 8) {                                           \
+                    const __m256 dsc_ = _mm256_set1_ps(d_ * (float)sc_[2 * g_ + k_ / 16]);     \
+                    const __m128i eight_ = _mm_loadl_epi64((const void *)(q_ + k_));           \
+                    EMIT(k_ >> 3,                                                              \
+                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_)),     \
+                                         dsc_, _mm256_setzero_ps()),                           \
+                         (base) + 128 * h_ + 32 * g_ + k_)                                     \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+#define K_AVX2_KERNELS(name, WALK)                                                             \
+    ROWS2_KERNEL(rows_##name##_avx2) {                                                         \
+        const block_##name *b = row;                                                           \
+        ROWS2_BEGIN                                                                            \
+        for (int64_t s = 0; s < nb; s++) WALK(&b[s], s * QK_K, ROWS2_FMA8);                    \
+        ROWS2_END                                                                              \
+    }                                                                                          \
+    ROWS2_DISPATCH(rows_##name##_avx2)                                                         \
+                                                                                               \
+    TARGET_AVX2 static void wide_##name##_avx2(const void *w, int64_t row_bytes, int64_t nb,   \
+                                               const float *x, float *out) {                   \
+        WIDE2_BEGIN                                                                            \
+        for (int64_t s = 0; s < nb; s++) {                                                     \
+            for (int r = 0; r < WIDE_ROWS; r++) {                                              \
+                const block_##name *b =                                                        \
+                    (const block_##name *)((const uint8_t *)w + r * row_bytes) + s;            \
+                WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_##name))                              \
+                WALK(b, s * QK_K, WIDE2_FMA);                                                  \
+            }                                                                                  \
+        }                                                                                      \
+        WIDE2_END                                                                              \
     }
-    WIDE2_END
-}
+
+K_AVX2_KERNELS(q4_K, K_AVX2_Q4_K)
+K_AVX2_KERNELS(q5_K, K_AVX2_Q5_K)
+K_AVX2_KERNELS(q6_K, K_AVX2_Q6_K)
 
 /* ---- Q4_K at batch 1 on integer dot products (AVX-512 VNNI) --------------------------------
  * The float kernels above spend most of their time widening bytes and permuting tables: on
@@ -869,7 +881,8 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
 
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
-        {NULL, NULL, rows_##name##_avx512}, {NULL, wide_##name##_avx2, wide_##name##_avx512}
+        {NULL, rows_##name##_avx2, rows_##name##_avx512},                                      \
+        {NULL, wide_##name##_avx2, wide_##name##_avx512}
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #endif

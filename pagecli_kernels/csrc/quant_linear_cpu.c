@@ -4,19 +4,23 @@
  * quant_q5.c and quant_k.c) or float32 rows taken as blocks (quant_f32.c).
  *
  * Paths, chosen by the number of input rows m:
- *   - m <= FUSED_MAX_ROWS (decode): each thread takes contiguous ranges of W's output rows
- *     (one range each; for m == 1, guided chunks) and streams them once. For m == 1, a
- *     format's wide kernel (where it has one for the path) takes WIDE_ROWS rows of W at a
- *     time (one for the float formats), with software prefetch. For m = 2..8, a format's
- *     small-batch kernel (AVX-512: Q8_0, Q4_0, Q4_1, Q6_K) takes SMALL_ROWS(m) rows of W
- *     against up to SMALL_MAX_M inputs (5-8 in two passes), sharing each load of x. The last
- *     rows, and every other format, go row by row: where the format has a register-fused row
- *     kernel for the path (AVX-512: quant_q4_q8.c, quant_k.c; AVX2 and AVX-512: quant_q5.c), a
- *     row is dequantized in registers and dotted with up to ROWS_MAX input rows at a time (x
- *     in L1-sized pieces where its rows are long: rows_piece_blocks); otherwise a chunk of the
- *     row is dequantized into an L1 buffer and dotted with the m input rows. The small-batch
- *     kernels and the pieces sum each (row, input) in the row kernel's order: the bits of
- *     whole rows through it. Decode is bound by the bytes of W read, so W is read once, packed.
+ *   - m <= fused_rows (decode; FUSED_MAX_ROWS = 8 unless pagecli_quant_set_fused_rows asked
+ *     for more): each thread takes contiguous ranges of W's output rows (one range each; for
+ *     m == 1, guided chunks) and streams them once. For m == 1, a format's wide kernel takes
+ *     WIDE_ROWS rows of W at a time (one for the float formats), with software prefetch. For
+ *     m = 2..8 on AVX-512, a format's small-batch kernel (Q8_0, Q4_0, Q4_1, Q6_K) takes
+ *     SMALL_ROWS(m) rows of W against up to SMALL_MAX_M inputs (5-8 in two passes), sharing
+ *     each load of x. The last rows, and every other case, go row by row: a format's
+ *     register-fused rows kernel (every format on AVX2 and AVX-512) dequantizes a row in
+ *     registers and dots it with up to ROWS_MAX input rows at a time (ROWS_GROUP rows of W
+ *     against each ROWS_MAX inputs in turn while they are in the cache, and x in L1-sized
+ *     pieces where its rows are long: rows_piece_blocks); the portable path dequantizes a
+ *     chunk of the row into an L1 buffer and dots it with the input rows. Every one of these
+ *     sums each (row of W, input row) in the order of the format's one-row kernels: an
+ *     output has the same bits at 1 input row or at fused_rows, beside any other rows (what
+ *     speculative decoding's verify rows need; the integer batch-1 path of AVX-512 VNNI,
+ *     pagecli_quant_int_dots, is the exception, and speculative decoding turns it off).
+ *     Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
  *     that Python hands over (torch's MKL, run single-threaded inside the thread), or through
@@ -53,7 +57,8 @@
 #define QUANT_E_ROW -2    /* a row id outside [0, n) */
 #define QUANT_E_MEMORY -3 /* no memory for a panel */
 
-#define FUSED_MAX_ROWS 8      /* input rows the fused path takes at once */
+#define FUSED_MAX_ROWS 8      /* input rows the fused path takes by default, and at once */
+#define FUSED_ROWS_LIMIT 4096 /* the most pagecli_quant_set_fused_rows allows */
 #define CHUNK_VALUES 4096     /* weights dequantized at once by the fused path: 16 KiB */
 #define PANEL_BYTES (1 << 20) /* float32 panel of the sgemm path, per thread: in L2 */
 #define ROWS_X_BYTES (16 << 10) /* a piece of x the rows kernels take at once: in the L1 */
@@ -352,7 +357,10 @@ static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t 
     }
 }
 
-/* Fused dequantize-and-dot, for up to FUSED_MAX_ROWS input rows. */
+/* Fused dequantize-and-dot, for any number of input rows (the rows kernels take up to
+ * ROWS_MAX of them at a time against each group of W's rows while it is in the cache; the
+ * buffered path FUSED_MAX_ROWS). Each (row of W, input row) sums in the same order whatever
+ * m is: the 1-row kernels' order on every path. */
 static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
                   int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
                   int64_t ldy, int num_threads) {
@@ -379,7 +387,8 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         y += done;
         n -= done;
     }
-    if (f->small && isa == ISA_AVX512 && m >= 2 && small_batches) {
+    if (f->small && isa == ISA_AVX512 && m >= 2 && m <= FUSED_MAX_ROWS && small_batches) {
+        /* (more rows: the rows kernels, the same bits, W's rows read from memory once) */
         /* 5-8 rows: two passes of 2-4 (5 = 3 + 2, ..., 8 = 4 + 4) */
         const int64_t passes = (m + SMALL_MAX_M - 1) / SMALL_MAX_M;
         for (int64_t i0 = 0, p = 0; p < passes; p++) {
@@ -432,15 +441,20 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         float buf[CHUNK_VALUES] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t row = 0; row < n; row++) {
-            float acc[FUSED_MAX_ROWS] = {0};
             const uint8_t *blocks = w + row * row_bytes;
-            for (int64_t b0 = 0; b0 < blocks_per_row; b0 += chunk_blocks) {
-                const int64_t num_blocks = min64(chunk_blocks, blocks_per_row - b0);
-                const int64_t offset = b0 * f->block_values, len = num_blocks * f->block_values;
-                dequant(blocks + b0 * f->block_bytes, buf, num_blocks);
-                for (int64_t i = 0; i < m; i++) acc[i] += dot(buf, x + i * ldx + offset, len);
+            for (int64_t i0 = 0; i0 < m; i0 += FUSED_MAX_ROWS) {
+                const int64_t count = min64(FUSED_MAX_ROWS, m - i0);
+                float acc[FUSED_MAX_ROWS] = {0};
+                for (int64_t b0 = 0; b0 < blocks_per_row; b0 += chunk_blocks) {
+                    const int64_t num_blocks = min64(chunk_blocks, blocks_per_row - b0);
+                    const int64_t offset = b0 * f->block_values;
+                    const int64_t len = num_blocks * f->block_values;
+                    dequant(blocks + b0 * f->block_bytes, buf, num_blocks);
+                    for (int64_t i = 0; i < count; i++)
+                        acc[i] += dot(buf, x + (i0 + i) * ldx + offset, len);
+                }
+                for (int64_t i = 0; i < count; i++) y[(i0 + i) * ldy + row] = acc[i];
             }
-            for (int64_t i = 0; i < m; i++) y[i * ldy + row] = acc[i];
         }
     }
 }
@@ -513,6 +527,24 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
 
 /* ---- entry points ------------------------------------------------------------------------- */
 
+/* Batches of up to this many input rows take the fused path (pagecli_quant_set_fused_rows):
+ * FUSED_MAX_ROWS unless a caller asked for more. */
+static int fused_rows = FUSED_MAX_ROWS;
+
+/* Batches of up to `rows` input rows (1..FUSED_ROWS_LIMIT) take the fused path, whose every
+ * output sums in the order it has at one input row, whatever the batch; larger batches take
+ * the panels or tiles (their own order). 0 restores FUSED_MAX_ROWS; -1 for any other value.
+ * Speculative decoding asks for its verify batches' size: a row checked beside its drafts
+ * then gets the bits it gets alone. */
+int pagecli_quant_set_fused_rows(int rows) {
+    if (rows < 0 || rows > FUSED_ROWS_LIMIT) return -1;
+    fused_rows = rows ? rows : FUSED_MAX_ROWS;
+    return 0;
+}
+
+/* The number of input rows up to which batches take the fused path now. */
+int pagecli_quant_fused_rows(void) { return fused_rows; }
+
 /* y[m, n] = x[m, k] @ dequant(W[n, k]).T */
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
                          int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads) {
@@ -522,16 +554,18 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
     const int64_t row_bytes = k / f->block_values * f->block_bytes;
     const int fits_int = n < (1LL << 31) && k < (1LL << 31) && m < (1LL << 31) &&
                          ldx < (1LL << 31) && ldy < (1LL << 31);
-    if (m > FUSED_MAX_ROWS && pagecli_quant_tiles() && pagecli_quant_tiles_format(type))
+    if (m <= fused_rows) {
+        fused(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
+        return 0;
+    }
+    if (pagecli_quant_tiles() && pagecli_quant_tiles_format(type))
         return pagecli_quant_tiles_linear(type, w, row_bytes, n, k, x, ldx, m, y, ldy,
                                           num_threads);
-    const int gemm = m > FUSED_MAX_ROWS ? gemm_for(m) : 0;
+    const int gemm = gemm_for(m);
     if (gemm == GEMM_NATIVE || (gemm == GEMM_BLAS && fits_int))
         return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads,
                       gemm == GEMM_NATIVE);
-    for (int64_t i = 0; i < m; i += FUSED_MAX_ROWS)
-        fused(f, isa, w, row_bytes, n, k, x + i * ldx, ldx, min64(FUSED_MAX_ROWS, m - i),
-              y + i * ldy, ldy, num_threads);
+    fused(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
     return 0;
 }
 

@@ -247,72 +247,51 @@ BLOCK_KERNELS(q8_0)
 BLOCK_KERNELS(q4_0)
 BLOCK_KERNELS(q4_1)
 
-/* AVX2 (WIDE2_BEGIN, WIDE2_END, WIDE2_FMA8: quant_blocks.h): no 16-entry permute, so each 8
- * weights are converted and scaled: fma(q, d, m), exact as above (d * q is exact). */
-TARGET_AVX2 static void wide_q4_1_avx2(const void *w, int64_t row_bytes, int64_t nb,
-                                       const float *x, float *out) {
-    const __m128i low = _mm_set1_epi8(0xF);
-    WIDE2_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q4_1 *b = (const block_q4_1 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
-            const __m256 m = _mm256_set1_ps(pagecli_f16_table[b->m]);
-            const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
-            const __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-            WIDE2_FMA8(0, _mm256_cvtepu8_epi32(lo), d, m, 32 * j)
-            WIDE2_FMA8(1, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), d, m, 32 * j + 8)
-            WIDE2_FMA8(2, _mm256_cvtepu8_epi32(hi), d, m, 32 * j + 16)
-            WIDE2_FMA8(3, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), d, m, 32 * j + 24)
-        }
+/* ---- one block's 32 weights in registers (AVX2), and its rows and wide kernels -----------
+ * No 16-entry permute on AVX2: each 8 weights are widened, converted and scaled, fma(q, d, m)
+ * with m = 0 for Q8_0 and Q4_0 (d * q is exact, so this is gguf's rounding). The rows and wide
+ * kernels come from AVX2_BLOCK32_KERNELS (quant_blocks.h). */
+
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+avx2_weights_q8_0(const block_q8_0 *b, __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]), zero = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + 8 * k));
+        w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d, zero);
     }
-    WIDE2_END
 }
 
-TARGET_AVX2 static void wide_q4_0_avx2(const void *w, int64_t row_bytes, int64_t nb,
-                                       const float *x, float *out) {
-    const __m128i low = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
-    const __m256 zero = _mm256_setzero_ps();
-    WIDE2_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q4_0 *b = (const block_q4_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
-            const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
-            const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
-            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
-            WIDE2_FMA8(0, _mm256_cvtepi8_epi32(lo), d, zero, 32 * j)
-            WIDE2_FMA8(1, _mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)), d, zero, 32 * j + 8)
-            WIDE2_FMA8(2, _mm256_cvtepi8_epi32(hi), d, zero, 32 * j + 16)
-            WIDE2_FMA8(3, _mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)), d, zero, 32 * j + 24)
-        }
-    }
-    WIDE2_END
+/* The 32 nibbles of a Q4 block, values 0..15 then 16..31, as four vectors of 8 floats less
+ * `bias` (8 for Q4_0, 0 for Q4_1), times d plus m. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+avx2_nibbles(const uint8_t *qs, int bias, __m256 d, __m256 m, __m256 w[4]) {
+    const __m128i low = _mm_set1_epi8(0xF), b8 = _mm_set1_epi8((char)bias);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), b8);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), b8);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d, m);
 }
 
-TARGET_AVX2 static void wide_q8_0_avx2(const void *w, int64_t row_bytes, int64_t nb,
-                                       const float *x, float *out) {
-    const __m256 zero = _mm256_setzero_ps();
-    WIDE2_BEGIN
-    for (int64_t j = 0; j < nb; j++) {
-        for (int r = 0; r < WIDE_ROWS; r++) {
-            const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + r * row_bytes) + j;
-            WIDE_PREFETCH(b);
-            const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
-            for (int k = 0; k < 4; k++) {
-                const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + 8 * k));
-                WIDE2_FMA8(k, _mm256_cvtepi8_epi32(q), d, zero, 32 * j + 8 * k)
-            }
-        }
-    }
-    WIDE2_END
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+avx2_weights_q4_0(const block_q4_0 *b, __m256 w[4]) {
+    avx2_nibbles(b->qs, 8, _mm256_set1_ps(pagecli_f16_table[b->d]), _mm256_setzero_ps(), w);
 }
+
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+avx2_weights_q4_1(const block_q4_1 *b, __m256 w[4]) {
+    avx2_nibbles(b->qs, 0, _mm256_set1_ps(pagecli_f16_table[b->d]),
+                 _mm256_set1_ps(pagecli_f16_table[b->m]), w);
+}
+
+AVX2_BLOCK32_KERNELS(q8_0)
+AVX2_BLOCK32_KERNELS(q4_0)
+AVX2_BLOCK32_KERNELS(q4_1)
 
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
-        {NULL, NULL, rows_##name##_avx512}
+        {NULL, rows_##name##_avx2, rows_##name##_avx512}
 #define WIDE(name)                                                                             \
     , {NULL, wide_##name##_avx2, wide_##name##_avx512}, 0, NULL, NULL, small_##name##_avx512
 #else

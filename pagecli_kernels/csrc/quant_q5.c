@@ -7,7 +7,7 @@
  * models' files are full of them.
  *
  * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2, whose
- * one block reader (weights_q5_0/q5_1) feeds the dequantization, rows and wide kernels. There
+ * one block reader (avx2_weights_q5_0/q5_1) feeds the dequantization, rows and wide kernels. There
  * is no AVX-512 version: the AVX-512 path runs the AVX2 functions (the format tables below),
  * so that the code CPUs with AVX-512 run is the code tested on AVX2 ones; nor small-batch
  * kernels or an integer path (their fields are NULL: the rows kernel takes 2-8 input rows on
@@ -91,7 +91,7 @@ q5_lanes(const uint8_t *qh, const uint8_t *qs, __m256i nib[4], __m256i hb[4]) {
 }
 
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-weights_q5_0(const block_q5_0 *b, __m256 w[4]) {
+avx2_weights_q5_0(const block_q5_0 *b, __m256 w[4]) {
     __m256i nib[4], hb[4];
     q5_lanes(b->qh, b->qs, nib, hb);
     const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
@@ -103,7 +103,7 @@ weights_q5_0(const block_q5_0 *b, __m256 w[4]) {
 }
 
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-weights_q5_1(const block_q5_1 *b, __m256 w[4]) {
+avx2_weights_q5_1(const block_q5_1 *b, __m256 w[4]) {
     __m256i nib[4], hb[4];
     q5_lanes(b->qh, b->qs, nib, hb);
     const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]);
@@ -116,10 +116,9 @@ weights_q5_1(const block_q5_1 *b, __m256 w[4]) {
 }
 
 /* ---- dequantization, rows and wide kernels, per format (AVX2) ------------------------------
- * rows: one weight row against up to ROWS_MAX inputs (ROWS2_*: quant_blocks.h); wide:
- * WIDE_ROWS rows against one input, eight FMA chains side by side (WIDE2_*). Both add a
- * block's 8 weights k into accumulator k & 1, in the same order: a row's batch-1 sum is the
- * same bits through either. */
+ * rows: one weight row against up to ROWS_MAX inputs; wide: WIDE_ROWS rows against one input,
+ * eight FMA chains side by side (AVX2_BLOCK32_KERNELS: quant_blocks.h, the same order of sums
+ * in both). */
 
 #define BLOCK_KERNELS(name)                                                                    \
     TARGET_AVX2 static void dequant_##name##_avx2(const void *blocks, float *out,              \
@@ -127,41 +126,11 @@ weights_q5_1(const block_q5_1 *b, __m256 w[4]) {
         const block_##name *b = blocks;                                                        \
         for (int64_t i = 0; i < num_blocks; i++, out += 32) {                                  \
             __m256 w[4];                                                                       \
-            weights_##name(&b[i], w);                                                          \
+            avx2_weights_##name(&b[i], w);                                                     \
             for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + 8 * k, w[k]);                   \
         }                                                                                      \
     }                                                                                          \
-                                                                                               \
-    ROWS2_KERNEL(rows_##name##_avx2) {                                                         \
-        const block_##name *b = row;                                                           \
-        ROWS2_BEGIN                                                                            \
-        for (int64_t j = 0; j < nb; j++) {                                                     \
-            __m256 w[4];                                                                       \
-            weights_##name(&b[j], w);                                                          \
-            for (int k = 0; k < 4; k++) ROWS2_FMA8(k, w[k], 32 * j + 8 * k)                    \
-        }                                                                                      \
-        ROWS2_END                                                                              \
-    }                                                                                          \
-    ROWS2_DISPATCH(rows_##name##_avx2)                                                         \
-                                                                                               \
-    TARGET_AVX2 static void wide_##name##_avx2(const void *w, int64_t row_bytes, int64_t nb,   \
-                                               const float *x, float *out) {                   \
-        WIDE2_BEGIN                                                                            \
-        for (int64_t j = 0; j < nb; j++) {                                                     \
-            for (int r = 0; r < WIDE_ROWS; r++) {                                              \
-                const block_##name *b =                                                        \
-                    (const block_##name *)((const uint8_t *)w + r * row_bytes) + j;            \
-                WIDE_PREFETCH(b);                                                              \
-                __m256 v[4];                                                                   \
-                weights_##name(b, v);                                                          \
-                for (int k = 0; k < 4; k++) {                                                  \
-                    const __m256 x_ = _mm256_loadu_ps(x + 32 * j + 8 * k);                     \
-                    acc[r][k & 1] = _mm256_fmadd_ps(v[k], x_, acc[r][k & 1]);                  \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-        WIDE2_END                                                                              \
-    }
+    AVX2_BLOCK32_KERNELS(name)
 
 BLOCK_KERNELS(q5_0)
 BLOCK_KERNELS(q5_1)

@@ -305,6 +305,11 @@ def test_native_splits_long_single_sequences():
     assert native.choose_split_tokens(3, 2048, 2) == native.SPLIT_TOKENS
     assert native.choose_split_tokens(192, 300, 2) == 0  # 64 sequences decoding
     assert native.choose_split_tokens(3, 2048, 1) == 0  # one thread: nothing to balance
+    assert native.choose_split_tokens(3, native.SPLIT_TOKENS, 2) == 0  # one split: none
+    # a sequence's rows count once: its k + 1 verify rows share its block table
+    tables = torch.tensor([[7, 3], [7, 3], [7, 3], [2, 9]], dtype=torch.int32)
+    assert native.distinct_sequences(tables) == 2
+    assert native.distinct_sequences(tables[:1]) == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -471,3 +476,35 @@ def test_bad_arguments_raise(mutate, match, impl):
             case.scale,
             impl=impl,
         )
+
+
+@pytest.mark.parametrize("context", [40, 300, 700, 2000])
+def test_verify_rows_get_the_bits_of_a_decode_alone(context, native_isa):
+    """Speculative decoding lays a sequence's k + 1 verify rows out as k + 1 decodes of
+    growing length over its one block table. Each row is bit for bit the decode of that row
+    alone: the call cuts contexts into splits by its sequences, not its rows (a lone decode
+    of a long context on two threads is split; so are the six rows of one sequence), and a
+    context of at most SPLIT_TOKENS is one split, which gives the bits of none."""
+    k = 5
+    case = make_case(
+        [context + k], [1], block_size=16, num_kv_heads=3, group=3, head_dim=64,
+        dtype=torch.float32, seed=context,
+    )  # fmt: skip
+    query = torch.randn(k + 1, 9, 64, generator=torch.Generator().manual_seed(context))
+    tables = case.block_tables[:1].repeat(k + 1, 1)
+    lens = torch.arange(context, context + k + 1, dtype=torch.int32)
+
+    def attend(rows: slice) -> torch.Tensor:
+        args = (query[rows], case.k_cache, case.v_cache, tables[rows], lens[rows], 0.125)
+        return cpu.paged_decode_attention(*args)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the splits are for the threads: none with one
+    try:
+        together = attend(slice(0, k + 1))
+        for i in range(k + 1):
+            assert torch.equal(together[i : i + 1], attend(slice(i, i + 1))), i
+    finally:
+        torch.set_num_threads(threads)
+    args = (query, case.k_cache, case.v_cache, tables, lens, 0.125)
+    assert_close(together, reference.paged_decode_attention(*args))

@@ -173,19 +173,16 @@ def test_small_batches_choices():
             pass
 
 
-# Formats whose AVX2 path has a rows kernel that sums as its wide kernel does; their AVX2
-# functions are also their AVX-512 ones (csrc/quant_q5.c).
-AVX2_ROWS_FORMATS = ["q5_0", "q5_1"]
+# Formats whose AVX2 functions are also their AVX-512 ones (csrc/quant_q5.c).
+AVX2_ONLY_FORMATS = ["q5_0", "q5_1"]
 
 
 @pytest.mark.parametrize(
-    ("path", "fmt"),
-    [("avx512", fmt) for fmt in FORMATS] + [("avx2", fmt) for fmt in AVX2_ROWS_FORMATS],
+    ("path", "fmt"), [(path, fmt) for path in ("avx512", "avx2") for fmt in FORMATS]
 )
 def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(path, fmt):
-    """One input row: the wide kernels (several weight rows at a time; AVX-512, and AVX2 for
-    AVX2_ROWS_FORMATS) sum each row in the order of its row kernel, so a row's output does
-    not depend on its neighbours."""
+    """One input row: the wide kernels (several weight rows at a time) sum each row in the
+    order of its row kernel, so a row's output does not depend on its neighbours."""
     if path not in quant_cpu.supported_isas():
         pytest.skip(f"this CPU does not run the {path} path")
     with kernel_settings(isa=path):
@@ -201,7 +198,7 @@ def test_batch_one_gives_a_row_the_same_bits_in_a_group_or_alone(path, fmt):
     assert torch.equal(together.view(torch.int32), torch.cat(alone, dim=1).view(torch.int32))
 
 
-@pytest.mark.parametrize("fmt", AVX2_ROWS_FORMATS)
+@pytest.mark.parametrize("fmt", AVX2_ONLY_FORMATS)
 def test_avx512_path_runs_the_avx2_kernels(fmt):
     """Q5_0 and Q5_1 have no AVX-512 code: that path runs their AVX2 functions, so the fused
     paths (1-8 input rows) and the dequantization give the AVX2 path's bits there."""
@@ -217,6 +214,36 @@ def test_avx512_path_runs_the_avx2_kernels(fmt):
             got[path] = [quant_cpu.dequantize(weight), *fused]
     for a, b in zip(got["avx2"], got["avx512"], strict=True):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _weights_of_every_format() -> list[QuantWeight]:
+    """40 rows in each block format, then float32 and bfloat16 rows (a long row of 17
+    super-blocks or 137 blocks: the rows kernels take x in pieces at several inputs)."""
+    weights = []
+    for fmt in FORMATS:
+        cols = 17 * 256 if FORMATS[fmt].block_values == 256 else 137 * 32
+        weights.append(random_weight(fmt, 40, cols, seed=3))
+    dense = torch.randn(40, 137 * 32, generator=torch.Generator().manual_seed(3))
+    return weights + [float_rows(dense.to(dtype)) for dtype in FLOAT_DTYPES]
+
+
+@pytest.mark.parametrize("fused_rows", [0, 17])
+def test_a_row_has_the_bits_it_has_alone_in_any_batch_up_to_fused_rows(isa, fused_rows):
+    """Speculative decoding's verify rows: every output of a batch of 2 to `fused_rows`
+    input rows (8 under auto; 17 = 1 + 16 drafts) is bit for bit the output of its input row
+    alone, whose one-row product takes the wide kernels. Every format, float32 and bfloat16
+    rows included, on every path."""
+    with kernel_settings(fused_rows=fused_rows):
+        most = quant_cpu.fused_rows()
+        assert most == (fused_rows or 8)
+        for weight in _weights_of_every_format():
+            x = torch.randn(most, weight.cols, generator=torch.Generator().manual_seed(most))
+            alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(most)])
+            for m in range(2, most + 1):
+                got = quant_cpu.quant_linear(x[:m], weight)
+                assert torch.equal(got.view(torch.int32), alone[:m].view(torch.int32)), (
+                    f"{weight.format.name}: {m} rows"
+                )
 
 
 @pytest.mark.parametrize("rows", [3, 64])

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 REPORT_KEYS = {"native", "layers", "isa", "prefetch", "gemm", "tiles", "int_dots"}
-REPORT_KEYS |= {"small_batches", "bf16_gemm", "timing", "cpu"}
+REPORT_KEYS |= {"small_batches", "bf16_gemm", "fused_rows", "timing", "cpu"}
 
 
 def test_defaults_are_auto_and_values_are_checked():
@@ -44,6 +44,11 @@ def test_parse_names_and_values():
         KernelSettings.parse("speed=max")
     with pytest.raises(ValueError, match="layers must be on or off"):
         KernelSettings.parse("layers=maybe")
+    assert KernelSettings.parse("fused_rows=48") == KernelSettings(fused_rows=48)
+    with pytest.raises(ValueError, match="fused_rows must be a whole number"):
+        KernelSettings.parse("fused_rows=many")
+    with pytest.raises(ValueError, match="fused_rows must be 0 to 4096"):
+        KernelSettings(fused_rows=5000)
 
 
 def test_engine_config_takes_them_as_text_or_from_asdict():
@@ -65,6 +70,7 @@ def test_report_names_the_resolved_values():
     assert got["tiles"] == ("on" if quant_cpu.tiles() else "off")
     assert got["bf16_gemm"] == quant_cpu.bf16_gemm()
     assert got["small_batches"] == "on"
+    assert got["fused_rows"] == quant_cpu.fused_rows() == 8
     assert got["isa"] in got["cpu"]
     json.dumps(got)  # plain data
 
@@ -81,6 +87,9 @@ def test_the_context_manager_restores_the_previous_settings():
         assert not native.enabled()
         with kernel_settings(gemm="blas"):  # nested: the outer block's choices stay
             assert report()["isa"] == "portable" and report()["gemm"] == "blas"
+        with kernel_settings(fused_rows=40):
+            assert quant_cpu.fused_rows() == 40 and report()["fused_rows"] == 40
+        assert quant_cpu.fused_rows() == 8
         assert report() == got
     assert applied() == before and report() == reported and native.enabled()
     with pytest.raises(RuntimeError, match="boom"):

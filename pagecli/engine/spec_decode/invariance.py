@@ -1,0 +1,53 @@
+"""The kernel choices under which a verify row gets the bits of a decode alone.
+
+Speculative decoding promises the tokens of decoding without it. A step that checks k drafts
+runs k + 1 rows of a sequence where decoding alone runs one, so every kernel must give a row
+the same bits in either batch:
+- the quantized linear layers: a step with drafts runs its batch through the fused decode
+  kernels whatever its size (`fused_rows`), which sum each output in the order they use at
+  one row; the panels and tiles that larger batches take sum in their own order. Steps
+  without drafts keep the process's choice, so prefills have the bits they have without
+  speculation;
+- the integer batch-1 dots (AVX-512 VNNI) are turned off for every step, since batches of
+  more rows have no integer path;
+- attention needs nothing here: it cuts contexts by sequences, not rows
+  (pagecli_kernels/native.py: choose_split_tokens).
+Settings the user chose (`--kernels`) are kept. Each step that needs a change runs under it
+and puts the process's settings back after it (about 50 microseconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pagecli_kernels import quant_cpu
+from pagecli_kernels.settings import FUSED_ROWS_MAX, KernelSettings, applied, apply
+
+
+def verify_kernel_settings(kernels: KernelSettings, rows: int, drafts: bool) -> KernelSettings:
+    """`kernels` with the choices above filled in where they were left to the CPU, for a step
+    of `rows` rows, with drafts to check or not."""
+    changes: dict[str, object] = {}
+    if drafts and kernels.fused_rows == 0 and rows > quant_cpu.fused_rows():
+        changes["fused_rows"] = min(rows, FUSED_ROWS_MAX)
+    if kernels.int_dots == "auto" and quant_cpu.int_dots():
+        changes["int_dots"] = "off"
+    return dataclasses.replace(kernels, **changes) if changes else kernels
+
+
+@contextmanager
+def verify_kernels(rows: int, drafts: bool) -> Iterator[KernelSettings]:
+    """A `with` block for one step under the process's settings with the choices above; the
+    previous settings back at its end."""
+    previous = applied()
+    settings = verify_kernel_settings(previous, rows, drafts)
+    if settings is previous:
+        yield settings
+        return
+    apply(settings)
+    try:
+        yield settings
+    finally:
+        apply(previous)
