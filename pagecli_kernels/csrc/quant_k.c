@@ -929,8 +929,10 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
             }
             out->sums[8 * s + j] = hsum256(sum);
             for (int q = 0; q < 4; q += 2) { /* |values| <= 2^14: the packs never saturate */
-                const __m256i pa = _mm256_permute4x64_epi64(_mm256_packs_epi32(ai[q], ai[q + 1]), 0xD8);
-                const __m256i pb = _mm256_permute4x64_epi64(_mm256_packs_epi32(bi[q], bi[q + 1]), 0xD8);
+                const __m256i pa = /* packs interleave the 128-bit halves: put them back */
+                    _mm256_permute4x64_epi64(_mm256_packs_epi32(ai[q], ai[q + 1]), 0xD8);
+                const __m256i pb =
+                    _mm256_permute4x64_epi64(_mm256_packs_epi32(bi[q], bi[q + 1]), 0xD8);
                 _mm256_storeu_si256((__m256i *)(a + 32 * j + 8 * q), pa);
                 _mm256_storeu_si256((__m256i *)(b + 32 * j + 8 * q), pb);
             }
@@ -1028,10 +1030,10 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
                         _mm256_set1_epi16(sc[2 * g + k / 16]));
                     const int64_t o = s * QK_K + 128 * h + 32 * g + k;
                     for (int i = 0; i < M; i++) {
-                        ia[i] = _mm256_add_epi32(
-                            ia[i], _mm256_madd_epi16(w, _mm256_loadu_si256((const void *)(xs[i].a + o))));
-                        ib[i] = _mm256_add_epi32(
-                            ib[i], _mm256_madd_epi16(w, _mm256_loadu_si256((const void *)(xs[i].b + o))));
+                        const __m256i a = _mm256_loadu_si256((const void *)(xs[i].a + o));
+                        const __m256i bv = _mm256_loadu_si256((const void *)(xs[i].b + o));
+                        ia[i] = _mm256_add_epi32(ia[i], _mm256_madd_epi16(w, a));
+                        ib[i] = _mm256_add_epi32(ib[i], _mm256_madd_epi16(w, bv));
                     }
                 }
             }
