@@ -102,13 +102,14 @@ def tiles() -> bool:
 
 
 INT_DOTS = ("auto", "off", "on")  # pagecli_quant_set_int_dots's choices
-INT_DOTS_FORMATS = ("q4_k", "q6_k")  # formats with an integer batch-1 path
+INT_DOTS_FORMATS = ("q4_k", "q6_k")  # formats with an integer path
 
 
 def int_dots() -> bool:
-    """Whether batch-1 products of the formats in INT_DOTS_FORMATS take the integer path now
-    (csrc/quant_k.c: the input split into two int16 parts per super-block, AVX-512 VNNI).
-    Under "auto": on the AVX-512 path where the CPU has VNNI; "on" needs VNNI."""
+    """Whether products of the formats in INT_DOTS_FORMATS take an integer path now
+    (csrc/quant_k.c: each input row split into two int16 parts per super-block): batch-1
+    products on the AVX-512 path of a CPU with VNNI, and the fused path's products of any
+    number of rows on the AVX2 path. Under "auto": on wherever one runs."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_int_dots())
 

@@ -166,6 +166,15 @@ typedef int (*int_split_fn)(const float *x, int64_t num_blocks, const struct int
 typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, int rows,
                             const struct int_split *x, float *out);
 
+/* The integer path of AVX2 (quant_k.c): out[i] = dot(dequant(row), x_i) for the m <=
+ * INT_ROWS_MAX inputs split into xs[0..m), one weight row at a time. The products of a
+ * super-block are summed as integers (exact, in any order) and scaled per super-block in
+ * float32 in the same order for every input, so an output has the same bits whatever m is
+ * and whichever rows are beside it. */
+#define INT_ROWS_MAX 4
+typedef void (*int_rows_fn)(const void *row, int64_t num_blocks, const struct int_split *xs,
+                            int m, float *out);
+
 /* The small-batch kernels (small_fn): out[i * R + r] = dot(dequant(W row r), x[i * ldx ...])
  * for the R = SMALL_ROWS(m) rows at w, w + row_bytes, ... and m = 2..SMALL_MAX_M input rows:
  * a small batch's decode, the weights dequantized once for all m inputs and each load of x
@@ -187,6 +196,8 @@ struct quant_format {
     int_split_fn split;        /* the integer batch-1 path (AVX-512 VNNI); NULL: none */
     int_wide_fn int_wide;
     small_fn small;            /* 2-4 input rows, AVX-512 (below); NULL: the rows kernel */
+    int_split_fn split2;       /* the integer path of AVX2 (any number of input rows) */
+    int_rows_fn int_rows2;
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough

@@ -879,6 +879,183 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
+/* ---- Q4_K and Q6_K on integer products (AVX2) ------------------------------------------
+ * The AVX2 float kernels above are bound by widening and converting every weight (about 3.5
+ * cycles per 8 weights per row on Zen 3, where llama.cpp's 8-bit dots decode the same file
+ * at twice pagecli's rate). As on AVX-512 VNNI, each input row is split per super-block into
+ * two int16 parts, x = s * (A + B * 2^-15) (split2_x: the same bounds as split_x, in the
+ * values' own order), and each weight's integer (q * sc for Q4_K, (q - 32) * sc for Q6_K)
+ * multiplies A and B exactly with vpmaddwd (16 products, 8 int32 sums a instruction). A
+ * super-block's sums are exact integers, converted and scaled by d * s once; Q4_K's minimums
+ * come from the sub-blocks' sums of x. The kernel tests hold it to the float kernels'
+ * float64 tolerance. Every input row takes the same function, one weight row at a time, so
+ * a row's output has the same bits at 1 input row as at any other count. */
+
+/* The split of x in the values' own order (struct int_split; -1 where a value is not
+ * finite or the scale leaves float32's normal range). */
+TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct int_split *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), limit = _mm256_set1_ps(FLT_MAX);
+    const __m256 wide = _mm256_set1_ps(32768.0f);
+    for (int64_t s = 0; s < num_blocks; s++) {
+        const float *xs = x + s * QK_K;
+        __m256 most = _mm256_setzero_ps();
+        for (int i = 0; i < QK_K; i += 8) {
+            const __m256 v = _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i));
+            if (_mm256_movemask_ps(_mm256_cmp_ps(v, limit, _CMP_LE_OQ)) != 0xFF) return -1;
+            most = _mm256_max_ps(most, v);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        int e = 0;
+        if (top > 0.0f) frexpf(top, &e);
+        const int shift = e - SPLIT_HALF_BITS;
+        if (top > 0.0f && (shift < -100 || shift > 100)) return -1;
+        const __m256 inv = _mm256_set1_ps(ldexpf(1.0f, -shift));
+        out->scale[s] = ldexpf(1.0f, shift);
+        int16_t *a = out->a + s * QK_K, *b = out->b + s * QK_K;
+        for (int j = 0; j < 8; j++) {
+            __m256i ai[4], bi[4];
+            __m256 sum = _mm256_setzero_ps();
+            for (int q = 0; q < 4; q++) {
+                const __m256 xv = _mm256_loadu_ps(xs + 32 * j + 8 * q);
+                sum = _mm256_add_ps(sum, xv);
+                const __m256 v = _mm256_mul_ps(xv, inv); /* exact: a power of two */
+                const __m256 hi = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __m256 lo = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, hi), wide),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                ai[q] = _mm256_cvtps_epi32(hi);
+                bi[q] = _mm256_cvtps_epi32(lo);
+            }
+            out->sums[8 * s + j] = hsum256(sum);
+            for (int q = 0; q < 4; q += 2) { /* |values| <= 2^14: the packs never saturate */
+                const __m256i pa = /* packs interleave the 128-bit halves: put them back */
+                    _mm256_permute4x64_epi64(_mm256_packs_epi32(ai[q], ai[q + 1]), 0xD8);
+                const __m256i pb =
+                    _mm256_permute4x64_epi64(_mm256_packs_epi32(bi[q], bi[q + 1]), 0xD8);
+                _mm256_storeu_si256((__m256i *)(a + 32 * j + 8 * q), pa);
+                _mm256_storeu_si256((__m256i *)(b + 32 * j + 8 * q), pb);
+            }
+        }
+    }
+    return 0;
+}
+
+/* acc[i] += scale_i * d * (SA + SB * 2^-15) for a super-block's int32 sums of input i. */
+#define INT2_SCALE(ia, ib, d, i)                                                               \
+    do {                                                                                       \
+        const float ds_ = (d) * xs[i].scale[s]; /* exact: f16 times a power of two */          \
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(ds_), acc[i]);         \
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_set1_ps(ds_ * 0x1p-15f), acc[i]); \
+    } while (0)
+
+/* Q4_K: per super-block at most 32 products of |q * sc| <= 945 and |A|, |B| <= 2^14 per
+ * int32 lane (4.9e8 < 2^31). */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
+    const block_q4_K *blocks = row;
+    const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
+    const __m256i nib = _mm256_set1_epi16(0x0F);
+    __m256 acc[INT_ROWS_MAX], accm[INT_ROWS_MAX];
+    for (int i = 0; i < M; i++) acc[i] = accm[i] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q4_K *b = blocks + s;
+        for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
+            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
+        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
+        uint32_t u[3];
+        memcpy(u, b->scales, sizeof u);
+        const uint32_t scw[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
+        const uint32_t mw[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
+        uint8_t sc[8];
+        memcpy(sc, scw, sizeof sc);
+        const __m256 ms = _mm256_mul_ps(
+            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));
+        for (int i = 0; i < M; i++)
+            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
+        __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
+        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j += 2) {
+            const __m256i s0 = _mm256_set1_epi16(sc[j]), s1 = _mm256_set1_epi16(sc[j + 1]);
+            for (int h = 0; h < 32; h += 16) {
+                const __m256i q =
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h)));
+                const __m256i w0 = _mm256_mullo_epi16(_mm256_and_si256(q, nib), s0);
+                const __m256i w1 = _mm256_mullo_epi16(_mm256_srli_epi16(q, 4), s1);
+                const int64_t o0 = s * QK_K + 32 * j + h, o1 = o0 + 32;
+                for (int i = 0; i < M; i++) {
+                    const int16_t *A = xs[i].a, *B = xs[i].b;
+                    ia[i] = _mm256_add_epi32(
+                        ia[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(A + o0))));
+                    ib[i] = _mm256_add_epi32(
+                        ib[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(B + o0))));
+                    ia[i] = _mm256_add_epi32(
+                        ia[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(A + o1))));
+                    ib[i] = _mm256_add_epi32(
+                        ib[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(B + o1))));
+                }
+            }
+        }
+        const float d = _cvtsh_ss(b->d);
+        for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
+    }
+    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]) - hsum256(accm[i]);
+}
+
+/* Q6_K: |(q - 32) * sc| <= 4096, so a lane takes at most 16 products (a half's) before it
+ * is converted: 2^30. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
+    const block_q6_K *blocks = row;
+    const int l2 = pagecli_quant_prefetch_l2;
+    int8_t q[32] __attribute__((aligned(32)));
+    __m256 acc[INT_ROWS_MAX];
+    for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q6_K *b = blocks + s;
+        for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
+            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
+        const float d = _cvtsh_ss(b->d);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+            const int8_t *sc = b->scales + 8 * h;
+            __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
+            for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();
+            for (int g = 0; g < 4; g++) {
+                q6_32_bytes(ql + 32 * (g & 1), qh, g, q);
+                for (int k = 0; k < 32; k += 16) {
+                    const __m256i w = _mm256_mullo_epi16(
+                        _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(q + k))),
+                        _mm256_set1_epi16(sc[2 * g + k / 16]));
+                    const int64_t o = s * QK_K + 128 * h + 32 * g + k;
+                    for (int i = 0; i < M; i++) {
+                        const __m256i a = _mm256_loadu_si256((const void *)(xs[i].a + o));
+                        const __m256i bv = _mm256_loadu_si256((const void *)(xs[i].b + o));
+                        ia[i] = _mm256_add_epi32(ia[i], _mm256_madd_epi16(w, a));
+                        ib[i] = _mm256_add_epi32(ib[i], _mm256_madd_epi16(w, bv));
+                    }
+                }
+            }
+            for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
+        }
+    }
+    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]);
+}
+
+#define INT2_DISPATCH(name)                                                                    \
+    TARGET_AVX2 static void int2_rows_##name(const void *row, int64_t nb,                      \
+                                             const struct int_split *xs, int m, float *out) {  \
+        switch (m) {                                                                           \
+        case 1: int2_##name##_m(row, nb, xs, out, 1); break;                                   \
+        case 2: int2_##name##_m(row, nb, xs, out, 2); break;                                   \
+        case 3: int2_##name##_m(row, nb, xs, out, 3); break;                                   \
+        default: int2_##name##_m(row, nb, xs, out, 4); break;                                  \
+        }                                                                                      \
+    }
+INT2_DISPATCH(q4_K)
+INT2_DISPATCH(q6_K)
+
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, rows_##name##_avx2, rows_##name##_avx512},                                      \
@@ -889,14 +1066,16 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
 
 #if QUANT_X86
 #define INT_PATH(name) split_x_##name, int_wide_##name
-#define SMALL(name) , small_##name##_avx512
+#define SMALL(name) small_##name##_avx512
+#define INT2(name) split2_x, int2_rows_##name
 #else
 #define INT_PATH(name) NULL, NULL
-#define SMALL(name)
+#define SMALL(name) NULL
+#define INT2(name) NULL, NULL
 #endif
 
 const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K), 0,
-                                         INT_PATH(q4_K)};
+                                         INT_PATH(q4_K), NULL, INT2(q4_K)};
 const struct quant_format FORMAT_Q5_K = {QT_Q5_K, QK_K, sizeof(block_q5_K), PATHS(q5_K)};
 const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K), 0,
-                                         INT_PATH(q6_K) SMALL(q6_K)};
+                                         INT_PATH(q6_K), SMALL(q6_K), INT2(q6_K)};

@@ -189,9 +189,10 @@ int pagecli_quant_tiles(void) {
     return tiles_choice == TILES_ON;
 }
 
-/* Whether batch-1 products of the formats with an integer path (Q4_K: struct int_split)
- * take it: on the AVX-512 path of a CPU with AVX512_VNNI (INT_AUTO), or off (the float
- * kernels). INT_ON is refused where the CPU lacks VNNI. */
+/* Whether products of the formats with an integer path (Q4_K, Q6_K: struct int_split) take
+ * it (INT_AUTO): batch-1 products on the AVX-512 path of a CPU with AVX512_VNNI, and the
+ * fused path's products of any number of rows on the AVX2 path; or off (the float kernels).
+ * INT_ON is refused where the CPU runs neither. */
 enum { INT_AUTO = 0, INT_OFF = 1, INT_ON = 2 };
 #ifdef INT_DEFAULT_OFF /* benchmarks/kernel_variants.py: the float kernels' variant */
 static int int_choice = INT_OFF;
@@ -202,15 +203,17 @@ static int int_choice = INT_AUTO;
 /* Choose; returns 0, -1 for an unknown choice, -2 for INT_ON without VNNI. */
 int pagecli_quant_set_int_dots(int choice) {
     if (choice < INT_AUTO || choice > INT_ON) return -1;
-    if (choice == INT_ON && !cpu_features()->avx512_vnni) return -2;
+    if (choice == INT_ON && !cpu_features()->avx512_vnni && cpu_features()->best_isa < ISA_AVX2)
+        return -2;
     int_choice = choice;
     return 0;
 }
 
-/* 1 where batch-1 products of those formats take the integer path now, else 0. */
+/* 1 where products of those formats take an integer path now, else 0. */
 int pagecli_quant_int_dots(void) {
-    return int_choice != INT_OFF && pagecli_quant_isa() == ISA_AVX512 &&
-           cpu_features()->avx512_vnni;
+    if (int_choice == INT_OFF) return 0;
+    const int isa = pagecli_quant_isa();
+    return isa == ISA_AVX2 || (isa == ISA_AVX512 && cpu_features()->avx512_vnni);
 }
 
 static const struct quant_format *format_of(int type) {
@@ -309,6 +312,52 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
     return 1;
 }
 
+/* The integer path of AVX2 (struct int_split, int_rows_fn): each of the m input rows split
+ * once into a per-call buffer, then each thread's weight rows one at a time against
+ * INT_ROWS_MAX inputs at a time, ROWS_GROUP rows of W against each group of inputs in turn
+ * while they are in the cache. Returns 0 where an input cannot be split (the float kernels
+ * then take the call) or the buffer cannot grow. */
+static __thread void *split2_buf;
+static __thread int64_t split2_cap;
+
+static int int2_rows(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
+                     int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m, float *y,
+                     int64_t ldy, int num_threads) {
+    const int64_t values = blocks * f->block_values;
+    const int64_t each = values * 2 * (int64_t)sizeof(int16_t) +
+                         (blocks + values / 32) * (int64_t)sizeof(float);
+    const int64_t bytes = m * (each + (int64_t)sizeof(struct int_split));
+    if (bytes > split2_cap) {
+        void *grown = realloc(split2_buf, (size_t)bytes);
+        if (!grown) return 0;
+        split2_buf = grown;
+        split2_cap = bytes;
+    }
+    struct int_split *parts = split2_buf;
+    uint8_t *space = (uint8_t *)(parts + m);
+    for (int64_t i = 0; i < m; i++) {
+        int16_t *a = (int16_t *)(space + i * each);
+        float *tail = (float *)(a + 2 * values);
+        parts[i] = (struct int_split){a, a + values, tail, tail + blocks};
+        if (f->split2(x + i * ldx, blocks, &parts[i])) return 0;
+    }
+    const int_rows_fn kernel = f->int_rows2;
+    const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
+#pragma omp parallel for num_threads(num_threads) schedule(guided, 1)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t r0 = g * ROWS_GROUP, count_rows = min64(ROWS_GROUP, n - r0);
+        for (int64_t i = 0; i < m; i += INT_ROWS_MAX) {
+            const int count = (int)min64(INT_ROWS_MAX, m - i);
+            for (int64_t r = 0; r < count_rows; r++) {
+                float out[INT_ROWS_MAX];
+                kernel(w + (r0 + r) * row_bytes, blocks, parts + i, count, out);
+                for (int t = 0; t < count; t++) y[(i + t) * ldy + r0 + r] = out[t];
+            }
+        }
+    }
+    return 1;
+}
+
 /* pagecli_quant_set_small_batches: 0 leaves batches of 2-8 rows to rows() over whole rows */
 static int small_batches = 1;
 
@@ -373,6 +422,9 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const int64_t group = f->wide_rows ? f->wide_rows : WIDE_ROWS;
     if (m == 1 && f->int_wide && isa == ISA_AVX512 && pagecli_quant_int_dots() &&
         int_batch_one(f, w, row_bytes, n, blocks_per_row, x, y, num_threads))
+        return;
+    if (f->int_rows2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
+        int2_rows(f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy, num_threads))
         return;
     if (wide && m == 1 && n >= group) {
         const int64_t groups = n / group;

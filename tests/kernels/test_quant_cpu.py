@@ -625,7 +625,8 @@ def test_bf16_linear_takes_bfloat16_only():
         )
 
 
-# ---- the integer batch-1 path (csrc/quant_k.c: x split into two int16 parts, AVX-512 VNNI) ----
+# ---- the integer paths (csrc/quant_k.c: x split into two int16 parts; AVX-512 VNNI at
+# batch 1, AVX2 at any batch) ----
 
 
 def _cpu_flags() -> set[str]:
@@ -640,31 +641,54 @@ def _int_dots_run() -> bool:
     return "avx512" in quant_cpu.supported_isas() and "avx512_vnni" in _cpu_flags()
 
 
-@pytest.fixture
-def int_dots():
-    """The integer path on (skipped where the CPU has no AVX512_VNNI), back to auto after."""
-    if not _int_dots_run():
+@pytest.fixture(params=["avx512", "avx2"])
+def int_dots(request):
+    """An integer path on (AVX-512 VNNI, skipped where the CPU lacks it; AVX2), back to auto
+    after."""
+    if request.param == "avx512" and not _int_dots_run():
         pytest.skip("this CPU has no AVX512_VNNI")
-    with kernel_settings(isa="avx512", int_dots="on"):
-        yield
+    if request.param not in quant_cpu.supported_isas():
+        pytest.skip(f"this CPU does not run the {request.param} path")
+    with kernel_settings(isa=request.param, int_dots="on"):
+        yield request.param
 
 
 def test_int_dots_auto_follows_the_cpu():
-    """On the AVX-512 path of a CPU with AVX512_VNNI under "auto", never on the others; "off"
-    turns it off; "on" refused where the CPU lacks VNNI."""
-    assert quant_cpu.int_dots() == (quant_cpu.isa() == "avx512" and "avx512_vnni" in _cpu_flags())
+    """Under "auto": on the AVX2 path, and on the AVX-512 path of a CPU with AVX512_VNNI;
+    never on the portable one; "off" turns it off."""
+    isa = quant_cpu.isa()
+    assert quant_cpu.int_dots() == (
+        isa == "avx2" or (isa == "avx512" and "avx512_vnni" in _cpu_flags())
+    )
     with kernel_settings(isa="portable"):
         assert not quant_cpu.int_dots()
     with pytest.raises(ValueError, match="int_dots"):
         with kernel_settings(int_dots="vnni"):
             pass
-    if not _int_dots_run():
-        with pytest.raises(ValueError, match="not available on this CPU"):
-            with kernel_settings(int_dots="on"):
-                pass
-        return
     with kernel_settings(int_dots="off"):
         assert not quant_cpu.int_dots()
+    if "avx2" in quant_cpu.supported_isas():
+        with kernel_settings(isa="avx2"):
+            assert quant_cpu.int_dots()
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5, 8, 17])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_int_dots_of_several_rows_match_float64_and_each_row_alone(fmt, rows):
+    """AVX2's integer path takes any number of input rows (fused_rows 17 here), each with the
+    bits it has alone, within the float kernels' float64 tolerance."""
+    if "avx2" not in quant_cpu.supported_isas():
+        pytest.skip("this CPU does not run the avx2 path")
+    weight = random_weight(fmt, 37, 17 * 256, seed=rows)
+    x = torch.randn(rows, 17 * 256, generator=torch.Generator().manual_seed(rows))
+    with kernel_settings(isa="avx2", int_dots="on", fused_rows=17):
+        got = quant_cpu.quant_linear(x, weight)
+        alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(rows)])
+        with kernel_settings(int_dots="off"):
+            floats = quant_cpu.quant_linear(x, weight)
+    assert_within(got, x, weight, fmt)
+    assert torch.equal(got.view(torch.int32), alone.view(torch.int32))
+    assert not torch.equal(got, floats)  # the integer path ran
 
 
 @pytest.mark.parametrize("cols", [768, 8192])
