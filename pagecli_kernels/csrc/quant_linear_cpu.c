@@ -19,7 +19,9 @@
  *     sums each (row of W, input row) in the order of the format's one-row kernels: an
  *     output has the same bits at 1 input row or at fused_rows, beside any other rows (what
  *     speculative decoding's verify rows need; the integer batch-1 path of AVX-512 VNNI,
- *     pagecli_quant_int_dots, is the exception, and speculative decoding turns it off).
+ *     pagecli_quant_int_dots, is the exception, and speculative decoding turns it off). On
+ *     the AVX2 path Q4_K and Q6_K take the integer path (int2_rows) for any m up to there,
+ *     where each input row likewise has its one-row bits.
  *     Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
