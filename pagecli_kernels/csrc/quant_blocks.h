@@ -426,21 +426,16 @@ TARGET_AVX2 static inline float hsum256(__m256 v) {
         }                                                                                      \
     }
 
-/* The AVX2 rows and wide kernels of a 32-value block format, from its block reader
- * avx2_weights_NAME(b, w): the block's 32 weights as four vectors of 8, bit for bit gguf's.
- * Both add weights k of a block into accumulator k & 1, block after block, so a row's sums
- * are the same bits in either kernel: alone or beside other rows at one input row, and at
- * any number of input rows (quant_q4_q8.c, quant_q5.c; quant_k.c walks its super-blocks the
- * same way). */
-#define AVX2_BLOCK32_KERNELS(name)                                                             \
+/* The AVX2 rows and wide kernels of a block format from one walk over a block: WALK(name, b,
+ * base, EMIT) calls EMIT(k, w, off) for each 8 weights w of block b (values off..off+8 of the
+ * row; base: the block's first), into accumulator k & 1. Both kernels add them block after
+ * block in that order, so a row's sums are the same bits in either: alone or beside other
+ * rows at one input row, and at any number of input rows. VALUES: values per block. */
+#define AVX2_KERNELS(name, VALUES, WALK)                                                       \
     ROWS2_KERNEL(rows_##name##_avx2) {                                                         \
         const block_##name *b = row;                                                           \
         ROWS2_BEGIN                                                                            \
-        for (int64_t j = 0; j < nb; j++) {                                                     \
-            __m256 w[4];                                                                       \
-            avx2_weights_##name(&b[j], w);                                                     \
-            for (int k = 0; k < 4; k++) ROWS2_FMA8(k, w[k], 32 * j + 8 * k)                    \
-        }                                                                                      \
+        for (int64_t j = 0; j < nb; j++) WALK(name, &b[j], j * (VALUES), ROWS2_FMA8);          \
         ROWS2_END                                                                              \
     }                                                                                          \
     ROWS2_DISPATCH(rows_##name##_avx2)                                                         \
@@ -452,14 +447,23 @@ TARGET_AVX2 static inline float hsum256(__m256 v) {
             for (int r = 0; r < WIDE_ROWS; r++) {                                              \
                 const block_##name *b =                                                        \
                     (const block_##name *)((const uint8_t *)w + r * row_bytes) + j;            \
-                WIDE_PREFETCH(b);                                                              \
-                __m256 v[4];                                                                   \
-                avx2_weights_##name(b, v);                                                     \
-                for (int k = 0; k < 4; k++) WIDE2_FMA(k, v[k], 32 * j + 8 * k)                 \
+                WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_##name))                              \
+                WALK(name, b, j * (VALUES), WIDE2_FMA);                                        \
             }                                                                                  \
         }                                                                                      \
         WIDE2_END                                                                              \
     }
+
+/* The walk of a 32-value block format (quant_q4_q8.c, quant_q5.c), from its block reader
+ * avx2_weights_NAME(b, w): the block's 32 weights as four vectors of 8, bit for bit gguf's
+ * (quant_k.c walks its super-blocks itself). */
+#define AVX2_WALK32(name, b, base, EMIT)                                                       \
+    do {                                                                                       \
+        __m256 w_[4];                                                                          \
+        avx2_weights_##name((b), w_);                                                          \
+        for (int k_ = 0; k_ < 4; k_++) EMIT(k_, w_[k_], (base) + 8 * k_)                       \
+    } while (0)
+#define AVX2_BLOCK32_KERNELS(name) AVX2_KERNELS(name, 32, AVX2_WALK32)
 
 #endif
 

@@ -543,16 +543,17 @@ TARGET_AVX512 static void wide_q6_K_avx512(const void *w, int64_t row_bytes, int
 /* ---- AVX2 rows and wide kernels ------------------------------------------------------------
  * Each 8 weights converted and scaled, fma(q, d * sc, -(dmin * m)) (one rounding of an exact
  * product minus an exact product, as gguf rounds it) or (d * sc) * (q - 32). One walk over a
- * super-block per format (K_AVX2_*: EMIT(k, w, off) for each 8 weights w at value off of the
- * row, into accumulator k & 1) feeds both kernels, so a row sums in the same order alone or
- * beside other rows, at one input row or several (quant_blocks.h: ROWS2_*, WIDE2_*). */
+ * super-block per format (K_AVX2_*, the walks of AVX2_KERNELS in quant_blocks.h: EMIT(k, w,
+ * off) for each 8 weights w at value off of the row, into accumulator k & 1) feeds both
+ * kernels, so a row sums in the same order alone or beside other rows, at one input row or
+ * several. */
 
 /* 8 bytes as int32 lanes, float. */
 TARGET_AVX2 static inline __m256 u8x8_ps(__m128i v) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
 }
 
-#define K_AVX2_Q4_K(b, base, EMIT)                                                             \
+#define K_AVX2_Q4_K(name, b, base, EMIT)                                                       \
     do {                                                                                       \
         const __m128i low_ = _mm_set1_epi8(0xF);                                               \
         float ds_[8], ms_[8];                                                                  \
@@ -573,7 +574,7 @@ TARGET_AVX2 static inline __m256 u8x8_ps(__m128i v) {
         }                                                                                      \
     } while (0)
 
-#define K_AVX2_Q5_K(b, base, EMIT)                                                             \
+#define K_AVX2_Q5_K(name, b, base, EMIT)                                                       \
     do {                                                                                       \
         const __m128i low_ = _mm_set1_epi8(0xF);                                               \
         const __m256i one_ = _mm256_set1_epi32(1);                                             \
@@ -605,7 +606,7 @@ TARGET_AVX2 static inline __m256 u8x8_ps(__m128i v) {
  * time and put together in int32 lanes) took the rows from memory from 3.7 to 5.0 GB/s of
  * weights per thread, the same bits (AMD EPYC Zen 3, one thread, Llama-3.2-1B shapes:
  * benchmarks/quant_kernels.py). */
-#define K_AVX2_Q6_K(b, base, EMIT)                                                             \
+#define K_AVX2_Q6_K(name, b, base, EMIT)                                                       \
     do {                                                                                       \
         int8_t q_[32] __attribute__((aligned(32)));                                            \
         const float d_ = _cvtsh_ss((b)->d);                                                    \
@@ -626,32 +627,9 @@ TARGET_AVX2 static inline __m256 u8x8_ps(__m128i v) {
         }                                                                                      \
     } while (0)
 
-#define K_AVX2_KERNELS(name, WALK)                                                             \
-    ROWS2_KERNEL(rows_##name##_avx2) {                                                         \
-        const block_##name *b = row;                                                           \
-        ROWS2_BEGIN                                                                            \
-        for (int64_t s = 0; s < nb; s++) WALK(&b[s], s * QK_K, ROWS2_FMA8);                    \
-        ROWS2_END                                                                              \
-    }                                                                                          \
-    ROWS2_DISPATCH(rows_##name##_avx2)                                                         \
-                                                                                               \
-    TARGET_AVX2 static void wide_##name##_avx2(const void *w, int64_t row_bytes, int64_t nb,   \
-                                               const float *x, float *out) {                   \
-        WIDE2_BEGIN                                                                            \
-        for (int64_t s = 0; s < nb; s++) {                                                     \
-            for (int r = 0; r < WIDE_ROWS; r++) {                                              \
-                const block_##name *b =                                                        \
-                    (const block_##name *)((const uint8_t *)w + r * row_bytes) + s;            \
-                WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_##name))                              \
-                WALK(b, s * QK_K, WIDE2_FMA);                                                  \
-            }                                                                                  \
-        }                                                                                      \
-        WIDE2_END                                                                              \
-    }
-
-K_AVX2_KERNELS(q4_K, K_AVX2_Q4_K)
-K_AVX2_KERNELS(q5_K, K_AVX2_Q5_K)
-K_AVX2_KERNELS(q6_K, K_AVX2_Q6_K)
+AVX2_KERNELS(q4_K, QK_K, K_AVX2_Q4_K)
+AVX2_KERNELS(q5_K, QK_K, K_AVX2_Q5_K)
+AVX2_KERNELS(q6_K, QK_K, K_AVX2_Q6_K)
 
 /* ---- Q4_K at batch 1 on integer dot products (AVX-512 VNNI) --------------------------------
  * The float kernels above spend most of their time widening bytes and permuting tables: on

@@ -281,68 +281,62 @@ static const dot_fn DOTS[3] = {dot_portable, NULL, NULL};
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* The integer batch-1 path (struct int_split): x split once into a per-thread buffer, then
- * WIDE_ROWS rows at a time, the last rows (fewer) through the same kernel, so that a row's
- * result does not depend on its neighbours. Returns 0 where x cannot be split (the float
- * kernels then take the call) or the buffer cannot grow. */
+/* The m input rows of x split by `split` (struct int_split) into the calling thread's buffer,
+ * grown as needed: one struct per row, then each row's parts. NULL where a row cannot be split
+ * (the float kernels then take the call) or the buffer cannot grow. */
 static __thread void *split_buf;
 static __thread int64_t split_cap;
 
-static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
-                         int64_t n, int64_t blocks, const float *x, float *y, int num_threads) {
-    const int64_t values = blocks * f->block_values;
-    const int64_t bytes = values * 2 * (int64_t)sizeof(int16_t) +
-                          (blocks + values / 32) * (int64_t)sizeof(float);
+static const struct int_split *split_rows(int_split_fn split, int64_t block_values,
+                                          int64_t blocks, const float *x, int64_t ldx,
+                                          int64_t m) {
+    const int64_t values = blocks * block_values;
+    const int64_t each = values * 2 * (int64_t)sizeof(int16_t) +
+                         (blocks + values / 32) * (int64_t)sizeof(float);
+    const int64_t bytes = m * ((int64_t)sizeof(struct int_split) + each);
     if (bytes > split_cap) {
         void *grown = realloc(split_buf, (size_t)bytes);
-        if (!grown) return 0;
+        if (!grown) return NULL;
         split_buf = grown;
         split_cap = bytes;
     }
-    int16_t *a = split_buf;
-    float *tail = (float *)(a + 2 * values);
-    const struct int_split parts = {a, a + values, tail, tail + blocks};
-    if (f->split(x, blocks, &parts)) return 0;
-    const int_wide_fn kernel = f->int_wide;
-    const int64_t groups = (n + WIDE_ROWS - 1) / WIDE_ROWS;
-#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
-    for (int64_t g = 0; g < groups; g++) {
-        const int rows = (int)min64(WIDE_ROWS, n - g * WIDE_ROWS);
-        kernel(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks, rows, &parts,
-               y + g * WIDE_ROWS);
-    }
-    return 1;
-}
-
-/* The integer path of AVX2 (struct int_split, int_rows_fn): each of the m input rows split
- * once into a per-call buffer, then each thread's weight rows one at a time against
- * INT_ROWS_MAX inputs at a time, ROWS_GROUP rows of W against each group of inputs in turn
- * while they are in the cache. Returns 0 where an input cannot be split (the float kernels
- * then take the call) or the buffer cannot grow. */
-static __thread void *split2_buf;
-static __thread int64_t split2_cap;
-
-static int int2_rows(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
-                     int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m, float *y,
-                     int64_t ldy, int num_threads) {
-    const int64_t values = blocks * f->block_values;
-    const int64_t each = values * 2 * (int64_t)sizeof(int16_t) +
-                         (blocks + values / 32) * (int64_t)sizeof(float);
-    const int64_t bytes = m * (each + (int64_t)sizeof(struct int_split));
-    if (bytes > split2_cap) {
-        void *grown = realloc(split2_buf, (size_t)bytes);
-        if (!grown) return 0;
-        split2_buf = grown;
-        split2_cap = bytes;
-    }
-    struct int_split *parts = split2_buf;
+    struct int_split *parts = split_buf;
     uint8_t *space = (uint8_t *)(parts + m);
     for (int64_t i = 0; i < m; i++) {
         int16_t *a = (int16_t *)(space + i * each);
         float *tail = (float *)(a + 2 * values);
         parts[i] = (struct int_split){a, a + values, tail, tail + blocks};
-        if (f->split2(x + i * ldx, blocks, &parts[i])) return 0;
+        if (split(x + i * ldx, blocks, &parts[i])) return NULL;
     }
+    return parts;
+}
+
+/* The integer batch-1 path of AVX-512 VNNI: x split once, then WIDE_ROWS rows at a time, the
+ * last rows (fewer) through the same kernel, so that a row's result does not depend on its
+ * neighbours. Returns 0 where split_rows gives nothing. */
+static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
+                         int64_t n, int64_t blocks, const float *x, float *y, int num_threads) {
+    const struct int_split *parts = split_rows(f->split, f->block_values, blocks, x, 0, 1);
+    if (!parts) return 0;
+    const int_wide_fn kernel = f->int_wide;
+    const int64_t groups = (n + WIDE_ROWS - 1) / WIDE_ROWS;
+#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
+    for (int64_t g = 0; g < groups; g++) {
+        const int rows = (int)min64(WIDE_ROWS, n - g * WIDE_ROWS);
+        kernel(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks, rows, parts, y + g * WIDE_ROWS);
+    }
+    return 1;
+}
+
+/* The integer path of AVX2 (int_rows_fn): each of the m input rows split once, then each
+ * thread's weight rows one at a time against INT_ROWS_MAX inputs at a time, ROWS_GROUP rows
+ * of W against each group of inputs in turn while they are in the cache. Returns 0 where
+ * split_rows gives nothing. */
+static int int2_rows(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
+                     int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m, float *y,
+                     int64_t ldy, int num_threads) {
+    const struct int_split *parts = split_rows(f->split2, f->block_values, blocks, x, ldx, m);
+    if (!parts) return 0;
     const int_rows_fn kernel = f->int_rows2;
     const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
 #pragma omp parallel for num_threads(num_threads) schedule(guided, 1)
