@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+from _servers import start_and_wait  # benchmarks/ is on sys.path when a script here runs
 
 from pagecli import LLM, SamplingParams
 from pagecli.bench.scenarios import EngineRunner, Range, draw_workload
@@ -42,21 +43,8 @@ def cpu_name() -> str:
 
 
 def start_server(port: int, extra: list[str]) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [PAGECLI, "serve", "--port", str(port), "--no-display", *extra],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("pagecli serve did not start")
+    command = [PAGECLI, "serve", "--port", str(port), "--no-display", *extra]
+    return start_and_wait(command, port, "pagecli serve")
 
 
 async def stream_one(http: httpx.AsyncClient, url: str, ids: list[int], max_tokens: int):

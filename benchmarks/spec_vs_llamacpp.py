@@ -23,10 +23,10 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+from _servers import start_and_wait  # benchmarks/ is on sys.path when a script here runs
 
 from pagecli.bench.spec import workloads
 
@@ -38,19 +38,7 @@ PAGECLI = str(Path(sys.executable).with_name("pagecli"))
 def start_server(model: str, threads: int, port: int, extra: list[str]) -> subprocess.Popen:
     command = [str(PEER), "-m", model, "-t", str(threads), "--host", "127.0.0.1"]
     command += ["--port", str(port), "-c", "8192", "-np", "1", *extra]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"llama-server exited ({proc.returncode}): {' '.join(command)}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("llama-server did not start")
+    return start_and_wait(command, port, "llama-server")
 
 
 def peer_rows(args, extra: list[str], port: int) -> dict[str, dict]:
