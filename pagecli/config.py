@@ -107,6 +107,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None  # overrides the memory budget (tests, exact sizing)
     enable_prefix_caching: bool = True
+    # one block table per layer type (engine/kv_groups.py): a sliding window's blocks go back
+    # to the pool as it moves; False: one table for every layer, every block kept
+    hybrid_kv_cache: bool = True
     preemption_mode: PreemptionMode = "recompute"
     swap_space: float = 0.0  # GiB of host memory for swapped-out blocks
     enforce_eager: bool = False

@@ -84,6 +84,7 @@ class Attention:
     window: int | None
     sinks: torch.Tensor | None  # [num_heads] float32
     scale: float
+    kv_group: int = 0  # whose slots and block tables it reads (engine/kv_groups.py)
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,8 @@ def _library() -> ctypes.CDLL | None:
     if lib is not None and not _state["bound"]:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
         fn = lib.pagecli_layer_program
-        fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, i64, i32, i64, i64, i64, ptr]
+        fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, i64, i32, i64, i32, i64, i64]
+        fn.argtypes += [i64, ptr]
         fn.argtypes += [i32, i32, i32, ptr, f32, i32, ptr, i32, ptr, ptr]
         fn.restype = i32
         _state["bound"] = True
@@ -116,7 +117,7 @@ class AttentionGroup:
 
     token_start: int
     num_tokens: int
-    block_tables: torch.Tensor  # [S, max_blocks] int32
+    block_tables: torch.Tensor  # [G, S, max_blocks] int32, per KV cache group (or [S, ...])
     seq_lens: torch.Tensor  # [S] int32
     query_start_loc: torch.Tensor | None  # [S + 1] int32; None: one token per sequence
 
@@ -328,6 +329,8 @@ class LayerProgram:
             raise ValueError(f"attention writes whole rows of {q} values")
         if op.window is not None and op.window < 1:
             raise ValueError(f"a window of {op.window} tokens")
+        if op.kv_group < 0:
+            raise ValueError(f"KV cache group {op.kv_group}")
         sinks = op.sinks
         if sinks is not None and (
             sinks.dtype != torch.float32
@@ -353,6 +356,7 @@ class LayerProgram:
             op.window or 0,
             0 if sinks is None else sinks.data_ptr(),
             _float_bits(op.scale),
+            op.kv_group,
         ]
 
     # ---- running -------------------------------------------------------------------------
@@ -366,11 +370,11 @@ class LayerProgram:
         collective: ShmCollective | None = None,
     ) -> torch.Tensor | None:
         """Run every op over `hidden` [T, H] (the program's dtype, contiguous) in place;
-        `ropes`: (cos, sin) [T, R] of that dtype, contiguous, per rope table; slot_mapping [T]
-        int64. Checks the step's lengths once. Returns the final norm of the result ([T, H])
-        when bound with `final_norm`, else None. `collective`: a tensor-parallel rank's
-        shared-memory all-reduce (float32 steps whose [T, H] fit its slot), which the
-        AllReduce ops sum through."""
+        `ropes`: (cos, sin) [T, R] of that dtype, contiguous, per rope table; slot_mapping
+        [G, T] int64 per KV cache group (or [T]: one group). Checks the step's lengths once.
+        Returns the final norm of the result ([T, H]) when bound with `final_norm`, else None.
+        `collective`: a tensor-parallel rank's shared-memory all-reduce (float32 steps whose
+        [T, H] fit its slot), which the AllReduce ops sum through."""
         num_tokens, hidden_size = hidden.shape
         if (
             hidden_size != self.hidden_size
@@ -392,21 +396,27 @@ class LayerProgram:
         cache = self._cache
         num_blocks, block_size = cache.shape[:2]
         threads = torch.get_num_threads()
-        slot_mapping = slot_mapping.contiguous()
-        if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,):
-            raise ValueError(f"slot_mapping must be int64 [{num_tokens}]")
+        if slot_mapping.dim() == 1:
+            slot_mapping = slot_mapping.unsqueeze(0)
+        if slot_mapping.stride(-1) != 1:
+            slot_mapping = slot_mapping.contiguous()
+        kv_groups = slot_mapping.shape[0]
+        if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (kv_groups, num_tokens):
+            raise ValueError(f"slot_mapping must be int64 [G, {num_tokens}]")
         rows, keep = [], []
         for g in groups:
-            tables = (
-                g.block_tables if g.block_tables.stride(1) == 1 else g.block_tables.contiguous()
-            )
+            tables = g.block_tables if g.block_tables.dim() == 3 else g.block_tables.unsqueeze(0)
+            if tables.stride(2) != 1:
+                tables = tables.contiguous()
+            if tables.shape[0] != kv_groups:
+                raise ValueError(f"block tables of {tables.shape[0]} groups for {kv_groups}")
             seq_lens = g.seq_lens.contiguous()
             if tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
                 raise ValueError("block_tables and seq_lens must be int32")
             num_seqs = seq_lens.shape[0]
-            if tables.shape[0] != num_seqs:
+            if tables.shape[1] != num_seqs:
                 raise ValueError(
-                    f"block_tables has {tables.shape[0]} rows for {num_seqs} sequences"
+                    f"block_tables has {tables.shape[1]} rows for {num_seqs} sequences"
                 )
             starts = g.query_start_loc
             if starts is None:
@@ -417,12 +427,12 @@ class LayerProgram:
                 raise ValueError(f"query_start_loc must be int32 [{num_seqs + 1}]")
             starts = starts.contiguous()
             part = hidden[g.token_start : g.token_start + g.num_tokens]
-            lens, _ = check_lengths_host(part, tables, seq_lens, block_size, starts)
-            items = native.distinct_sequences(tables) * self._num_kv_heads
+            lens, _ = check_lengths_host(part, tables[0], seq_lens, block_size, starts)
+            items = native.distinct_sequences(tables[0]) * self._num_kv_heads
             split = native.choose_split_tokens(items, max(lens), threads)
             rows.append(
-                [g.token_start, g.num_tokens, num_seqs, tables.data_ptr(), tables.stride(0)]
-                + [seq_lens.data_ptr(), starts.data_ptr(), split]
+                [g.token_start, g.num_tokens, num_seqs, tables.data_ptr(), tables.stride(1)]
+                + [seq_lens.data_ptr(), starts.data_ptr(), split, tables.stride(0)]
             )
             keep += [tables, seq_lens, starts]
         table = torch.tensor(rows, dtype=torch.int64)  # [G, GROUP_FIELDS]
@@ -439,6 +449,8 @@ class LayerProgram:
             ropes_table.data_ptr(),
             len(rope_rows),
             slot_mapping.data_ptr(),
+            slot_mapping.stride(0),
+            kv_groups,
             num_blocks,
             block_size,
             cache.stride(0),

@@ -37,11 +37,18 @@ def store_kv(
         v_cache[block_id, offset] = value[i]
 
 
-def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first seq_len tokens of one sequence, token by token: [seq_len, num_kv_heads, D]."""
+def _gather_context(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, first: int = 0
+) -> torch.Tensor:
+    """The first seq_len tokens of one sequence, token by token: [seq_len, num_kv_heads, D];
+    positions before `first` (no query sees them: a window's table may name no block there)
+    are zeros."""
     block_size = cache.shape[1]
     rows = []
     for pos in range(seq_len):
+        if pos < first:
+            rows.append(torch.zeros_like(cache[0, 0]))
+            continue
         block_id = int(block_table[pos // block_size])
         rows.append(cache[block_id, pos % block_size])
     return torch.stack(rows).to(torch.float64)
@@ -95,9 +102,9 @@ def paged_decode_attention(
     lens, _ = check_lengths_host(query, block_tables, seq_lens, cache.block_size)
     out = torch.empty_like(query)  # [num_seqs, num_heads, D]
     for i, seq_len in enumerate(lens):
-        keys = _gather_context(k_cache, block_tables[i], seq_len)
-        values = _gather_context(v_cache, block_tables[i], seq_len)
         first = _visible(seq_len - 1, window)
+        keys = _gather_context(k_cache, block_tables[i], seq_len, first)
+        values = _gather_context(v_cache, block_tables[i], seq_len, first)
         out[i] = _attend(query[i], keys[first:], values[first:], scale, sinks).to(query.dtype)
     return out
 
@@ -128,8 +135,9 @@ def paged_prefill_attention(
     out = torch.empty_like(query)  # [num_tokens, num_heads, D]
     starts = query_start_loc.tolist()
     for i, (seq_len, query_len) in enumerate(zip(lens, query_lens, strict=True)):
-        keys = _gather_context(k_cache, block_tables[i], seq_len)
-        values = _gather_context(v_cache, block_tables[i], seq_len)
+        seen = _visible(seq_len - query_len, window)  # what its first new token sees
+        keys = _gather_context(k_cache, block_tables[i], seq_len, seen)
+        values = _gather_context(v_cache, block_tables[i], seq_len, seen)
         for j in range(query_len):
             pos = seq_len - query_len + j
             token = starts[i] + j

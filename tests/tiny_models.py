@@ -142,6 +142,15 @@ def family_configs():
     }
 
 
+def kv_memory(config, blocks: int, block_size: int) -> float:
+    """GiB of `blocks` blocks of K and V for every layer of a model, in float32: a KV budget
+    that means the same with and without window tables (--num-kv-blocks counts pages, and a
+    hybrid model's pages hold fewer layers)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_block = 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * head_dim
+    return blocks * per_block * 4 / 2**30
+
+
 def build_tiny_models(root: Path, configs=None) -> dict[str, Path]:
     """Each config (tiny_configs() by default) as a random-weight safetensors folder."""
     from transformers import AutoModelForCausalLM

@@ -220,6 +220,8 @@ class EngineRunner:
                 - (before.preemptions_recompute + before.preemptions_swap),
                 "prefix_hit_rate": hits / queried if queried else 0.0,
                 "cached_tokens": sum(o.num_cached_tokens for o in outputs),
+                "kv_groups": list(after.kv_groups),
+                "window_freed_blocks": after.window_freed_blocks - before.window_freed_blocks,
             }
         )
         return row

@@ -115,9 +115,25 @@ def stats_table(stats: EngineStats) -> Table:
         ("decode tok/s", f"{stats.decode_tokens_per_s:,.1f}"),
         ("step time", f"{1000 * stats.step_time_s:,.1f} ms"),
     ]
+    if len(stats.kv_groups) > 1:  # a hybrid model: each layer type's table
+        rows += _group_rows(stats)
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _group_rows(stats: EngineStats) -> list[tuple[str, str]]:
+    """Blocks in use per kind of KV cache table (tables of one kind summed), and the blocks
+    windows gave back."""
+    kinds: dict[str, tuple[int, int]] = {}
+    for kind, used in zip(stats.kv_groups, stats.group_blocks_in_use):
+        tables, blocks = kinds.get(kind, (0, 0))
+        kinds[kind] = (tables + 1, blocks + used)
+    rows = [
+        (f"  {kind} ({tables} table{'s' * (tables > 1)})", f"{blocks} blocks")
+        for kind, (tables, blocks) in kinds.items()
+    ]
+    return rows + [("  window freed", f"{stats.window_freed_blocks} blocks")]
 
 
 def render(stats: EngineStats, width: int = MAP_WIDTH, header: Optional[str] = None) -> Group:

@@ -120,6 +120,16 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
             "--enable-prefix-caching/--no-prefix-caching",
         ),
     ),
+    "hybrid_kv_cache": (
+        bool,
+        _opt(
+            ENGINE_PANEL,
+            "Models with sliding-window layers beside full attention: each layer type keeps "
+            "its own block table and a window's old blocks go back to the pool "
+            "(--no-hybrid-kv-cache: every layer keeps every block).",
+            "--hybrid-kv-cache/--no-hybrid-kv-cache",
+        ),
+    ),
     "preemption_mode": (PreemptionModeChoice, _opt(ENGINE_PANEL, "What preemption does.")),
     "swap_space": (float, _opt(ENGINE_PANEL, "GiB of host memory for swapped-out blocks.")),
     "enforce_eager": (bool, _opt(ENGINE_PANEL, "Disable CUDA graphs.", "--enforce-eager")),

@@ -9,6 +9,13 @@ Only full blocks whose K/V have been computed get a hash. A hash chains the pare
 with the block's token ids (and the model's identity, and the sequence's cache salt), so equal
 hashes mean equal prefixes; a hit is still verified against the stored parent hash and token
 ids.
+
+A model whose layers differ (sliding windows beside full attention) has several KV cache groups
+(engine/kv_groups.py): one pool of pages, one block table per group and sequence. A window
+group's blocks wholly before its window go back to the pool as the sequence advances (their
+table entries become NULL_BLOCK), a block's hash is findable per group, and a prefix hit is
+the longest prefix that every group can serve: full attention needs every block of it, a
+window group only the blocks its next query reads.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pagecli.engine.kv_groups import KVGroup, KVGroups
 from pagecli.engine.sequence import Sequence
+
+NULL_BLOCK = -1  # a window group's table entry for a block it has given back
 
 
 @dataclass
@@ -27,6 +37,7 @@ class Block:
     hash: int | None = None
     parent_hash: int | None = None
     token_ids: tuple[int, ...] | None = None
+    group: int = 0  # the KV cache group whose table it was last handed to
 
 
 @dataclass
@@ -39,11 +50,13 @@ class BlockCounters:
     evictions: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
+    window_freed: int = 0  # blocks window groups gave back before their sequence ended
 
 
 class BlockManager:
     """Owns which KV block holds what. Tensors live in the model runner: copies that the
-    runner must perform (copy-on-write, swap) are returned or queued in `pending_copies`."""
+    runner must perform (copy-on-write, swap) are returned or queued in `pending_copies`.
+    A copy moves a whole page (every group's slots of it)."""
 
     def __init__(
         self,
@@ -52,10 +65,14 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         model_key: str = "",
         num_swap_blocks: int = 0,
+        kv_groups: KVGroups | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.kv_groups = kv_groups or KVGroups((KVGroup(None, (0,)),), 1)
+        self.groups: tuple[KVGroup, ...] = self.kv_groups.groups
+        self.num_groups = len(self.groups)
         self._root_hash = hash(("pagecli-prefix", model_key))
         # Blocks come into being when first handed out, in id order: ids from len(blocks) up
         # are free and were never used. A pool of millions of small blocks (a small model
@@ -64,13 +81,14 @@ class BlockManager:
         self.blocks: list[Block] = []
         self._free_ids: deque[int] = deque()  # freed blocks, handed out after the unused
         self._cached_free: OrderedDict[int, None] = OrderedDict()
-        self._hash_to_block: dict[int, int] = {}
+        self._hash_to_block: dict[tuple[int, int], int] = {}  # (group, hash) -> block
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) device blocks
         self.counters = BlockCounters()
-        # Host pool for swapped-out sequences: seq_id -> host block ids, in table order.
+        # Host pool for swapped-out sequences: seq_id -> per group, host block ids in table
+        # order (NULL_BLOCK where the device table had none).
         self.num_swap_blocks = num_swap_blocks
         self._free_swap_ids: deque[int] = deque(range(num_swap_blocks))
-        self._swapped: dict[int, list[int]] = {}
+        self._swapped: dict[int, list[list[int]]] = {}
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -100,8 +118,49 @@ class BlockManager:
     def num_free_swap_blocks(self) -> int:
         return len(self._free_swap_ids)
 
+    def used_blocks_by_group(self) -> list[int]:
+        """Blocks in use, per KV cache group."""
+        counts = [0] * self.num_groups
+        for block in self.blocks:
+            if block.ref_count:
+                counts[block.group] += 1
+        return counts
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def sequence_blocks(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks one sequence of `num_tokens` tokens holds at once, computed in
+        steps of at most `chunk` tokens: every full-attention table holds all its blocks, a
+        window table at most those of its window and one step's tokens."""
+        n = self.blocks_needed(num_tokens)
+        total = 0
+        for group in self.groups:
+            if group.window is None:
+                total += n
+            else:
+                total += min(n, self.blocks_needed(group.window - 1 + chunk) + 1)
+        return total
+
+    def max_sequence_tokens(self, chunk: int, limit: int) -> int:
+        """The longest sequence (up to `limit` tokens) whose blocks fit the whole pool."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.sequence_blocks(mid, chunk) <= self.num_blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _tables(self, seq: Sequence) -> list[list[int]]:
+        """The sequence's block tables, one per group (made when it first gets blocks)."""
+        tables = seq.block_tables
+        if len(tables) != self.num_groups:
+            if any(tables):
+                raise RuntimeError("a sequence holds block tables of another cache layout")
+            tables = seq.block_tables = [[] for _ in range(self.num_groups)]
+        return tables
 
     # ---- prefix cache --------------------------------------------------------------------
 
@@ -112,40 +171,76 @@ class BlockManager:
             parent_hash = self._root_hash if not salt else hash((self._root_hash, salt))
         return hash((parent_hash, token_ids))
 
+    def _cached(self, group: int, seq: Sequence, hashes: list[int], i: int) -> int | None:
+        """The cached block that holds block i of the sequence's tokens for `group`, or None
+        (a hash collision is a miss)."""
+        block_id = self._hash_to_block.get((group, hashes[i]))
+        if block_id is None:
+            return None
+        block = self.blocks[block_id]
+        bs = self.block_size
+        parent = hashes[i - 1] if i else None
+        if block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+            return None
+        return block_id if block.parent_hash == parent else None
+
+    def _group_hit(self, g: int, seq: Sequence, hashes: list[int], limit: int) -> int:
+        """The longest hit of at most `limit` blocks that group g can serve: all blocks from
+        the first for full attention; the blocks its next query reads for a window."""
+        group = self.groups[g]
+        if group.window is None:
+            n = 0
+            while n < limit and self._cached(g, seq, hashes, n) is not None:
+                n += 1
+            return n
+        n = limit
+        while n > 0:  # a missing block i rules out every hit that reads it: those past i
+            first = group.first_needed_block(n * self.block_size, self.block_size)
+            i = n - 1
+            while i >= first and self._cached(g, seq, hashes, i) is not None:
+                i -= 1
+            if i < first:
+                return n
+            n = i
+        return 0
+
     def match_prefix(self, seq: Sequence) -> int:
-        """Give a sequence without blocks the longest run of cached blocks of its tokens.
+        """Give a sequence without blocks the longest run of cached blocks of its tokens that
+        every group can serve (a fixed point: a window group's shorter hit can rule out
+        another's).
 
         At least one token is always left to compute so that the model produces logits.
         Returns the number of tokens found; `seq.num_computed_tokens` is set to it.
         """
-        if seq.block_table or seq.num_computed_tokens:
+        tables = self._tables(seq)
+        if any(tables) or seq.num_computed_tokens:
             raise RuntimeError("match_prefix needs a sequence that holds no blocks")
         if not self.enable_prefix_caching:
             return 0
         bs = self.block_size
-        num_full = (seq.num_tokens - 1) // bs
         self.counters.prefix_query_tokens += seq.num_tokens
-        hashes = seq.block_hashes
-        parent = None
-        for i in range(num_full):
-            ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = hashes[i] if i < len(hashes) else self.chain_hash(parent, ids, seq.cache_salt)
-            block_id = self._hash_to_block.get(h)
-            if block_id is None:
-                break
-            block = self.blocks[block_id]
-            if block.token_ids != ids or block.parent_hash != parent:
-                break  # a hash collision: treat as a miss
-            if block.ref_count == 0:
-                del self._cached_free[block_id]
-            block.ref_count += 1
-            seq.block_table.append(block_id)
-            if i == len(hashes):
-                hashes.append(h)
-            parent = h
+        hashes = self.full_block_hashes(seq, seq.num_tokens - 1)
+        n = len(hashes)
+        settled = False
+        while not settled:
+            settled = True
+            for g in range(self.num_groups):
+                hit = self._group_hit(g, seq, hashes, n)
+                if hit < n:
+                    n, settled = hit, False
+        for g, table in enumerate(tables):
+            first = self.groups[g].first_needed_block(n * bs, bs)
+            table.extend([NULL_BLOCK] * first)
+            for i in range(first, n):
+                block_id = self._cached(g, seq, hashes, i)
+                block = self.blocks[block_id]
+                if block.ref_count == 0:
+                    del self._cached_free[block_id]
+                block.ref_count += 1
+                table.append(block_id)
         # Hashes kept from an earlier life (preemption) past the hit are recomputed on commit.
-        del hashes[len(seq.block_table) :]
-        num_hit = len(seq.block_table) * bs
+        seq.block_hashes = hashes[:n]
+        num_hit = n * bs
         seq.num_computed_tokens = num_hit
         self.counters.prefix_hit_tokens += num_hit
         return num_hit
@@ -162,13 +257,13 @@ class BlockManager:
         return hashes
 
     def num_in_flight_blocks(self, seq: Sequence, in_flight: set[int]) -> int:
-        """How many full blocks of the sequence, right after those the prefix cache holds, are
-        being computed in this step (by other sequences)."""
+        """How many full blocks of the sequence, right after those the prefix cache holds (in
+        the first group), are being computed in this step (by other sequences)."""
         if not self.enable_prefix_caching or not in_flight:
             return 0
         count = 0
         for h in self.full_block_hashes(seq, seq.num_tokens - 1):
-            if h in self._hash_to_block and not count:
+            if (0, h) in self._hash_to_block and not count:
                 continue
             if h not in in_flight:
                 break
@@ -176,28 +271,39 @@ class BlockManager:
         return count
 
     def commit_full_blocks(self, seq: Sequence) -> None:
-        """Make the sequence's full, computed blocks findable by hash."""
+        """Make the sequence's full, computed blocks findable by hash, in every group."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         hashes = seq.block_hashes
-        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
-        for i in range(len(hashes), num_full):
+        tables = self._tables(seq)
+        num_full = min(seq.num_computed_tokens // bs, len(tables[0]))
+        start = len(hashes)
+        for i in range(start, num_full):
             parent = hashes[i - 1] if i else None
             ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = self.chain_hash(parent, ids, seq.cache_salt)
-            hashes.append(h)
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None and h not in self._hash_to_block:
-                self._register(block, h, parent, ids)
-            # else: the same prefix is already cached in another block; this one stays private
+            hashes.append(self.chain_hash(parent, ids, seq.cache_salt))
+        for g, table in enumerate(tables):
+            for i in range(start, num_full):
+                block_id = table[i]
+                if block_id == NULL_BLOCK:
+                    continue
+                block = self.blocks[block_id]
+                h = hashes[i]
+                if block.hash is None and (g, h) not in self._hash_to_block:
+                    parent = hashes[i - 1] if i else None
+                    ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+                    self._register(block, g, h, parent, ids)
+                # else: the same prefix is already cached in another block; this one stays
+                # private
 
     def _register(
-        self, block: Block, h: int, parent: int | None, token_ids: tuple[int, ...]
+        self, block: Block, group: int, h: int, parent: int | None, token_ids: tuple[int, ...]
     ) -> None:
-        """Make a full, computed block findable by its chained hash."""
+        """Make a full, computed block findable by its chained hash in its group."""
         block.hash, block.parent_hash, block.token_ids = h, parent, token_ids
-        self._hash_to_block[h] = block.block_id
+        block.group = group
+        self._hash_to_block[(group, h)] = block.block_id
 
     @property
     def cached_free_ids(self) -> set[int]:
@@ -206,7 +312,7 @@ class BlockManager:
 
     # ---- allocation ----------------------------------------------------------------------
 
-    def _take_block(self) -> int:
+    def _take_block(self, group: int) -> int:
         if len(self.blocks) < self.num_blocks:  # the unused first, in id order
             block_id = len(self.blocks)
             self.blocks.append(Block(block_id))
@@ -215,10 +321,12 @@ class BlockManager:
         else:
             block_id, _ = self._cached_free.popitem(last=False)  # least recently used
             block = self.blocks[block_id]
-            del self._hash_to_block[block.hash]
+            del self._hash_to_block[(block.group, block.hash)]
             block.hash = block.parent_hash = block.token_ids = None
             self.counters.evictions += 1
-        self.blocks[block_id].ref_count = 1
+        block = self.blocks[block_id]
+        block.ref_count = 1
+        block.group = group
         return block_id
 
     def _release(self, block_id: int) -> None:
@@ -230,57 +338,100 @@ class BlockManager:
             else:
                 self._free_ids.append(block_id)
 
-    def slots_cost(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Blocks that `allocate_slots(seq, num_new_tokens)` would take."""
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
-        cost = max(0, needed - len(seq.block_table))
-        if self._needs_cow(seq):
-            cost += 1
-        return cost
+    def _outside_window(self, seq: Sequence) -> list[tuple[list[int], int]]:
+        """(table, index) of the blocks the sequence still holds that its window groups no
+        longer read: wholly before the window of its next query."""
+        found = []
+        for group, table in zip(self.groups, self._tables(seq)):
+            if group.window is None:
+                continue
+            first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
+            found += [(table, i) for i in range(min(first, len(table))) if table[i] != NULL_BLOCK]
+        return found
 
-    def _needs_cow(self, seq: Sequence) -> bool:
-        idx = seq.num_computed_tokens // self.block_size
-        return idx < len(seq.block_table) and self.blocks[seq.block_table[idx]].ref_count > 1
+    def release_outside_window(self, seq: Sequence) -> int:
+        """Give back the blocks the sequence's window groups no longer read; how many."""
+        found = self._outside_window(seq)
+        for table, i in found:
+            self._release(table[i])
+            table[i] = NULL_BLOCK
+        self.counters.window_freed += len(found)
+        return len(found)
+
+    def slots_cost(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks that `allocate_slots(seq, num_new_tokens)` would take, less those its
+        window groups would give back first (held by this sequence alone)."""
+        bs = self.block_size
+        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        idx = seq.num_computed_tokens // bs
+        cost = 0
+        for group, table in zip(self.groups, self._tables(seq)):
+            first = group.first_needed_block(seq.num_computed_tokens, bs)
+            cost += max(0, needed - max(len(table), first))
+            if self._needs_cow(table, idx):
+                cost += 1
+        returned = sum(
+            1 for table, i in self._outside_window(seq) if self.blocks[table[i]].ref_count == 1
+        )
+        return cost - returned
+
+    def _needs_cow(self, table: list[int], idx: int) -> bool:
+        return (
+            idx < len(table) and table[idx] != NULL_BLOCK and self.blocks[table[idx]].ref_count > 1
+        )
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for the next `num_new_tokens` K/V entries of `seq`; False (and nothing
-        changed) when there are not enough blocks. A shared block about to be written is
-        copied first (copy-on-write)."""
+        taken) when there are not enough blocks. Window groups first give back the blocks
+        they no longer read. A shared block about to be written is copied first
+        (copy-on-write)."""
         if self.slots_cost(seq, num_new_tokens) > self.num_free_blocks:
             return False
-        if self._needs_cow(seq):
-            idx = seq.num_computed_tokens // self.block_size
-            src = seq.block_table[idx]
-            dst = self._take_block()
-            self._release(src)
-            seq.block_table[idx] = dst
-            self.pending_copies.append((src, dst))
-            self.counters.cow_copies += 1
+        self.release_outside_window(seq)
+        bs = self.block_size
+        idx = seq.num_computed_tokens // bs
         needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
-        while len(seq.block_table) < needed:
-            seq.block_table.append(self._take_block())
+        for g, table in enumerate(self._tables(seq)):
+            if self._needs_cow(table, idx):
+                src = table[idx]
+                dst = self._take_block(g)
+                self._release(src)
+                table[idx] = dst
+                self.pending_copies.append((src, dst))
+                self.counters.cow_copies += 1
+            first = self.groups[g].first_needed_block(seq.num_computed_tokens, bs)
+            while len(table) < needed:
+                table.append(NULL_BLOCK if len(table) < first else self._take_block(g))
         return True
 
     def trim(self, seq: Sequence) -> None:
         """Release the blocks past those the sequence's tokens need (speculative decoding:
         blocks that held only rejected drafts' K/V), last first."""
         needed = self.blocks_needed(seq.num_tokens)
-        while len(seq.block_table) > needed:
-            self._release(seq.block_table.pop())
+        for table in self._tables(seq):
+            while len(table) > needed:
+                block_id = table.pop()
+                if block_id != NULL_BLOCK:
+                    self._release(block_id)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (prompt blocks, a partly filled last
         block included); whoever writes a shared block first copies it."""
-        child.block_table = list(parent.block_table)
-        for block_id in child.block_table:
-            self.blocks[block_id].ref_count += 1
+        child.block_tables = [list(table) for table in self._tables(parent)]
+        for table in child.block_tables:
+            for block_id in table:
+                if block_id != NULL_BLOCK:
+                    self.blocks[block_id].ref_count += 1
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's hold on its blocks. Tail blocks are released first so that
         they are evicted before the prefix blocks that others are more likely to share."""
-        for block_id in reversed(seq.block_table):
-            self._release(block_id)
-        seq.block_table = []
+        tables = self._tables(seq)
+        for i in reversed(range(len(tables[0]))):
+            for table in tables:
+                if table[i] != NULL_BLOCK:
+                    self._release(table[i])
+        seq.block_tables = [[] for _ in range(self.num_groups)]
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
@@ -288,41 +439,64 @@ class BlockManager:
 
     # ---- swap ----------------------------------------------------------------------------
 
+    @staticmethod
+    def _held(tables: list[list[int]]) -> int:
+        return sum(1 for table in tables for b in table if b != NULL_BLOCK)
+
     def can_swap_out(self, seq: Sequence) -> bool:
-        return len(seq.block_table) <= len(self._free_swap_ids)
+        return self._held(self._tables(seq)) <= len(self._free_swap_ids)
 
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
         """Move a sequence's blocks to the host pool. Returns (device, host) copies to do
         before the device blocks are reused."""
-        host_ids = [self._free_swap_ids.popleft() for _ in seq.block_table]
-        copies = list(zip(seq.block_table, host_ids))
-        self._swapped[seq.seq_id] = host_ids
-        self.counters.blocks_swapped_out += len(host_ids)
+        copies, host_tables = [], []
+        for table in self._tables(seq):
+            host = []
+            for block_id in table:
+                if block_id == NULL_BLOCK:
+                    host.append(NULL_BLOCK)
+                    continue
+                host.append(self._free_swap_ids.popleft())
+                copies.append((block_id, host[-1]))
+            host_tables.append(host)
+        self._swapped[seq.seq_id] = host_tables
+        self.counters.blocks_swapped_out += len(copies)
         self.free(seq)
         return copies
 
     def can_swap_in(self, seq: Sequence) -> bool:
-        return len(self._swapped[seq.seq_id]) <= self.num_free_blocks
+        return self._held(self._swapped[seq.seq_id]) <= self.num_free_blocks
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """Bring a swapped sequence back into fresh device blocks. Returns (host, device)
         copies to do before the next forward pass."""
-        host_ids = self._swapped.pop(seq.seq_id)
-        seq.block_table = [self._take_block() for _ in host_ids]
-        self._free_swap_ids.extend(host_ids)
-        self.counters.blocks_swapped_in += len(host_ids)
-        # Its full blocks can serve as prefix-cache entries again.
-        for i, h in enumerate(seq.block_hashes[: len(seq.block_table)]):
-            block = self.blocks[seq.block_table[i]]
-            if h not in self._hash_to_block:
-                parent = seq.block_hashes[i - 1] if i else None
-                ids = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-                self._register(block, h, parent, ids)
-        return list(zip(host_ids, seq.block_table))
+        host_tables = self._swapped.pop(seq.seq_id)
+        copies = []
+        seq.block_tables = []
+        bs = self.block_size
+        for g, host in enumerate(host_tables):
+            table = []
+            for i, host_id in enumerate(host):
+                if host_id == NULL_BLOCK:
+                    table.append(NULL_BLOCK)
+                    continue
+                table.append(self._take_block(g))
+                copies.append((host_id, table[-1]))
+                self._free_swap_ids.append(host_id)
+                # Its full blocks can serve as prefix-cache entries again.
+                hashes = seq.block_hashes
+                if i < len(hashes) and (g, hashes[i]) not in self._hash_to_block:
+                    parent = hashes[i - 1] if i else None
+                    ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+                    self._register(self.blocks[table[-1]], g, hashes[i], parent, ids)
+            seq.block_tables.append(table)
+        self.counters.blocks_swapped_in += len(copies)
+        return copies
 
     def drop_swapped(self, seq: Sequence) -> None:
         """Forget a swapped sequence's host blocks (it was aborted)."""
-        self._free_swap_ids.extend(self._swapped.pop(seq.seq_id, []))
+        for host in self._swapped.pop(seq.seq_id, []):
+            self._free_swap_ids.extend(h for h in host if h != NULL_BLOCK)
 
     @property
     def num_swapped_blocks(self) -> int:
@@ -334,10 +508,20 @@ class BlockManager:
         """Raise AssertionError when the pool's bookkeeping is inconsistent with `seqs`,
         the sequences that currently hold block tables."""
         holders = [0] * len(self.blocks)
+        bs = self.block_size
         for seq in seqs:
-            for block_id in seq.block_table:
-                assert block_id < len(self.blocks), f"block {block_id} was never handed out"
-                holders[block_id] += 1
+            tables = seq.block_tables
+            assert len(tables) == self.num_groups or not any(tables), "tables of another layout"
+            assert len({len(t) for t in tables}) <= 1, "groups' tables of different lengths"
+            for g, table in enumerate(tables):
+                first = self.groups[g].first_needed_block(seq.num_computed_tokens, bs)
+                for i, block_id in enumerate(table):
+                    if block_id == NULL_BLOCK:
+                        assert i < first, f"group {g} gave back block {i}, which it still reads"
+                        continue
+                    assert 0 <= block_id < len(self.blocks), f"block {block_id} never handed out"
+                    assert self.blocks[block_id].group == g, f"block {block_id} in two groups"
+                    holders[block_id] += 1
         free = set(self._free_ids)
         cached = set(self._cached_free)
         assert len(free) == len(self._free_ids), "a block is twice in the free list"
@@ -358,12 +542,13 @@ class BlockManager:
             if in_cached:
                 assert block.hash is not None, f"cached-free block {block.block_id} lacks a hash"
             if block.hash is not None:
-                assert self._hash_to_block.get(block.hash) == block.block_id
+                assert self._hash_to_block.get((block.group, block.hash)) == block.block_id
         assert all(b.block_id == i for i, b in enumerate(self.blocks)), "blocks out of order"
         assert len(free) + len(cached) + num_in_use == len(self.blocks)
-        for h, block_id in self._hash_to_block.items():
-            assert self.blocks[block_id].hash == h
-        swapped = [h for ids in self._swapped.values() for h in ids]
+        for (g, h), block_id in self._hash_to_block.items():
+            assert self.blocks[block_id].hash == h and self.blocks[block_id].group == g
+        swapped = [h for tables in self._swapped.values() for t in tables for h in t]
+        swapped = [h for h in swapped if h != NULL_BLOCK]
         assert len(set(swapped)) == len(swapped), "a host block is held twice"
         assert not (set(swapped) & set(self._free_swap_ids)), "a host block is free and held"
         assert len(swapped) + len(self._free_swap_ids) == self.num_swap_blocks

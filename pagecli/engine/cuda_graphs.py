@@ -27,8 +27,8 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 class _StaticInputs:
     input_ids: torch.Tensor  # [B] int64
     positions: torch.Tensor  # [B] int64
-    slot_mapping: torch.Tensor  # [B] int64
-    block_tables: torch.Tensor  # [B, max_blocks] int32
+    slot_mapping: torch.Tensor  # [G, B] int64, per KV cache group
+    block_tables: torch.Tensor  # [G, B, max_blocks] int32
     seq_lens: torch.Tensor  # [B] int32
     hidden: torch.Tensor  # [B, H]
 
@@ -41,6 +41,7 @@ class DecodeGraphs:
         model,
         max_num_seqs: int,
         max_blocks: int,
+        num_kv_groups: int,
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
@@ -51,8 +52,10 @@ class DecodeGraphs:
         self.static = _StaticInputs(
             input_ids=torch.zeros(biggest, dtype=torch.long, device=device),
             positions=torch.zeros(biggest, dtype=torch.long, device=device),
-            slot_mapping=torch.full((biggest,), -1, dtype=torch.long, device=device),
-            block_tables=torch.zeros(biggest, max_blocks, dtype=torch.int32, device=device),
+            slot_mapping=torch.full((num_kv_groups, biggest), -1, dtype=torch.long, device=device),
+            block_tables=torch.zeros(
+                num_kv_groups, biggest, max_blocks, dtype=torch.int32, device=device
+            ),
             seq_lens=torch.ones(biggest, dtype=torch.int32, device=device),
             hidden=torch.zeros(biggest, hidden_size, dtype=dtype, device=device),
         )
@@ -62,9 +65,9 @@ class DecodeGraphs:
     def _meta(self, batch: int) -> AttentionMetadata:
         s = self.static
         return AttentionMetadata(
-            slot_mapping=s.slot_mapping[:batch],
+            slot_mapping=s.slot_mapping[:, :batch],
             num_decode_tokens=batch,
-            decode_block_tables=s.block_tables[:batch],
+            decode_block_tables=s.block_tables[:, :batch],
             decode_seq_lens=s.seq_lens[:batch],
             prefill_block_tables=None,
             prefill_seq_lens=None,
@@ -98,10 +101,10 @@ class DecodeGraphs:
         s = self.static
         s.input_ids[:n].copy_(input_ids)
         s.positions[:n].copy_(positions)
-        s.slot_mapping[:n].copy_(slot_mapping)
-        s.slot_mapping[n:batch].fill_(-1)  # padding rows store nothing
+        s.slot_mapping[:, :n].copy_(slot_mapping)
+        s.slot_mapping[:, n:batch].fill_(-1)  # padding rows store nothing
         s.seq_lens[:n].copy_(seq_lens)
         s.seq_lens[n:batch].fill_(1)
-        s.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        s.block_tables[:, :n, : block_tables.shape[2]].copy_(block_tables)
         self.graphs[batch].replay()
         return s.hidden[:n]

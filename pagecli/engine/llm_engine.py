@@ -76,7 +76,9 @@ class LLMEngine:
             enable_prefix_caching=config.enable_prefix_caching,
             model_key=f"{self.source.path}:{self.dtype}",
             num_swap_blocks=self.runner.num_swap_blocks,
+            kv_groups=self.runner.kv_groups,
         )
+        self._capacity: int | None = None  # capacity_tokens, counted once
         self.scheduler = Scheduler(
             config,
             self.block_manager,
@@ -126,7 +128,13 @@ class LLMEngine:
 
     @property
     def capacity_tokens(self) -> int:
-        return self.block_manager.num_blocks * self.config.block_size
+        """The longest sequence the KV cache can hold (a hybrid model's window tables hold
+        only their window, so its sequences can outgrow num_blocks * block_size)."""
+        if self._capacity is None:
+            bm = self.block_manager
+            limit = max(self.max_model_len, bm.num_blocks * bm.block_size)
+            self._capacity = bm.max_sequence_tokens(self.config.max_num_batched_tokens, limit)
+        return self._capacity
 
     # ---- requests ------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import torch
 
 from pagecli.config import EngineConfig
 from pagecli.engine.cpu_threads import ThreadChoice, choose_threads
+from pagecli.engine.kv_groups import plan_kv_groups
 from pagecli.engine.parallel import (
     ParallelGroup,
     StepInputs,
@@ -167,6 +168,10 @@ class ModelRunner:
             )
         self.num_layers = len(layout)
         ((self.num_kv_heads, self.head_dim),) = shapes
+        self.kv_groups = plan_kv_groups(
+            [layer.window for layer in layout], max_model_len, config.hybrid_kv_cache
+        )
+        self.kv_slots = self.kv_groups.slots  # layers per page
         # the CPU's KV cache is sized by the flags alone: counted before the weights load
         self.num_blocks = self._num_blocks() if device.type == "cpu" else 0
         self.memory: MemoryPlan | None = None  # set by _load_model
@@ -178,10 +183,11 @@ class ModelRunner:
             self._join_ranks(link)
         if device.type != "cpu" or self.tp is not None:
             self.memory = dataclasses.replace(self.memory, kv=self.num_blocks * self.block_bytes)
-        # [K/V, layers, blocks, block_size, kv_heads, head_dim]
+        # [K/V, slots, blocks, block_size, kv_heads, head_dim]: a layer reads its slot of the
+        # blocks its group's table names (engine/kv_groups.py)
         self.kv_cache = torch.empty(
             2,
-            self.num_layers,
+            self.kv_slots,
             self.num_blocks,
             self.block_size,
             self.num_kv_heads,
@@ -189,14 +195,16 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
-        for i, layer in enumerate(self.model.attention_layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        placement = self.kv_groups.placement(self.num_layers)
+        for layer, (group, slot) in zip(self.model.attention_layers, placement):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, slot], self.kv_cache[1, slot]
+            layer.kv_group = group
         self.num_swap_blocks = int(config.swap_space * 2**30 // self.block_bytes)
         self.swap_cache = None
         if self.num_swap_blocks:
             self.swap_cache = torch.empty(
                 2,
-                self.num_layers,
+                self.kv_slots,
                 self.num_swap_blocks,
                 self.block_size,
                 self.num_kv_heads,
@@ -220,6 +228,7 @@ class ModelRunner:
                 self.model,
                 config.max_num_seqs,
                 self.max_blocks_per_seq,
+                self.kv_groups.num_groups,
                 hf_config.hidden_size,
                 dtype,
                 device,
@@ -304,6 +313,7 @@ class ModelRunner:
             anonymous=weights - plan.mapped_bytes,
             kv=self.num_blocks * self.block_bytes,
             swap=int(config.swap_space * 2**30 // self.block_bytes) * self.block_bytes,
+            kv_layout=self.kv_groups.describe() if self.kv_groups.hybrid else "",
             workspace=workspace_bytes(
                 model, config.max_num_batched_tokens, config.max_num_seqs, self.dtype
             ),
@@ -363,7 +373,7 @@ class ModelRunner:
     @property
     def block_bytes(self) -> int:
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return 2 * self.kv_slots * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def _kv_flag(self) -> tuple[str, str]:
         """The option that sizes the KV cache, and its value as given."""
@@ -568,14 +578,15 @@ class ModelRunner:
         arrays that the step fills and torch tensors over the same memory. A step's tensors
         are slices of these, valid until the next step (on the CPU the model reads them in
         place; other devices get copies)."""
+        groups, width = self.kv_groups.num_groups, self.max_blocks_per_seq
         shapes = {
             "input_ids": ((num_tokens,), np.int64),
             "positions": ((num_tokens,), np.int64),
-            "slots": ((num_tokens,), np.int64),
+            "slots": ((groups, num_tokens), np.int64),
             "sample_index": ((num_rows,), np.int64),
-            "decode_tables": ((num_rows, self.max_blocks_per_seq), np.int32),
+            "decode_tables": ((groups, num_rows, width), np.int32),
             "decode_lens": ((num_rows,), np.int32),
-            "prefill_tables": ((num_rows, self.max_blocks_per_seq), np.int32),
+            "prefill_tables": ((groups, num_rows, width), np.int32),
             "prefill_lens": ((num_rows,), np.int32),
             "query_start": ((num_rows + 1,), np.int32),
         }
@@ -610,16 +621,18 @@ class ModelRunner:
         r = num_sampled = 0
         for item in decodes:  # one token each (plain stores are cheapest), then its drafts
             seq = item.seq
-            table = seq.block_table
+            tables = seq.block_tables
+            n = len(tables[0])
             pos = seq.num_computed_tokens
             sampled = item.num_rows > 0  # not a prompt's one-token chunk short of its end
             for j, token in enumerate([seq.token_ids[pos], *item.draft_token_ids]):
                 p = pos + j
                 input_ids[r] = token
                 positions[r] = p
-                slots[r] = table[p // bs] * bs + p % bs
-                decode_tables[r, : len(table)] = table
-                decode_tables[r, len(table) : d_width] = 0
+                for g, table in enumerate(tables):
+                    slots[g, r] = table[p // bs] * bs + p % bs
+                    decode_tables[g, r, :n] = table
+                    decode_tables[g, r, n:d_width] = 0
                 decode_lens[r] = p + 1
                 if sampled:
                     sample_index[num_sampled] = r
@@ -637,11 +650,12 @@ class ModelRunner:
             input_ids[num_tokens:end] = seq.token_ids[start : start + n]
             pos = np.arange(start, start + n)
             positions[num_tokens:end] = pos
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            slots[num_tokens:end] = table[pos // bs] * bs + pos % bs
+            for g, group_table in enumerate(seq.block_tables):
+                table = np.asarray(group_table, dtype=np.int64)
+                slots[g, num_tokens:end] = table[pos // bs] * bs + pos % bs
+                prefill_tables[g, j, : len(table)] = table
+                prefill_tables[g, j, len(table) : p_width] = 0
             starts[j + 1] = starts[j] + n
-            prefill_tables[j, : len(table)] = table
-            prefill_tables[j, len(table) : p_width] = 0
             prefill_lens[j] = start + n
             if item.completes_prefill:
                 sample_index[num_sampled] = end - 1
@@ -651,11 +665,15 @@ class ModelRunner:
         dev = self._on_device
         num_p = len(prefills)
         meta = AttentionMetadata(
-            slot_mapping=dev(slots[:num_tokens]),  # [T]
+            slot_mapping=dev(slots[:, :num_tokens]),  # [G, T]
             num_decode_tokens=num_decode_rows,
-            decode_block_tables=dev(decode_tables[:num_decode_rows, :d_width]) if decodes else None,
+            decode_block_tables=(  # [G, D, W]
+                dev(decode_tables[:, :num_decode_rows, :d_width]) if decodes else None
+            ),
             decode_seq_lens=dev(decode_lens[:num_decode_rows]) if decodes else None,
-            prefill_block_tables=dev(prefill_tables[:num_p, :p_width]) if prefills else None,
+            prefill_block_tables=(  # [G, P, W]
+                dev(prefill_tables[:, :num_p, :p_width]) if prefills else None
+            ),
             prefill_seq_lens=dev(prefill_lens[:num_p]) if prefills else None,
             prefill_query_start_loc=dev(starts[: num_p + 1]) if prefills else None,
             long_rope_rows=self._long_rope_rows(batch),

@@ -42,7 +42,9 @@ class Sequence:
     max_tokens: int  # resolved: never past max_model_len
     sample_index: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
-    block_table: list[int] = field(default_factory=list)
+    # One block table per KV cache group (engine/kv_groups.py; one group for a uniform
+    # model); a window group's entries before its window are NULL_BLOCK (-1).
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks
@@ -65,6 +67,15 @@ class Sequence:
     # checked in the next step; never part of `token_ids` until accepted.
     draft_token_ids: list[int] = field(default_factory=list)
     spec: Any = None  # the proposer's per-sequence state (SpecState), made at first use
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's block table (the full-attention layers', where there are any)."""
+        return self.block_tables[0]
+
+    @property
+    def holds_blocks(self) -> bool:
+        return any(self.block_tables)
 
     @property
     def num_tokens(self) -> int:

@@ -93,6 +93,11 @@ class EngineStats:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+    # KV cache groups (engine/kv_groups.py): each table's kind ("full attention",
+    # "window 512") and the blocks it holds now; blocks window tables gave back early
+    kv_groups: tuple[str, ...] = ("full attention",)
+    group_blocks_in_use: tuple[int, ...] = ()
+    window_freed_blocks: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -138,6 +143,8 @@ class EngineStats:
         held_blocks: dict[int, int] = {}
         for seq in sched.running:
             for i, block_id in enumerate(seq.block_table):
+                if block_id < 0:  # a window table's given-back block
+                    continue
                 filled = min(engine.config.block_size, seq.num_computed_tokens - i * bm.block_size)
                 held_blocks[block_id] = max(held_blocks.get(block_id, 0), max(filled, 0))
         window = sum(t for t, _, _ in timer.recent)
@@ -174,4 +181,7 @@ class EngineStats:
             spec_draft_tokens=sched.counters.spec_draft_tokens,
             spec_accepted_tokens=sched.counters.spec_accepted_tokens,
             spec_accepted_per_position=tuple(sched.counters.spec_accepted_per_position),
+            kv_groups=tuple(group.kind for group in bm.groups),
+            group_blocks_in_use=tuple(bm.used_blocks_by_group()),
+            window_freed_blocks=bm.counters.window_freed,
         )

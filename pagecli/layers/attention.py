@@ -14,13 +14,15 @@ from pagecli_kernels.ops import Impl
 @dataclass
 class AttentionMetadata:
     """Per-step layout of the flattened batch: the first `num_decode_tokens` tokens are
-    decodes (one per sequence), the rest are prefill chunks laid back to back."""
+    decodes (one per sequence), the rest are prefill chunks laid back to back. Slots and
+    block tables come per KV cache group (engine/kv_groups.py; G = 1 for a uniform model):
+    a layer reads its group's."""
 
-    slot_mapping: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [G, T] int64
     num_decode_tokens: int
-    decode_block_tables: torch.Tensor | None  # [D, max_blocks] int32
+    decode_block_tables: torch.Tensor | None  # [G, D, max_blocks] int32
     decode_seq_lens: torch.Tensor | None  # [D] int32
-    prefill_block_tables: torch.Tensor | None  # [P, max_blocks] int32
+    prefill_block_tables: torch.Tensor | None  # [G, P, max_blocks] int32
     prefill_seq_lens: torch.Tensor | None  # [P] int32
     prefill_query_start_loc: torch.Tensor | None  # [P + 1] int32
     # LongRoPE models only: the tokens that rotate with the long-context table ([T] bool;
@@ -50,6 +52,7 @@ class PagedAttention(nn.Module):
         self.sinks: torch.Tensor | None = None  # [num_heads] float32, or None
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hk, D]
         self.v_cache: torch.Tensor | None = None
+        self.kv_group = 0  # whose slots and block tables it reads (set by the model runner)
         self.impl: Impl = "auto"  # set by the model runner (attention_impl)
 
     def forward(
@@ -58,14 +61,19 @@ class PagedAttention(nn.Module):
         # q: [T, Hq, D]; k, v: [T, Hk, D]
         impl = self.impl
         extra = {"window": self.window, "sinks": self.sinks, "impl": impl}
-        kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, impl=impl)
+        g = self.kv_group
+        kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping[g], impl=impl)
         num_decode = meta.num_decode_tokens
+        decode_tables = None if num_decode == 0 else meta.decode_block_tables[g]
+        prefill_tables = meta.prefill_block_tables
+        if num_decode < q.shape[0]:
+            prefill_tables = prefill_tables[g]
         if num_decode == q.shape[0]:
             return kernels.paged_decode_attention(
                 q,
                 self.k_cache,
                 self.v_cache,
-                meta.decode_block_tables,
+                decode_tables,
                 meta.decode_seq_lens,
                 self.scale,
                 **extra,
@@ -75,7 +83,7 @@ class PagedAttention(nn.Module):
                 q,
                 self.k_cache,
                 self.v_cache,
-                meta.prefill_block_tables,
+                prefill_tables,
                 meta.prefill_seq_lens,
                 meta.prefill_query_start_loc,
                 self.scale,
@@ -86,7 +94,7 @@ class PagedAttention(nn.Module):
             q[:num_decode],
             self.k_cache,
             self.v_cache,
-            meta.decode_block_tables,
+            decode_tables,
             meta.decode_seq_lens,
             self.scale,
             **extra,
@@ -95,7 +103,7 @@ class PagedAttention(nn.Module):
             q[num_decode:],
             self.k_cache,
             self.v_cache,
-            meta.prefill_block_tables,
+            prefill_tables,
             meta.prefill_seq_lens,
             meta.prefill_query_start_loc,
             self.scale,

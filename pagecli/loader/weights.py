@@ -74,6 +74,7 @@ class MemoryPlan:
     kv: int
     swap: int
     workspace: int
+    kv_layout: str = ""  # a hybrid model's KV groups (engine/kv_groups.py); "" otherwise
 
     @property
     def total(self) -> int:
@@ -86,7 +87,8 @@ class MemoryPlan:
             f"{self.mapped / GIB:.2f} GiB mapped weights",
             f"{self.anonymous / GIB:.2f} GiB own",
         ]
-        parts.append(f"{self.kv / GIB:.2f} GiB KV")
+        kv = f"{self.kv / GIB:.2f} GiB KV"
+        parts.append(f"{kv} ({self.kv_layout})" if self.kv_layout else kv)
         if self.swap:
             parts.append(f"{self.swap / GIB:.2f} GiB swap")
         parts.append(f"{self.workspace / GIB:.2f} GiB workspace")

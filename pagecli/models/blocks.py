@@ -253,6 +253,7 @@ class Attention(nn.Module):
                 attn.window,
                 attn.sinks,
                 attn.scale,
+                attn.kv_group,
             )
         )
         program.append(ops.Linear("attn", dst, *o))
@@ -607,7 +608,7 @@ class DecoderModel(CausalLM):
             return None
         if self._attention is None:  # the layers never change; their caches and impl may
             self._attention = self.attention_layers
-        key = [(id(a.k_cache), id(a.v_cache), a.impl) for a in self._attention]
+        key = [(id(a.k_cache), id(a.v_cache), a.kv_group, a.impl) for a in self._attention]
         if key != self._native[0]:
             self._native = (key, self.layer_program())
         return self._native[1]
@@ -698,7 +699,7 @@ def _groups(meta: AttentionMetadata) -> list[layers_cpu.AttentionGroup]:
                 0, num_decode, meta.decode_block_tables, meta.decode_seq_lens, None
             )
         )
-    num_tokens = meta.slot_mapping.shape[0]
+    num_tokens = meta.slot_mapping.shape[1]
     if num_tokens > num_decode:
         groups.append(
             layers_cpu.AttentionGroup(

@@ -102,6 +102,20 @@ class _EngineCollector:
             s.blocks_cached_free,
         )
         yield gauge("kv_cache_blocks_total", "KV blocks in the pool.", s.num_blocks)
+        per_group = GaugeMetricFamily(
+            "pagecli:kv_cache_group_blocks_in_use",
+            "KV blocks held, by KV cache group (a table per layer type; windows give back "
+            "what they no longer read).",
+            labels=[*labels, "group", "kind"],
+        )
+        for g, (kind, used) in enumerate(zip(s.kv_groups, s.group_blocks_in_use)):
+            per_group.add_metric([*value, str(g), kind], used)
+        yield per_group
+        yield counter(
+            "kv_cache_window_freed_blocks",
+            "KV blocks sliding-window tables gave back before their sequence ended.",
+            s.window_freed_blocks,
+        )
         yield gauge(
             "tensor_parallel_size",
             "Ranks that share each step (--tensor-parallel-size).",

@@ -28,7 +28,8 @@
  *   OP_ROTARY     q and k heads of a buffer rotated in place by rope table `rope`
  *   OP_ATTENTION  store k, v of the step's tokens into the layer's caches, then paged
  *                 attention of q over them per group (decodes, prefill chunks), with the
- *                 layer's window and sinks, into x[dst]
+ *                 layer's window and sinks, into x[dst]; the layer's KV cache group (one
+ *                 per layer type, pagecli/engine/kv_groups.py) picks its slots and tables
  *   OP_ACT_MUL    x[dst] = act(gate) * up for gate/up side by side in x[src]
  *   OP_ADD        x[dst] += x[src] (has_scale: x[src] * scale, rounded, first)
  *   OP_ALL_REDUCE x[buf] summed over the tensor-parallel ranks (float32)
@@ -42,10 +43,12 @@
  *   dtype    0: float32, 1: bfloat16, the type of hidden, every buffer, cos/sin and the
  *            caches (biases, and the norm weights of weight_mode 1, are float32)
  *   ropes    [num_ropes, 3] int64: cos and sin, [T, rotary_dim] of dtype each, and rotary_dim
- *   slot_mapping [T] int64 (slot < 0: not stored)
+ *   slot_mapping [num_kv_groups, T] int64, rows slot_stride apart (slot < 0: not stored)
  *   groups   [num_groups, GROUP_FIELDS] int64: token_start, num_tokens, num_seqs,
- *            block_tables (int32 [num_seqs, table_stride]), table_stride, seq_lens (int32),
- *            query_start_loc (int32 [num_seqs + 1], from 0 within the group), split_tokens
+ *            block_tables (int32 [num_kv_groups, num_seqs, table_stride], kv_group_stride
+ *            values between KV cache groups), table_stride, seq_lens (int32),
+ *            query_start_loc (int32 [num_seqs + 1], from 0 within the group), split_tokens,
+ *            kv_group_stride
  *   caches   [num_blocks, block_size, KVH, D] of dtype, every layer's K and V with the same
  *            strides (checked by the caller)
  *   final_norm NULL, or [H] (dtype, or float32 with final_mode 1): then also final_out [T, H]
@@ -89,7 +92,7 @@ enum { /* OP_ROTARY */
 };
 enum { /* OP_ATTENTION */
     A_SRC = 1, A_Q_COL, A_K_COL, A_V_COL, A_DST, A_K_CACHE, A_V_CACHE, A_HEADS, A_KV_HEADS,
-    A_HEAD_DIM, A_WINDOW, A_SINKS, A_SCALE
+    A_HEAD_DIM, A_WINDOW, A_SINKS, A_SCALE, A_KV_GROUP
 };
 enum { M_SRC = 1, M_DST, M_INTER, M_ACT };                 /* OP_ACT_MUL */
 enum { D_DST = 1, D_SRC, D_WIDTH, D_HAS_SCALE, D_SCALE }; /* OP_ADD */
@@ -99,7 +102,7 @@ enum { U_BUF = 1, U_WIDTH };                              /* OP_ALL_REDUCE */
 enum { P_BIAS, P_NUM_PARTS, P_PARTS, PROJECTION_FIELDS = P_PARTS + 3 * MAX_PARTS };
 enum {
     G_TOKEN_START, G_NUM_TOKENS, G_NUM_SEQS, G_BLOCK_TABLES, G_TABLE_STRIDE, G_SEQ_LENS,
-    G_QUERY_START_LOC, G_SPLIT_TOKENS, GROUP_FIELDS
+    G_QUERY_START_LOC, G_SPLIT_TOKENS, G_KV_GROUP_STRIDE, GROUP_FIELDS
 };
 enum { TP_BASE, TP_SLOT, TP_RANK, TP_SIZE, TP_NUMBER, TP_TIMEOUT_MS, TP_NANOS, TP_FIELDS };
 
@@ -190,6 +193,8 @@ typedef struct {
     const int64_t *ropes;
     int num_ropes;
     const int64_t *slot_mapping;
+    int64_t slot_stride;
+    int num_kv_groups;
     int64_t num_blocks, stride_block, stride_slot, stride_head;
     int block_size;
     const int64_t *groups;
@@ -253,13 +258,16 @@ static int op_attention(const Step *s, const int64_t *op) {
     if (!in_buffer(s, src, op[A_Q_COL], Q) || !in_buffer(s, src, op[A_K_COL], KV) ||
         !in_buffer(s, src, op[A_V_COL], KV) || !in_buffer(s, op[A_DST], 0, Q) ||
         s->width[op[A_DST]] != Q || Q > s->width[BUF_ATTN] || s->stride_head != head_dim ||
-        num_kv_heads < 1 || num_heads % num_kv_heads)
+        num_kv_heads < 1 || num_heads % num_kv_heads || op[A_KV_GROUP] < 0 ||
+        op[A_KV_GROUP] >= s->num_kv_groups)
         return LAYERS_E_PROGRAM;
+    const int64_t kv_group = op[A_KV_GROUP];
     const double start = s->timings ? omp_get_wtime() : 0.0;
     void *k_cache = PTR(op[A_K_CACHE]), *v_cache = PTR(op[A_V_CACHE]);
     const int64_t T = s->T;
     if (pagecli_store_kv(at(s, src, op[A_K_COL]), at(s, src, op[A_V_COL]), ld, ld, k_cache,
-                         v_cache, s->stride_block, s->stride_slot, s->slot_mapping, T, KV,
+                         v_cache, s->stride_block, s->stride_slot,
+                         s->slot_mapping + kv_group * s->slot_stride, T, KV,
                          s->es, s->block_size, s->num_blocks * s->block_size))
         return LAYERS_E_SLOT;
     const char *q = at(s, src, op[A_Q_COL]);
@@ -278,9 +286,11 @@ static int op_attention(const Step *s, const int64_t *op) {
     for (int g = 0; g < s->num_groups && status == 0; ++g) {
         const int64_t *grp = s->groups + (int64_t)g * GROUP_FIELDS;
         const int64_t first = grp[G_TOKEN_START];
+        const int32_t *tables =
+            (const int32_t *)PTR(grp[G_BLOCK_TABLES]) + kv_group * grp[G_KV_GROUP_STRIDE];
         const int a = pagecli_paged_attention(
             s->attention_isa, s->dtype, s->query + first * Q, k_cache, v_cache, s->num_blocks,
-            s->stride_block, s->stride_slot, s->stride_head, PTR(grp[G_BLOCK_TABLES]),
+            s->stride_block, s->stride_slot, s->stride_head, tables,
             grp[G_TABLE_STRIDE], PTR(grp[G_SEQ_LENS]), PTR(grp[G_QUERY_START_LOC]),
             out + first * Q, (int)grp[G_NUM_SEQS], num_heads, num_kv_heads, head_dim,
             s->block_size, as_float(op[A_SCALE]), (int)op[A_WINDOW], PTR(op[A_SINKS]),
@@ -323,7 +333,8 @@ static int op_all_reduce(const Step *s, const int64_t *op) {
 
 int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden, int64_t T,
                           const int64_t *widths, const int64_t *ropes, int num_ropes,
-                          const int64_t *slot_mapping, int64_t num_blocks, int block_size,
+                          const int64_t *slot_mapping, int64_t slot_stride, int num_kv_groups,
+                          int64_t num_blocks, int block_size,
                           int64_t stride_block, int64_t stride_slot, int64_t stride_head,
                           const int64_t *groups, int num_groups, int attention_isa,
                           int num_threads, const void *final_norm, float final_eps,
@@ -340,6 +351,8 @@ int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden,
     s.ropes = ropes;
     s.num_ropes = num_ropes;
     s.slot_mapping = slot_mapping;
+    s.slot_stride = slot_stride;
+    s.num_kv_groups = num_kv_groups;
     s.num_blocks = num_blocks;
     s.block_size = block_size;
     s.stride_block = stride_block;

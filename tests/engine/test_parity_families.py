@@ -19,7 +19,7 @@ from pagecli import LLM, SamplingParams
 from pagecli_kernels import layers_cpu, native
 from pagecli_kernels.settings import kernel_settings
 from tests.oracle import check_greedy, check_logprobs, compare_with_generate
-from tests.tiny_models import VOCAB, WINDOW
+from tests.tiny_models import VOCAB, WINDOW, kv_memory
 
 FAMILIES = [
     "gemma3",
@@ -110,10 +110,18 @@ def test_parity_under_preemption_and_prefix_hits(family, mode):
     shared = torch.randint(0, VOCAB, (48,), generator=gen).tolist()
     prompts = random_prompts(7, [20, 40, 60, 80, 100])
     prompts += [shared + [5, 6, 7], shared + [8, 9]]  # the second finds the first's blocks
-    # 60 blocks of 4 = 240 slots for seven sequences of up to 116 tokens
+    # the KV memory of 60 blocks of 4 = 240 slots of every layer for seven sequences of up to
+    # 116 tokens; with windows, of 30 (their tables give back what they no longer read: at 60
+    # nothing is preempted)
+    blocks = 30 if getattr(hf.config, "sliding_window", None) else 60
     extra = {"preemption_mode": "swap", "swap_space": 0.01} if mode == "swap" else {}
     llm, outputs = generate(
-        path, prompts, block_size=4, num_kv_blocks=60, max_num_batched_tokens=32, **extra
+        path,
+        prompts,
+        block_size=4,
+        kv_cache_memory=kv_memory(hf.config, blocks, 4),
+        max_num_batched_tokens=32,
+        **extra,
     )
     stats = llm.engine.stats()
     if mode == "swap":
@@ -165,3 +173,28 @@ def test_torch_ops_parity(family, program_calls):
     assert program_calls[0] == 0
     for prompt, output in zip(prompts, outputs):
         check(hf, name, prompt, output.token_ids)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "mistral_window"])
+def test_a_prompt_that_fits_only_because_windows_give_blocks_back(family_models, name):
+    """A KV budget of 40 blocks of every layer (160 tokens) and a prompt of 200: full KV
+    cannot hold it (the request is refused with --no-hybrid-kv-cache), the hybrid cache can
+    (Gemma 3's window tables, or Mistral's one window table, hold only the blocks of their
+    window and one step), and the output is transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    from pagecli.errors import RequestError
+
+    path = family_models[name]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    (prompt,) = random_prompts(3, [200])
+    budget = {"block_size": 4, "kv_cache_memory": kv_memory(hf.config, 40, 4)}
+    full = LLM(str(path), dtype="float32", hybrid_kv_cache=False, **budget)
+    with pytest.raises(RequestError, match="exceeds the KV cache"):
+        full.engine.check_request(prompt, SamplingParams(max_tokens=NEW_TOKENS))
+    llm, (output,) = generate(path, [prompt], max_num_batched_tokens=32, **budget)
+    assert llm.engine.capacity_tokens >= len(prompt) + NEW_TOKENS
+    stats = llm.engine.stats()
+    assert stats.window_freed_blocks > 0 and stats.preemptions_recompute == 0
+    assert "window-24" in llm.engine.runner.memory.line()
+    check(hf, name, prompt, output.token_ids)

@@ -19,6 +19,7 @@ from pagecli_kernels import layers_cpu, native, quant_cpu
 from pagecli_kernels.quant_formats import QuantWeight, concat_rows
 from pagecli_kernels.settings import kernel_settings
 from tests.gguf_models import FORMATS, VOCAB, build_tiny_ggufs
+from tests.tiny_models import kv_memory
 
 pytestmark = pytest.mark.skipif(
     not native.enabled(), reason=f"native kernels unavailable: {native.unavailable_reason()}"
@@ -44,8 +45,18 @@ def _run(path, on: bool, **options) -> tuple[LLM, list[tuple]]:
     """A fresh engine (so that neither run finds the other's prefixes cached) over the
     workload, with the C loop on or off: its greedy ids and log-probabilities. `options`
     change the engine's (float32, blocks of 4 tokens, 64-token steps, 48 blocks)."""
-    # 48 blocks of 4 tokens for 8 prompts of up to 162 tokens: sequences get preempted
-    defaults = dict(dtype="float32", block_size=4, max_num_batched_tokens=64, num_kv_blocks=48)
+    # the KV memory of 48 blocks of 4 tokens for 8 prompts of up to 162 tokens (of 32 with
+    # window tables, which give back what they no longer read): sequences get preempted
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path))
+    blocks = 32 if getattr(config, "sliding_window", None) else 48
+    defaults = dict(
+        dtype="float32",
+        block_size=4,
+        max_num_batched_tokens=64,
+        kv_cache_memory=kv_memory(config, blocks, 4),
+    )
     options = {**defaults, **options}
     llm = LLM(str(path), **options)
     with kernel_settings(layers=on):
