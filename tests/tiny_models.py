@@ -74,6 +74,7 @@ def family_configs():
         Olmo2Config,
         Olmo3Config,
         Phi3Config,
+        Qwen3_5TextConfig,
         SmolLM3Config,
     )
 
@@ -132,6 +133,17 @@ def family_configs():
             tie_word_embeddings=True,
         ),
         "mistral_window": MistralConfig(**common, sliding_window=WINDOW, tie_word_embeddings=False),
+        # 3 Gated DeltaNet layers to 1 gated full-attention layer, 2 key heads to 4 value
+        # heads, partial rotary (a quarter of each head)
+        "qwen3_5": Qwen3_5TextConfig(
+            **layers4,
+            head_dim=32,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            tie_word_embeddings=True,
+        ),
         "ministral": MinistralConfig(
             **common,
             head_dim=16,
@@ -142,13 +154,13 @@ def family_configs():
     }
 
 
-def kv_memory(config, blocks: int, block_size: int) -> float:
-    """GiB of `blocks` blocks of K and V for every layer of a model, in float32: a KV budget
-    that means the same with and without window tables (--num-kv-blocks counts pages, and a
-    hybrid model's pages hold fewer layers)."""
+def kv_memory(config, blocks: int, block_size: int, value_bytes: int = 4) -> float:
+    """GiB of `blocks` blocks of K and V for every layer of a model (float32 values by
+    default): a KV budget that means the same with and without window tables
+    (--num-kv-blocks counts pages, and a hybrid model's pages hold fewer layers)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     per_block = 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * head_dim
-    return blocks * per_block * 4 / 2**30
+    return blocks * per_block * value_bytes / 2**30
 
 
 def build_tiny_models(root: Path, configs=None) -> dict[str, Path]:

@@ -16,6 +16,12 @@ group's blocks wholly before its window go back to the pool as the sequence adva
 table entries become NULL_BLOCK), a block's hash is findable per group, and a prefix hit is
 the longest prefix that every group can serve: full attention needs every block of it, a
 window group only the blocks its next query reads.
+
+A model with recurrent layers (Gated DeltaNet) also gives each running sequence a state slot
+(its conv window and recurrent state in every such layer), taken with its first blocks and
+given back with them; the sample forks of an n > 1 request have theirs kept from admission.
+Without state snapshots a prefix hit would skip the tokens the state must see: such models
+take no hits, and a swap-out is a recompute.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class BlockManager:
         model_key: str = "",
         num_swap_blocks: int = 0,
         kv_groups: KVGroups | None = None,
+        num_state_slots: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -89,6 +96,11 @@ class BlockManager:
         self.num_swap_blocks = num_swap_blocks
         self._free_swap_ids: deque[int] = deque(range(num_swap_blocks))
         self._swapped: dict[int, list[list[int]]] = {}
+        # State slots of a model with recurrent layers (0: none), and (src, dst) slot copies
+        # for the runner (a fork's state)
+        self.num_state_slots = num_state_slots
+        self._free_state_slots: deque[int] = deque(range(num_state_slots))
+        self.pending_state_copies: list[tuple[int, int]] = []
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -219,6 +231,8 @@ class BlockManager:
             return 0
         bs = self.block_size
         self.counters.prefix_query_tokens += seq.num_tokens
+        if self.num_state_slots:
+            return 0  # no state snapshots yet: the state must see every token
         hashes = self.full_block_hashes(seq, seq.num_tokens - 1)
         n = len(hashes)
         settled = False
@@ -387,6 +401,12 @@ class BlockManager:
         (copy-on-write)."""
         if self.slots_cost(seq, num_new_tokens) > self.num_free_blocks:
             return False
+        if self.num_state_slots and seq.state_slot is None:
+            wanted = len(seq.generators) if seq.pending_fork else 1  # a slot per sample
+            if wanted > len(self._free_state_slots):
+                return False
+            seq.state_slot = self._free_state_slots.popleft()
+            seq.reserved_state_slots = [self._free_state_slots.popleft() for _ in range(wanted - 1)]
         self.release_outside_window(seq)
         bs = self.block_size
         idx = seq.num_computed_tokens // bs
@@ -422,6 +442,14 @@ class BlockManager:
             for block_id in table:
                 if block_id != NULL_BLOCK:
                     self.blocks[block_id].ref_count += 1
+        if self.num_state_slots:  # the parent's state, copied into a kept slot
+            if parent.reserved_state_slots:
+                child.state_slot = parent.reserved_state_slots.pop()
+            elif self._free_state_slots:
+                child.state_slot = self._free_state_slots.popleft()
+            else:
+                raise RuntimeError("no state slot for a forked sample")
+            self.pending_state_copies.append((parent.state_slot, child.state_slot))
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's hold on its blocks. Tail blocks are released first so that
@@ -432,10 +460,22 @@ class BlockManager:
                 if table[i] != NULL_BLOCK:
                     self._release(table[i])
         seq.block_tables = [[] for _ in range(self.num_groups)]
+        if seq.state_slot is not None:
+            self._free_state_slots.append(seq.state_slot)
+            self._free_state_slots.extend(seq.reserved_state_slots)
+            seq.state_slot, seq.reserved_state_slots = None, []
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
+
+    def take_pending_state_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_state_copies = self.pending_state_copies, []
+        return copies
+
+    @property
+    def num_free_state_slots(self) -> int:
+        return len(self._free_state_slots)
 
     # ---- swap ----------------------------------------------------------------------------
 
@@ -444,6 +484,8 @@ class BlockManager:
         return sum(1 for table in tables for b in table if b != NULL_BLOCK)
 
     def can_swap_out(self, seq: Sequence) -> bool:
+        if self.num_state_slots:
+            return False  # states are not swapped yet: the scheduler recomputes instead
         return self._held(self._tables(seq)) <= len(self._free_swap_ids)
 
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
@@ -547,6 +589,15 @@ class BlockManager:
         assert len(free) + len(cached) + num_in_use == len(self.blocks)
         for (g, h), block_id in self._hash_to_block.items():
             assert self.blocks[block_id].hash == h and self.blocks[block_id].group == g
+        held_slots = [
+            slot
+            for seq in seqs
+            for slot in ([seq.state_slot] if seq.state_slot is not None else [])
+            + seq.reserved_state_slots
+        ]
+        assert len(set(held_slots)) == len(held_slots), "a state slot is held twice"
+        assert not (set(held_slots) & set(self._free_state_slots)), "a state slot free and held"
+        assert len(held_slots) + len(self._free_state_slots) == self.num_state_slots
         swapped = [h for tables in self._swapped.values() for t in tables for h in t]
         swapped = [h for h in swapped if h != NULL_BLOCK]
         assert len(set(swapped)) == len(swapped), "a host block is held twice"

@@ -77,6 +77,7 @@ class LLMEngine:
             model_key=f"{self.source.path}:{self.dtype}",
             num_swap_blocks=self.runner.num_swap_blocks,
             kv_groups=self.runner.kv_groups,
+            num_state_slots=self.runner.num_state_slots,
         )
         self._capacity: int | None = None  # capacity_tokens, counted once
         self.scheduler = Scheduler(

@@ -172,6 +172,23 @@ class ModelRunner:
             [layer.window for layer in layout], max_model_len, config.hybrid_kv_cache
         )
         self.kv_slots = self.kv_groups.slots  # layers per page
+        # recurrent layers (Gated DeltaNet): a state slot per running sequence, out of the
+        # KV cache's budget
+        self.state_specs = [layer.spec for layer in model.state_layers]
+        self.num_state_slots = config.max_num_seqs if self.state_specs else 0
+        self.state_bytes = self.num_state_slots * sum(
+            spec.state_bytes(self.dtype) for spec in self.state_specs
+        )
+        if self.state_specs and config.tensor_parallel_size > 1:
+            raise ModelLoadError(
+                f"{source.name}: tensor parallelism over recurrent (Gated DeltaNet) layers is "
+                "not supported yet"
+            )
+        if self.state_specs and config.speculative_config is not None:
+            raise ModelLoadError(
+                f"{source.name}: speculative decoding over recurrent (Gated DeltaNet) layers is "
+                "not supported yet (their state cannot roll back rejected drafts)"
+            )
         # the CPU's KV cache is sized by the flags alone: counted before the weights load
         self.num_blocks = self._num_blocks() if device.type == "cpu" else 0
         self.memory: MemoryPlan | None = None  # set by _load_model
@@ -199,6 +216,16 @@ class ModelRunner:
         for layer, (group, slot) in zip(self.model.attention_layers, placement):
             layer.k_cache, layer.v_cache = self.kv_cache[0, slot], self.kv_cache[1, slot]
             layer.kv_group = group
+        for layer in self.model.state_layers:  # [slots, conv_dim, kernel - 1], [slots, Hv, dk, dv]
+            spec = layer.spec
+            layer.conv_state = torch.zeros(
+                self.num_state_slots, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype,
+                device=device,
+            )  # fmt: skip
+            layer.ssm_state = torch.zeros(
+                self.num_state_slots, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
+                dtype=torch.float32, device=device,
+            )  # fmt: skip
         self.num_swap_blocks = int(config.swap_space * 2**30 // self.block_bytes)
         self.swap_cache = None
         if self.num_swap_blocks:
@@ -220,7 +247,11 @@ class ModelRunner:
         self.graphs = None
         # CUDA graphs capture the Triton kernels; the other paths read lengths on the host
         # (not under tensor parallelism: the captured graphs would hold the collectives too)
-        graphable = config.attention_impl in ("auto", "triton") and self.tp is None
+        graphable = (
+            config.attention_impl in ("auto", "triton")
+            and self.tp is None
+            and not self.state_specs  # the recurrent layers index their slots on the host
+        )
         if device.type == "cuda" and not config.enforce_eager and graphable:
             from pagecli.engine.cuda_graphs import DecodeGraphs
 
@@ -312,6 +343,7 @@ class ModelRunner:
             mapped=plan.mapped_bytes,
             anonymous=weights - plan.mapped_bytes,
             kv=self.num_blocks * self.block_bytes,
+            states=self.state_bytes,
             swap=int(config.swap_space * 2**30 // self.block_bytes) * self.block_bytes,
             kv_layout=self.kv_groups.describe() if self.kv_groups.hybrid else "",
             workspace=workspace_bytes(
@@ -396,7 +428,7 @@ class ModelRunner:
         elif self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             headroom = (1 - config.gpu_memory_utilization) * total + 2**30  # activations
-            num_blocks = int((free - headroom) // self.block_bytes)
+            num_blocks = int((free - headroom - self.state_bytes) // self.block_bytes)
             if num_blocks < 1:
                 util = config.gpu_memory_utilization
                 raise KVCacheMemoryError(
@@ -406,13 +438,24 @@ class ModelRunner:
                     "raise --gpu-memory-utilization"
                 )
         else:
-            num_blocks = int(config.kv_cache_memory * 2**30 // self.block_bytes)
+            budget = config.kv_cache_memory * 2**30 - self.state_bytes
+            num_blocks = int(budget // self.block_bytes)
+            if self.state_specs and num_blocks < 1:
+                per_slot = self.state_bytes / self.num_state_slots / 2**20
+                raise KVCacheMemoryError(
+                    f"--kv-cache-memory {value} GiB does not hold a state slot per sequence "
+                    f"({self.num_state_slots} x {per_slot:.2f} MiB, --max-num-seqs "
+                    f"{self.num_state_slots}) and one KV block "
+                    f"({self.block_bytes / 2**20:.2f} MiB); raise --kv-cache-memory or lower "
+                    "--max-num-seqs"
+                )
             if num_blocks < 1:
                 raise KVCacheMemoryError(
                     f"--kv-cache-memory {value} GiB is less than one KV block "
                     f"({self.block_bytes / 2**20:.2f} MiB); raise --kv-cache-memory"
                 )
-        check_kv_fits(num_blocks * self.block_bytes, swap_bytes, self.device, flag, value)
+        kv_bytes = num_blocks * self.block_bytes + self.state_bytes
+        check_kv_fits(kv_bytes, swap_bytes, self.device, flag, value)
         return num_blocks
 
     # ---- one step ------------------------------------------------------------------------
@@ -429,6 +472,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch) -> list[SampledTokens]:
         self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
+        self._copy_states(batch.state_copies)
         items = batch.seqs
         rows = self._row_starts(items)
         constrained = [
@@ -677,6 +721,7 @@ class ModelRunner:
             prefill_seq_lens=dev(prefill_lens[:num_p]) if prefills else None,
             prefill_query_start_loc=dev(starts[: num_p + 1]) if prefills else None,
             long_rope_rows=self._long_rope_rows(batch),
+            state_slots=self._state_slots(batch),
         )
         return (
             dev(input_ids[:num_tokens]),  # [T]
@@ -711,6 +756,33 @@ class ModelRunner:
         long sequences are rotated with other factors, so their blocks never meet the rest."""
         start = self.model.long_rope_from
         return 1 if start is not None and num_tokens > start else 0
+
+    def _copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """A forked sample's state: (from, to) slots, in every recurrent layer."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for layer in self.model.state_layers:
+            layer.conv_state[dst] = layer.conv_state[src]
+            layer.ssm_state[dst] = layer.ssm_state[src]
+
+    def _state_slots(self, batch: ScheduledBatch) -> torch.Tensor | None:
+        """The step's sequences' state slots (decodes, then prefills: the order of their
+        rows); the slots of sequences that start here are zeroed first."""
+        if not self.state_specs:
+            return None
+        items = [*batch.decodes, *batch.prefills]
+        if any(item.draft_token_ids for item in batch.decodes):
+            raise RuntimeError("recurrent layers take no drafts")
+        slots = [item.seq.state_slot for item in items]
+        fresh = [item.seq.state_slot for item in items if item.seq.num_computed_tokens == 0]
+        if fresh:
+            index = torch.tensor(fresh, device=self.device)
+            for layer in self.model.state_layers:
+                layer.conv_state[index] = 0
+                layer.ssm_state[index] = 0
+        return torch.tensor(slots, dtype=torch.int64, device=self.device)  # [S]
 
     def _copy_blocks(self, swap_out, swap_in, block_copies) -> None:
         """Swap-outs first (their device blocks may be reused in this very step), then

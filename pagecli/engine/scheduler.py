@@ -68,6 +68,7 @@ class ScheduledBatch:
     decodes: list[ScheduledSeq] = field(default_factory=list)
     prefills: list[ScheduledSeq] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # forks' state slots
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
 
@@ -228,6 +229,7 @@ class Scheduler:
             budget -= num_new
 
         batch.block_copies = bm.take_pending_copies()
+        batch.state_copies = bm.take_pending_state_copies()
         self.counters.steps += 1
         return batch
 

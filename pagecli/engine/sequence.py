@@ -63,6 +63,10 @@ class Sequence:
     # Mixed into its blocks' prefix hashes: sequences whose K/V differ for the same tokens
     # (a LongRoPE model rotates a long prompt with other factors) never share blocks.
     cache_salt: int = 0
+    # A model with recurrent layers (Gated DeltaNet): the state slot this sequence's state
+    # lives in, and the slots kept for the samples it forks (n > 1); None: none yet
+    state_slot: int | None = None
+    reserved_state_slots: list[int] = field(default_factory=list)
     # Speculative decoding (engine/spec_decode/): the tokens proposed to follow `token_ids`,
     # checked in the next step; never part of `token_ids` until accepted.
     draft_token_ids: list[int] = field(default_factory=list)

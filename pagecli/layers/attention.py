@@ -28,6 +28,9 @@ class AttentionMetadata:
     # LongRoPE models only: the tokens that rotate with the long-context table ([T] bool;
     # layers/rotary.py); None elsewhere
     long_rope_rows: torch.Tensor | None = None
+    # models with recurrent layers only: each sequence's state slot, decodes then prefills
+    # ([S] int64; layers/gated_delta.py); None elsewhere
+    state_slots: torch.Tensor | None = None
 
 
 class PagedAttention(nn.Module):

@@ -75,10 +75,11 @@ class MemoryPlan:
     swap: int
     workspace: int
     kv_layout: str = ""  # a hybrid model's KV groups (engine/kv_groups.py); "" otherwise
+    states: int = 0  # recurrent layers' state slots (a slot per sequence)
 
     @property
     def total(self) -> int:
-        return self.mapped + self.anonymous + self.kv + self.swap + self.workspace
+        return self.mapped + self.anonymous + self.kv + self.states + self.swap + self.workspace
 
     def line(self) -> str:
         """e.g. "3.89 GiB mapped weights + 0.02 GiB own + 2.00 GiB KV + 0.10 GiB workspace =
@@ -89,6 +90,8 @@ class MemoryPlan:
         ]
         kv = f"{self.kv / GIB:.2f} GiB KV"
         parts.append(f"{kv} ({self.kv_layout})" if self.kv_layout else kv)
+        if self.states:
+            parts.append(f"{self.states / GIB:.2f} GiB recurrent states")
         if self.swap:
             parts.append(f"{self.swap / GIB:.2f} GiB swap")
         parts.append(f"{self.workspace / GIB:.2f} GiB workspace")
@@ -99,6 +102,7 @@ class MemoryPlan:
             "mapped": self.mapped,
             "anonymous": self.anonymous,
             "kv": self.kv,
+            "states": self.states,
             "swap": self.swap,
             "workspace": self.workspace,
             "total": self.total,

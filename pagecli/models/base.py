@@ -9,7 +9,8 @@ this module names:
 - `kv_layout()`: each layer's KV heads, head size, kind (full or sliding window) and sinks,
   from which the runner sizes and lays out the cache;
 - `attention_layers`: the `PagedAttention` of each layer, in order, whose caches the runner
-  sets;
+  sets; `state_layers`: the layers that keep a state per sequence instead (Gated DeltaNet),
+  whose state slots the runner sets;
 - the class attributes: the transformers architectures and model types it serves
   (`hf_architectures`, `model_types`), the GGUF architectures it reads (`gguf`), and how its
   checkpoint's tensors land in its modules (`packed_modules`);
@@ -166,6 +167,12 @@ class CausalLM(nn.Module):
     def attention_layers(self) -> list[PagedAttention]:
         """Each layer's paged attention, in the order of `kv_layout()`."""
         raise NotImplementedError
+
+    @property
+    def state_layers(self) -> list[nn.Module]:
+        """The layers that keep a fixed-size state per sequence instead of a KV cache (each
+        with `spec.state_bytes(dtype)` and `conv_state` / `ssm_state` slots), in order."""
+        return []
 
     def post_load(self) -> None:
         """Derive what the loaded weights imply (e.g. Gemma's 1 + w norms), once after

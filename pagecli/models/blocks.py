@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli.layers.attention import AttentionMetadata, PagedAttention
+from pagecli.layers.gated_delta import DeltaNetSpec, GatedDeltaNet
 from pagecli.layers.linear import BF16Linear
 from pagecli.layers.norm import NormStyle, RMSNorm
 from pagecli.layers.parallel import TensorParallel
@@ -54,6 +55,9 @@ class AttentionSpec:
     rope: str | None = "default"
     window: int | None = None
     sinks: bool = False
+    # Qwen3.5's gated attention: q_proj gives each head's query and a gate side by side, and
+    # the attention output is multiplied by sigmoid(gate) before o_proj
+    output_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,16 @@ class MLPSpec:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """One decoder layer: its attention, its MLP, where its norms sit (see the module
-    docstring) and Granite's multiplier of each branch before it joins the residual."""
+    """One decoder layer: its attention, or a Gated DeltaNet (`linear`: Qwen3.5's linear-
+    attention layers, with a state slot per sequence instead of a KV cache), its MLP, where
+    its norms sit (see the module docstring) and Granite's multiplier of each branch before
+    it joins the residual."""
 
-    attention: AttentionSpec
+    attention: AttentionSpec | None
     mlp: MLPSpec
     norms: Literal["pre", "sandwich", "post"] = "pre"
     residual_multiplier: float | None = None
+    linear: DeltaNetSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,8 @@ class Attention(nn.Module):
         self.head_dim = spec.head_dim
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
-        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias)
+        self.q_rows = 2 * self.q_size if spec.output_gate else self.q_size  # with the gates
+        self.qkv_proj = nn.Linear(hidden_size, self.q_rows + 2 * self.kv_size, spec.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, hidden_size, spec.o_bias)
         self.q_norm = self.k_norm = None
         if spec.qk_norm == "head":
@@ -175,7 +183,7 @@ class Attention(nn.Module):
     @property
     def part_sizes(self) -> dict[str, list[int]]:
         """The output rows of each part of the fused projections (models/weight_methods.py)."""
-        return {"qkv_proj": [self.q_size, self.kv_size, self.kv_size]}
+        return {"qkv_proj": [self.q_rows, self.kv_size, self.kv_size]}
 
     def post_load(self) -> None:
         if self.sinks is not None:  # the kernels read them as float32
@@ -195,11 +203,15 @@ class Attention(nn.Module):
 
     def forward(self, rope: Rope | None, hidden: torch.Tensor, meta: AttentionMetadata):
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, Q + 2 KV]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(hidden)  # [T, Q + 2 KV] (Q twice with the gates)
+        q, k, v = qkv.split([self.q_rows, self.kv_size, self.kv_size], dim=-1)
+        gate = None
+        if self.spec.output_gate:  # each head's query, then its gate
+            q, gate = q.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(num_tokens, self.q_size)
         if self.spec.qk_norm == "full":  # over the whole projection, before the heads
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.spec.qk_norm == "head":
@@ -207,7 +219,10 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rotary(q, k, *rope, pairs=self.qk_pairs)
         out = self.attn(q, k, v.contiguous(), meta)  # [T, Hq, D]
-        out = self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, H]
+        out = out.reshape(num_tokens, self.q_size)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        out = self.o_proj(out)  # [T, H]
         return out if self.tp is None else self.tp.all_reduce(out)
 
     def program(self, src: str, dst: str, rope_index: int | None) -> list[ops.Op] | None:
@@ -219,6 +234,7 @@ class Attention(nn.Module):
         if (
             qkv is None
             or o is None
+            or self.spec.output_gate
             or attn.impl not in ("auto", "cpu")
             or not all(_row_cache(c, self.head_dim) for c in (attn.k_cache, attn.v_cache))
         ):
@@ -317,7 +333,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: LayerSpec, hidden_size: int, eps: float, style: NormStyle):
         super().__init__()
         self.spec = spec
-        self.self_attn = Attention(spec.attention, hidden_size, eps, style)
+        if spec.linear is not None:
+            if spec.norms != "pre" or spec.residual_multiplier is not None:
+                raise ValueError("a Gated DeltaNet layer takes pre-norms only")
+            self.linear_attn = GatedDeltaNet(spec.linear, hidden_size)
+        else:
+            self.self_attn = Attention(spec.attention, hidden_size, eps, style)
         self.mlp = MLP(spec.mlp, hidden_size)
         names = {
             "pre": ("input_layernorm", "post_attention_layernorm"),
@@ -342,6 +363,10 @@ class DecoderLayer(nn.Module):
         # hidden is this step's own tensor: a residual add followed by a norm goes in place,
         # fused with the norm.
         placement, m = self.spec.norms, self.spec.residual_multiplier
+        if self.spec.linear is not None:
+            mixed = self.linear_attn(self.input_layernorm(hidden), meta)  # [T, H]
+            normed = self.post_attention_layernorm.add_forward(hidden, mixed)  # hidden += mixed
+            return hidden + self.mlp(normed)
         if placement == "post":
             attn = self.post_attention_layernorm(self.self_attn(rope, hidden, meta))
             hidden = self._branch(hidden, attn)
@@ -368,6 +393,8 @@ class DecoderLayer(nn.Module):
         """This layer as native ops over the step's buffers (hidden in and out), op for op
         what `forward` computes; None when some part cannot take them."""
         placement, m = self.spec.norms, self.spec.residual_multiplier
+        if self.spec.linear is not None:
+            return None  # the Python loop runs a Gated DeltaNet layer
 
         def norm(module: RMSNorm, src: str, dst: str, delta: str | None = None) -> ops.Norm:
             weight, mode = module.kernel_weight()
@@ -429,7 +456,7 @@ class DecoderModel(CausalLM):
         from pagecli.layers.rotary import rope_inv_freq
 
         spec = cls.model_spec(config)
-        for key in sorted({s.attention.rope for s in spec.layers} - {None}):
+        for key in sorted({s.attention.rope for s in spec.layers if s.attention} - {None}):
             rope_inv_freq(config, _rope_head_dim(spec, key), None if key == "default" else key)
 
     def __init__(self, config, max_position: int, tp: TensorParallel | None = None) -> None:
@@ -446,7 +473,7 @@ class DecoderModel(CausalLM):
             _weight=torch.empty(vocab_rows, spec.hidden_size),
         )
         # one RoPE table per key the layers name, shared by those layers
-        keys = sorted({s.attention.rope for s in spec.layers if s.attention.rope is not None})
+        keys = sorted({s.attention.rope for s in spec.layers if s.attention} - {None})
         self.rope_keys = keys
         self.rotary = {
             key: RotaryEmbedding(
@@ -462,7 +489,9 @@ class DecoderModel(CausalLM):
             for s in spec.layers
         )
         for layer in self.layers:
-            layer.self_attn.tp = layer.mlp.tp = tp
+            layer.mlp.tp = tp
+            if layer.spec.attention is not None:
+                layer.self_attn.tp = tp
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_style)
         self.tie_word_embeddings = spec.tie_word_embeddings
         self.lm_head = None
@@ -486,7 +515,12 @@ class DecoderModel(CausalLM):
 
     @property
     def attention_layers(self) -> list[PagedAttention]:
-        return [layer.self_attn.attn for layer in self.layers]
+        return [layer.self_attn.attn for layer in self.layers if layer.spec.attention]
+
+    @property
+    def state_layers(self) -> list[GatedDeltaNet]:
+        """The layers that keep a state per sequence instead of a KV cache, in order."""
+        return [layer.linear_attn for layer in self.layers if layer.spec.linear is not None]
 
     def kv_layout(self) -> list[KVLayout]:
         return [
@@ -497,7 +531,9 @@ class DecoderModel(CausalLM):
                 a.window,
                 layer.self_attn.sinks is not None,
             )
-            for layer, a in zip(self.layers, self.attention_layers)
+            for layer, a in zip(
+                [layer for layer in self.layers if layer.spec.attention], self.attention_layers
+            )
         ]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -526,7 +562,7 @@ class DecoderModel(CausalLM):
             normed = native(hidden, tables, meta.slot_mapping, _groups(meta), shm)
             return normed if normed is not None else self.norm(hidden)  # the last norm in C too
         for layer in self.layers:
-            key = layer.spec.attention.rope
+            key = layer.spec.attention.rope if layer.spec.attention else None
             hidden = layer(None if key is None else ropes[key], hidden, meta)
         return self.norm(hidden)
 
@@ -574,6 +610,8 @@ class DecoderModel(CausalLM):
         head's rotary halves interleaved (a GGUF read in place): every attention layer
         deinterleaves its q and k outputs, so the rest of the model is unchanged."""
         for layer in self.layers:
+            if layer.spec.attention is None:
+                raise ValueError("Gated DeltaNet layers from a GGUF are not read in place yet")
             attn = layer.self_attn
             if attn.q_norm is not None:  # it would see the interleaved order
                 raise ValueError("q/k norms need the checkpoint's q/k rows unpermuted")
@@ -616,7 +654,7 @@ class DecoderModel(CausalLM):
     def buffer_widths(self) -> dict[str, int]:
         """Values per token of each buffer of the layer program (layer_ops.BUFFERS)."""
         hidden = self.spec.hidden_size
-        attentions = [layer.self_attn for layer in self.layers]
+        attentions = [layer.self_attn for layer in self.layers if layer.spec.attention]
         inter = max(layer.mlp.intermediate_size for layer in self.layers)
         return {
             "hidden": hidden,
@@ -633,6 +671,8 @@ class DecoderModel(CausalLM):
         cache cannot take it (the Python loop runs instead)."""
         program: list[ops.Op] = []
         for layer in self.layers:
+            if layer.spec.attention is None:
+                return None  # a Gated DeltaNet layer: the Python loop runs
             key = layer.spec.attention.rope
             ops_of_layer = layer.program(None if key is None else self.rope_keys.index(key))
             if ops_of_layer is None:
@@ -655,7 +695,7 @@ class DecoderModel(CausalLM):
 
 
 def _rope_head_dim(spec: ModelSpec, key: str) -> int:
-    dims = {s.attention.head_dim for s in spec.layers if s.attention.rope == key}
+    dims = {s.attention.head_dim for s in spec.layers if s.attention and s.attention.rope == key}
     if len(dims) != 1:
         raise ValueError(f"RoPE table {key!r} serves layers of head sizes {sorted(dims)}")
     return dims.pop()

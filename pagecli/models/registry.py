@@ -10,6 +10,7 @@ from pagecli.models.llama import LlamaForCausalLM
 from pagecli.models.olmo2 import Olmo2ForCausalLM
 from pagecli.models.olmo3 import Olmo3ForCausalLM
 from pagecli.models.phi3 import Phi3ForCausalLM
+from pagecli.models.qwen3_5 import Qwen3_5ForCausalLM
 from pagecli.models.smollm3 import SmolLM3ForCausalLM
 
 FAMILIES: tuple[type[CausalLM], ...] = (
@@ -20,6 +21,7 @@ FAMILIES: tuple[type[CausalLM], ...] = (
     Olmo2ForCausalLM,
     GraniteForCausalLM,
     Olmo3ForCausalLM,
+    Qwen3_5ForCausalLM,
 )
 ARCHITECTURES = {arch: cls for cls in FAMILIES for arch in cls.hf_architectures}
 MODEL_TYPES = {model_type: cls for cls in FAMILIES for model_type in cls.model_types}

@@ -198,3 +198,28 @@ def test_a_prompt_that_fits_only_because_windows_give_blocks_back(family_models,
     assert stats.window_freed_blocks > 0 and stats.preemptions_recompute == 0
     assert "window-24" in llm.engine.runner.memory.line()
     check(hf, name, prompt, output.token_ids)
+
+
+def test_a_second_turn_reuses_every_table(family_models):
+    """Gemma 3's second turn (the first turn's prompt and reply, then more) finds the first
+    turn's blocks in every table: the full-attention table's from the start, the window
+    tables' near the end (freed by the window as the first turn ran, still findable), and
+    its output is a cold engine's and transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    path = family_models["gemma3"]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    first, more = random_prompts(4, [150, 30])
+    options = {"block_size": 4, "max_num_batched_tokens": 32}
+    llm, (reply,) = generate(path, [first], **options)
+    assert llm.engine.stats().window_freed_blocks > 0
+    second = first + reply.token_ids + more
+    hits = llm.engine.stats().prefix_hit_tokens
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    (warm,) = llm.generate([{"prompt_token_ids": second}], params)
+    found = llm.engine.stats().prefix_hit_tokens - hits
+    assert found == (len(first) + NEW_TOKENS - 1) // 4 * 4  # every full block of turn one
+    assert warm.num_cached_tokens == found
+    _, (cold,) = generate(path, [second], **options)
+    assert warm.token_ids == cold.token_ids
+    check(hf, "gemma3", second, warm.token_ids)

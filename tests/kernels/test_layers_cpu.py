@@ -49,14 +49,12 @@ def _run(path, on: bool, **options) -> tuple[LLM, list[tuple]]:
     # window tables, which give back what they no longer read): sequences get preempted
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(path))
-    blocks = 32 if getattr(config, "sliding_window", None) else 48
-    defaults = dict(
-        dtype="float32",
-        block_size=4,
-        max_num_batched_tokens=64,
-        kv_cache_memory=kv_memory(config, blocks, 4),
-    )
+    defaults = dict(dtype="float32", block_size=4, max_num_batched_tokens=64, num_kv_blocks=48)
+    config = AutoConfig.from_pretrained(str(path)) if path.is_dir() else None  # (GGUFs)
+    if getattr(config, "sliding_window", None):
+        value_bytes = 2 if options.get("dtype") == "bfloat16" else 4
+        defaults.pop("num_kv_blocks")
+        defaults["kv_cache_memory"] = kv_memory(config, 32, 4, value_bytes)
     options = {**defaults, **options}
     llm = LLM(str(path), **options)
     with kernel_settings(layers=on):

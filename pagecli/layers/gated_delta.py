@@ -1,0 +1,233 @@
+"""Gated DeltaNet: the linear-attention layer of Qwen3.5/3.6 and Qwen3-Next.
+
+Per token, after one input projection (q, k, v, the output gate z, and the per-head a, b):
+
+    q, k, v = silu(causal depthwise conv over the last `kernel` tokens of [q, k, v])
+    q, k    = l2-normalized per head (q then scaled by 1/sqrt(d_k)); each of the Hk key heads
+              serves Hv / Hk consecutive value heads
+    beta    = sigmoid(b),  g = -exp(A_log) * softplus(a + dt_bias)        (per value head)
+    S       = exp(g) * S                                  S: [d_k, d_v] per value head
+    S       = S + k (beta * (v - S^T k))^T               the delta rule
+    o       = S^T q,  out = out_proj(rms_norm(o) * w * silu(z))
+
+A sequence carries no per-token cache: its state is the conv window (the last kernel - 1
+inputs) and S, both in a state slot of its own (engine: one slot per running sequence, zeroed
+when the sequence starts). Decodes take one recurrent step each, batched; a prefill chunk
+runs the chunked form of the same recurrence (chunks of 64 tokens: the delta rule's
+triangular system solved once per chunk, then one state update per chunk), from the state the
+sequence's earlier chunks left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagecli.layers.attention import AttentionMetadata
+
+CHUNK = 64  # tokens per block of the chunked recurrence
+
+
+@dataclass(frozen=True)
+class DeltaNetSpec:
+    """One Gated DeltaNet layer's shape."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+    eps: float
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    def state_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of one sequence's state in this layer: the conv window in the model's dtype,
+        S in float32."""
+        conv = self.conv_dim * (self.conv_kernel - 1) * torch.finfo(dtype).bits // 8
+        return conv + 4 * self.num_v_heads * self.k_head_dim * self.v_head_dim
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def recurrent_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: q, k [N, H, dk], v [N, H, dv], g, beta [N, H] (float32, q
+    already normalized and scaled); state [N, H, dk, dv]. Returns (o [N, H, dv], new state)."""
+    state = state * g.exp()[..., None, None]
+    predicted = (state * k[..., None]).sum(-2)  # S^T k: [N, H, dv]
+    delta = (v - predicted) * beta[..., None]
+    state = state + k[..., None] * delta[..., None, :]
+    return (state * q[..., None]).sum(-2), state
+
+
+def chunked_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence over one sequence's n tokens, CHUNK at a time: q, k [H, n, dk], v [H, n,
+    dv], g, beta [H, n] (float32, q normalized and scaled); state [H, dk, dv]. Returns (o [H,
+    n, dv], the state after the last token).
+
+    Within a chunk, with G_t the running sum of g from its start: every token's correction
+    u_t = beta_t (v_t - S_{t-1}^T k_t) depends on the earlier ones through a unit lower
+    triangular system (I + A) U = beta V - diag(beta e^G) K S0 with A_ij = beta_i e^(G_i - G_j)
+    k_i.k_j (i > j); then o = (q e^G) S0 + tril(q k^T e^(G_i - G_j)) U and the state leaves as
+    e^G_last S0 + (k e^(G_last - G))^T U."""
+    heads, n, dk = k.shape
+    out = torch.empty(heads, n, v.shape[-1], dtype=v.dtype, device=v.device)
+    for start in range(0, n, CHUNK):
+        end = min(n, start + CHUNK)
+        qc, kc, vc = q[:, start:end], k[:, start:end], v[:, start:end]
+        bc = beta[:, start:end, None]
+        cum = g[:, start:end].cumsum(-1)  # G: [H, L]
+        length = end - start
+        lower = torch.ones(length, length, dtype=torch.bool, device=v.device).tril()
+        # e^(G_i - G_j) for j <= i; 0 above the diagonal (masked before exp: no overflow)
+        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+        system = ((bc * kc) @ kc.transpose(-1, -2)) * decay  # its diagonal is taken as 1
+        rhs = torch.cat([bc * vc, bc * kc * cum.exp()[..., None]], dim=-1)
+        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        u = solved[..., : vc.shape[-1]] - solved[..., vc.shape[-1] :] @ state
+        attn = (qc @ kc.transpose(-1, -2)) * decay
+        out[:, start:end] = (qc * cum.exp()[..., None]) @ state + attn @ u
+        last = cum[:, -1:]  # [H, 1]
+        state = (
+            state * last.exp()[..., None]
+            + (kc * (last - cum).exp()[..., None]).transpose(-1, -2) @ u
+        )
+    return out, state
+
+
+class GatedRMSNorm(nn.Module):
+    """rms_norm(x) * w * silu(gate) per head, in float32 (w applied before the gate)."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        x = self.weight * x.to(dtype)
+        return (x * F.silu(gate.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """A Gated DeltaNet layer over the step's flat tokens; its states live in the slots the
+    engine gives (`conv_state` [slots, conv_dim, kernel - 1], `ssm_state` [slots, Hv, dk, dv]
+    float32, set by the model runner) and AttentionMetadata.state_slots picks each
+    sequence's."""
+
+    def __init__(self, spec: DeltaNetSpec, hidden_size: int) -> None:
+        super().__init__()
+        self.spec = spec
+        s = spec
+        self.in_proj = nn.Linear(hidden_size, s.conv_dim + s.value_dim + 2 * s.num_v_heads, False)
+        self.conv1d = nn.Conv1d(
+            s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=False
+        )
+        self.dt_bias = nn.Parameter(torch.ones(s.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(s.num_v_heads))
+        self.norm = GatedRMSNorm(s.v_head_dim, s.eps)
+        self.out_proj = nn.Linear(s.value_dim, hidden_size, bias=False)
+        self.conv_state: torch.Tensor | None = None
+        self.ssm_state: torch.Tensor | None = None
+
+    @property
+    def part_sizes(self) -> dict[str, list[int]]:
+        """in_proj's parts, as transformers' checkpoints hold them: q/k/v, z, b, a."""
+        s = self.spec
+        return {"in_proj": [s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads]}
+
+    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        s = self.spec
+        num_tokens = hidden.shape[0]
+        mixed, z, b, a = self.in_proj(hidden).split(
+            [s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], dim=-1
+        )
+        mixed = self._conv(mixed, meta)  # [T, conv_dim]
+        q, k, v = mixed.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
+        repeat = s.num_v_heads // s.num_k_heads
+        q = q.reshape(num_tokens, s.num_k_heads, s.k_head_dim).float()
+        k = k.reshape(num_tokens, s.num_k_heads, s.k_head_dim).float()
+        if repeat > 1:
+            q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
+        q = l2_normalize(q) * s.k_head_dim**-0.5  # [T, Hv, dk]
+        k = l2_normalize(k)
+        v = v.reshape(num_tokens, s.num_v_heads, s.v_head_dim).float()  # [T, Hv, dv]
+        beta = b.float().sigmoid()  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        out = torch.empty_like(v)
+        slots = meta.state_slots
+        num_decode = meta.num_decode_tokens
+        if num_decode:
+            rows = slots[:num_decode]
+            o, new = recurrent_step(
+                q[:num_decode], k[:num_decode], v[:num_decode], g[:num_decode],
+                beta[:num_decode], self.ssm_state[rows],
+            )  # fmt: skip
+            self.ssm_state[rows] = new
+            out[:num_decode] = o
+        if num_tokens > num_decode:
+            starts = meta.prefill_query_start_loc.tolist()
+            for i, slot in enumerate(slots[num_decode:].tolist()):
+                lo, hi = num_decode + starts[i], num_decode + starts[i + 1]
+                o, new = chunked_rule(
+                    q[lo:hi].transpose(0, 1), k[lo:hi].transpose(0, 1),
+                    v[lo:hi].transpose(0, 1), g[lo:hi].t(), beta[lo:hi].t(),
+                    self.ssm_state[slot],
+                )  # fmt: skip
+                self.ssm_state[slot] = new
+                out[lo:hi] = o.transpose(0, 1)
+        o = self.norm(out.to(hidden.dtype), z.reshape(num_tokens, s.num_v_heads, s.v_head_dim))
+        return self.out_proj(o.reshape(num_tokens, s.value_dim))
+
+    def _conv(self, mixed: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The causal depthwise conv (then silu) of each sequence's new rows after the last
+        kernel - 1 inputs its slot keeps; the slot keeps the new last ones."""
+        weight = self.conv1d.weight[:, 0]  # [C, kernel]
+        width = weight.shape[1] - 1
+        out = torch.empty_like(mixed)
+        slots = meta.state_slots
+        num_decode = meta.num_decode_tokens
+        if num_decode:
+            rows = slots[:num_decode]
+            window = torch.cat([self.conv_state[rows], mixed[:num_decode, :, None]], dim=-1)
+            out[:num_decode] = (window * weight).sum(-1)  # [D, C]
+            self.conv_state[rows] = window[..., 1:]
+        if mixed.shape[0] > num_decode:
+            starts = meta.prefill_query_start_loc.tolist()
+            for i, slot in enumerate(slots[num_decode:].tolist()):
+                lo, hi = num_decode + starts[i], num_decode + starts[i + 1]
+                seq = torch.cat([self.conv_state[slot], mixed[lo:hi].t()], dim=-1)  # [C, w + n]
+                out[lo:hi] = F.conv1d(seq[None], weight[:, None], groups=seq.shape[0])[0].t()
+                self.conv_state[slot] = seq[:, seq.shape[1] - width :]
+        return F.silu(out)

@@ -1,0 +1,155 @@
+"""Qwen3.5 (3 Gated DeltaNet layers to 1 gated full-attention layer) against transformers on
+the same random weights: mixed batches with chunked prefills, recompute preemption (and swap
+mode, which recomputes), n > 1 forks that copy the parent's state, a prompt seen twice (no
+prefix hit may skip tokens the state must see), and the Gated DeltaNet recurrence itself (its
+chunked form against the token-by-token one and transformers')."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagecli import LLM, SamplingParams
+from pagecli.layers.gated_delta import chunked_rule, l2_normalize, recurrent_step
+from tests.oracle import check_greedy, check_logprobs
+from tests.tiny_models import kv_memory
+
+NEW_TOKENS = 16
+TOP = 5
+
+
+@pytest.fixture(scope="module")
+def qwen35(family_models):
+    from transformers import AutoModelForCausalLM
+
+    path = family_models["qwen3_5"]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return path, hf
+
+
+def prompts_of(seed: int, lengths: list[int]) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 380, (n,), generator=gen).tolist() for n in lengths]
+
+
+def generate(path, prompts, logprobs=None, n=1, **engine_config):
+    llm = LLM(str(path), dtype="float32", block_size=4, **engine_config)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=logprobs, n=n
+    )
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    llm.engine.check_invariants()
+    return llm, outputs
+
+
+def test_mixed_batch_with_chunked_prefills(qwen35):
+    path, hf = qwen35
+    prompts = prompts_of(0, [1, 5, 24, 63, 64, 65, 100, 150, 230])
+    llm, outputs = generate(path, prompts, logprobs=TOP, max_num_batched_tokens=32)
+    stats = llm.engine.stats()
+    assert stats.chunked_prefills > 0
+    assert "recurrent states" in llm.engine.runner.memory.line()
+    for prompt, output in zip(prompts, outputs):
+        assert len(output.token_ids) == NEW_TOKENS
+        check_greedy(hf, prompt, output.token_ids)
+        check_logprobs(hf, prompt, output, TOP)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_recomputes_the_state(qwen35, mode):
+    """A KV budget that cannot hold every sequence: preempted sequences start again from a
+    zeroed state (swap mode too: states are not swapped, the scheduler recomputes)."""
+    path, hf = qwen35
+    prompts = prompts_of(7, [20, 40, 60, 80, 100, 110])
+    extra = {"preemption_mode": "swap", "swap_space": 0.01} if mode == "swap" else {}
+    llm, outputs = generate(
+        path,
+        prompts,
+        kv_cache_memory=kv_memory(hf.config, 15, 4) + llm_state_gib(hf.config, 128),
+        max_num_batched_tokens=32,
+        **extra,
+    )
+    stats = llm.engine.stats()
+    assert stats.preemptions_recompute > 0 and stats.preemptions_swap == 0
+    for prompt, output in zip(prompts, outputs):
+        check_greedy(hf, prompt, output.token_ids)
+
+
+def llm_state_gib(config, slots: int) -> float:
+    """GiB of the state slots the engine keeps for `slots` sequences (float32)."""
+    conv_dim = 2 * config.linear_num_key_heads * config.linear_key_head_dim
+    conv_dim += config.linear_num_value_heads * config.linear_value_head_dim
+    per_layer = conv_dim * (config.linear_conv_kernel_dim - 1) + (
+        config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    )
+    layers = config.layer_types.count("linear_attention")
+    return slots * layers * per_layer * 4 / 2**30
+
+
+def test_forked_samples_start_from_the_parents_state(qwen35):
+    """n = 3 greedy samples of one prompt: each fork gets a copy of the state the prompt left,
+    so every sample is transformers' greedy output."""
+    path, hf = qwen35
+    (prompt,) = prompts_of(3, [45])
+    llm, (output,) = generate(path, [prompt], n=3, max_num_batched_tokens=32)
+    assert len(output.outputs) == 3
+    for sample in output.outputs:
+        check_greedy(hf, prompt, sample.token_ids)
+    assert llm.engine.block_manager.num_free_state_slots == llm.engine.runner.num_state_slots
+
+
+def test_a_prompt_seen_twice_is_computed_again(qwen35):
+    """Without state snapshots a prefix hit would skip tokens the recurrent state must see:
+    the second request finds nothing and gives the first one's tokens."""
+    path, hf = qwen35
+    (prompt,) = prompts_of(5, [90])
+    llm = LLM(str(path), dtype="float32", block_size=4)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    first = llm.generate([{"prompt_token_ids": prompt}], params)[0].token_ids
+    second = llm.generate([{"prompt_token_ids": prompt}], params)[0].token_ids
+    assert llm.engine.stats().prefix_hit_tokens == 0
+    assert first == second
+    check_greedy(hf, prompt, first)
+
+
+def test_speculation_and_tight_budgets_end_in_one_line(qwen35):
+    from pagecli.errors import KVCacheMemoryError, ModelLoadError
+
+    path, hf = qwen35
+    with pytest.raises(ModelLoadError, match="speculative decoding over recurrent"):
+        LLM(str(path), dtype="float32", speculative_config={"method": "ngram"})
+    states = llm_state_gib(hf.config, 256)
+    with pytest.raises(KVCacheMemoryError, match="does not hold a state slot per sequence"):
+        LLM(str(path), dtype="float32", max_num_seqs=256, kv_cache_memory=states * 0.9)
+
+
+@pytest.mark.parametrize("n", [1, 5, 64, 150])
+def test_chunked_recurrence_equals_the_token_by_token_one(n):
+    """The chunked form of the gated delta rule (prefill) against one recurrent step per token
+    (decode), in float64, from a nonzero state, and against transformers' own reference."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(n)
+    heads, dk, dv = 3, 8, 6
+    q = l2_normalize(torch.randn(heads, n, dk, generator=gen, dtype=torch.float64)) * dk**-0.5
+    k = l2_normalize(torch.randn(heads, n, dk, generator=gen, dtype=torch.float64))
+    v = torch.randn(heads, n, dv, generator=gen, dtype=torch.float64)
+    g = -torch.rand(heads, n, generator=gen, dtype=torch.float64)
+    beta = torch.rand(heads, n, generator=gen, dtype=torch.float64)
+    state0 = torch.randn(heads, dk, dv, generator=gen, dtype=torch.float64)
+    out, state = chunked_rule(q, k, v, g, beta, state0.clone())
+    step_state = state0[None].clone()
+    for t in range(n):
+        o, step_state = recurrent_step(
+            q[None, :, t], k[None, :, t], v[None, :, t], g[None, :, t], beta[None, :, t],
+            step_state,
+        )  # fmt: skip
+        torch.testing.assert_close(out[:, t], o[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(state, step_state[0], rtol=1e-10, atol=1e-10)
+    # transformers: [B, n, H, d] inputs, q unnormalized (it scales by dk^-0.5 itself)
+    ref, ref_state = torch_chunk_gated_delta_rule(
+        (q * dk**0.5).transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        g.t()[None], beta.t()[None], initial_state=state0[None], output_final_state=True,
+    )  # fmt: skip
+    torch.testing.assert_close(out, ref[0].transpose(0, 1).to(out.dtype), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state, ref_state[0].to(state.dtype), rtol=1e-5, atol=1e-5)
