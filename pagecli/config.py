@@ -110,6 +110,11 @@ class EngineConfig:
     # one block table per layer type (engine/kv_groups.py): a sliding window's blocks go back
     # to the pool as it moves; False: one table for every layer, every block kept
     hybrid_kv_cache: bool = True
+    # recurrent layers (Gated DeltaNet): a copy of a sequence's state at every
+    # `state_snapshot_stride` blocks (0: none), kept in `state_snapshots` slots (None: one per
+    # 8 of max_num_seqs, at least 4) for prefix hits: a chat's next turn, a shared prompt
+    state_snapshot_stride: int = 4
+    state_snapshots: int | None = None
     preemption_mode: PreemptionMode = "recompute"
     swap_space: float = 0.0  # GiB of host memory for swapped-out blocks
     enforce_eager: bool = False
@@ -157,6 +162,9 @@ class EngineConfig:
             )
         if self.num_kv_blocks is not None:
             _at_least("num_kv_blocks", self.num_kv_blocks, 1)
+        _at_least("state_snapshot_stride", self.state_snapshot_stride, 0)
+        if self.state_snapshots is not None:
+            _at_least("state_snapshots", self.state_snapshots, 0)
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.num_threads is not None:

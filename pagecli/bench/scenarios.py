@@ -222,6 +222,7 @@ class EngineRunner:
                 "cached_tokens": sum(o.num_cached_tokens for o in outputs),
                 "kv_groups": list(after.kv_groups),
                 "window_freed_blocks": after.window_freed_blocks - before.window_freed_blocks,
+                "state_snapshots_saved": after.state_snapshots_saved - before.state_snapshots_saved,
             }
         )
         return row

@@ -117,6 +117,11 @@ def stats_table(stats: EngineStats) -> Table:
     ]
     if len(stats.kv_groups) > 1:  # a hybrid model: each layer type's table
         rows += _group_rows(stats)
+    if stats.state_slots:  # recurrent layers
+        rows += [
+            ("state slots", f"{stats.state_slots_in_use}/{stats.state_slots}"),
+            ("state snapshots", f"{stats.state_snapshots_held}/{stats.state_snapshots}"),
+        ]
     for name, value in rows:
         table.add_row(name, value)
     return table

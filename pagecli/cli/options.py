@@ -130,6 +130,24 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
             "--hybrid-kv-cache/--no-hybrid-kv-cache",
         ),
     ),
+    "state_snapshot_stride": (
+        int,
+        _opt(
+            ENGINE_PANEL,
+            "Models with recurrent layers (Qwen3.5): keep a copy of a sequence's state every N "
+            "blocks, so that a prompt that shares its start (a chat's next turn) resumes "
+            "there (0: no copies, no prefix hits).",
+        ),
+    ),
+    "state_snapshots": (
+        Optional[int],
+        _opt(
+            ENGINE_PANEL,
+            "State copies kept for those hits, least recently used evicted first (default: "
+            "one per 8 of --max-num-seqs, at least 4); they count in --kv-cache-memory.",
+            show_default=False,
+        ),
+    ),
     "preemption_mode": (PreemptionModeChoice, _opt(ENGINE_PANEL, "What preemption does.")),
     "swap_space": (float, _opt(ENGINE_PANEL, "GiB of host memory for swapped-out blocks.")),
     "enforce_eager": (bool, _opt(ENGINE_PANEL, "Disable CUDA graphs.", "--enforce-eager")),

@@ -20,8 +20,10 @@ window group only the blocks its next query reads.
 A model with recurrent layers (Gated DeltaNet) also gives each running sequence a state slot
 (its conv window and recurrent state in every such layer), taken with its first blocks and
 given back with them; the sample forks of an n > 1 request have theirs kept from admission.
-Without state snapshots a prefix hit would skip the tokens the state must see: such models
-take no hits, and a swap-out is a recompute.
+A prefix hit must restore the state as it was at the hit's end: copies of states (snapshots)
+are kept at every `snapshot_stride` blocks, keyed by the chained hash of the block that ends
+there, least recently used evicted first; a hit ends where a snapshot is (and every KV group
+serves it), and its sequence starts from a copy of that snapshot. A swap-out is a recompute.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class BlockCounters:
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     window_freed: int = 0  # blocks window groups gave back before their sequence ended
+    snapshots_saved: int = 0  # recurrent states copied at a snapshot boundary
+    snapshot_evictions: int = 0
 
 
 class BlockManager:
@@ -73,6 +77,8 @@ class BlockManager:
         num_swap_blocks: int = 0,
         kv_groups: KVGroups | None = None,
         num_state_slots: int = 0,
+        num_snapshots: int = 0,
+        snapshot_stride: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -101,6 +107,19 @@ class BlockManager:
         self.num_state_slots = num_state_slots
         self._free_state_slots: deque[int] = deque(range(num_state_slots))
         self.pending_state_copies: list[tuple[int, int]] = []
+        # State snapshots: chained hash of the block they end at -> snapshot slot (least
+        # recently used first), what each slot holds (hash, parent hash, token ids, to verify
+        # a hit as blocks are), and the copies for the runner: restores (snapshot -> state
+        # slot) before the step's forward, saves (state slot -> snapshot) after it
+        self.num_snapshots = num_snapshots if num_state_slots and snapshot_stride else 0
+        self.snapshot_stride = snapshot_stride
+        self._snapshots: OrderedDict[int, int] = OrderedDict()
+        self._snapshot_keys: dict[int, tuple[int, int | None, tuple[int, ...]]] = {}
+        self._free_snapshots: deque[int] = deque(range(self.num_snapshots))
+        self.pending_state_restores: list[tuple[int, int]] = []
+        self.pending_snapshot_saves: list[tuple[int, int]] = []
+        # saves planned for this step: findable only once the step has run (commit_snapshots)
+        self._planned: list[tuple[int, int, tuple[int, int | None, tuple[int, ...]]]] = []
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -216,6 +235,71 @@ class BlockManager:
             n = i
         return 0
 
+    def _snapshot_at(self, seq: Sequence, hashes: list[int], n: int) -> int | None:
+        """The snapshot of the state after the sequence's first n blocks, or None."""
+        h = hashes[n - 1]
+        slot = self._snapshots.get(h)
+        if slot is None:
+            return None
+        bs = self.block_size
+        parent = hashes[n - 2] if n > 1 else None
+        if self._snapshot_keys[slot] != (h, parent, tuple(seq.token_ids[(n - 1) * bs : n * bs])):
+            return None  # a hash collision: a miss
+        return slot
+
+    def _snapshot_hit(self, seq: Sequence, hashes: list[int], limit: int) -> int:
+        """The longest hit of at most `limit` blocks that ends at a state snapshot."""
+        stride = self.snapshot_stride
+        for n in range(limit - limit % stride, 0, -stride):
+            if self._snapshot_at(seq, hashes, n) is not None:
+                return n
+        return 0
+
+    def plan_snapshot(self, seq: Sequence, end: int) -> None:
+        """A step brings the sequence's computed tokens to `end`: when that is a snapshot
+        boundary not yet kept, save its state there after the step (a free snapshot slot,
+        else the least recently used one)."""
+        bs = self.block_size
+        if not self.num_snapshots or end % (self.snapshot_stride * bs) or end == 0:
+            return
+        hashes = self.full_block_hashes(seq, end)
+        h = hashes[-1]
+        if h in self._snapshots:
+            self._snapshots.move_to_end(h)
+            return
+        if any(planned == h for planned, _, _ in self._planned):
+            return
+        if self._free_snapshots:
+            slot = self._free_snapshots.popleft()
+        elif self._snapshots:
+            _, slot = self._snapshots.popitem(last=False)
+            del self._snapshot_keys[slot]
+            self.counters.snapshot_evictions += 1
+        else:
+            return  # every slot is being saved into this step
+        parent = hashes[-2] if len(hashes) > 1 else None
+        self._planned.append((h, slot, (h, parent, tuple(seq.token_ids[end - bs : end]))))
+        self.pending_snapshot_saves.append((seq.state_slot, slot))
+        self.counters.snapshots_saved += 1
+
+    def commit_snapshots(self) -> None:
+        """The step ran: its saved snapshots become findable."""
+        for h, slot, key in self._planned:
+            self._snapshots[h] = slot
+            self._snapshot_keys[slot] = key
+        self._planned = []
+
+    def take_pending_snapshots(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(restores, saves) for the runner: (snapshot, slot) before the forward, (slot,
+        snapshot) after it."""
+        restores, saves = self.pending_state_restores, self.pending_snapshot_saves
+        self.pending_state_restores, self.pending_snapshot_saves = [], []
+        return restores, saves
+
+    @property
+    def num_snapshots_held(self) -> int:
+        return len(self._snapshots)
+
     def match_prefix(self, seq: Sequence) -> int:
         """Give a sequence without blocks the longest run of cached blocks of its tokens that
         every group can serve (a fixed point: a window group's shorter hit can rule out
@@ -231,8 +315,8 @@ class BlockManager:
             return 0
         bs = self.block_size
         self.counters.prefix_query_tokens += seq.num_tokens
-        if self.num_state_slots:
-            return 0  # no state snapshots yet: the state must see every token
+        if self.num_state_slots and not self.num_snapshots:
+            return 0  # no state snapshots: the state must see every token
         hashes = self.full_block_hashes(seq, seq.num_tokens - 1)
         n = len(hashes)
         settled = False
@@ -242,6 +326,13 @@ class BlockManager:
                 hit = self._group_hit(g, seq, hashes, n)
                 if hit < n:
                     n, settled = hit, False
+            if self.num_state_slots:
+                hit = self._snapshot_hit(seq, hashes, n)
+                if hit < n:
+                    n, settled = hit, False
+        if n and self.num_state_slots:  # restored into its state slot once it has one
+            seq.restore_snapshot = self._snapshots[hashes[n - 1]]
+            self._snapshots.move_to_end(hashes[n - 1])
         for g, table in enumerate(tables):
             first = self.groups[g].first_needed_block(n * bs, bs)
             table.extend([NULL_BLOCK] * first)
@@ -407,6 +498,9 @@ class BlockManager:
                 return False
             seq.state_slot = self._free_state_slots.popleft()
             seq.reserved_state_slots = [self._free_state_slots.popleft() for _ in range(wanted - 1)]
+            if seq.restore_snapshot is not None:  # a prefix hit: its state at the hit
+                self.pending_state_restores.append((seq.restore_snapshot, seq.state_slot))
+                seq.restore_snapshot = None
         self.release_outside_window(seq)
         bs = self.block_size
         idx = seq.num_computed_tokens // bs
@@ -464,6 +558,7 @@ class BlockManager:
             self._free_state_slots.append(seq.state_slot)
             self._free_state_slots.extend(seq.reserved_state_slots)
             seq.state_slot, seq.reserved_state_slots = None, []
+        seq.restore_snapshot = None
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
@@ -598,6 +693,14 @@ class BlockManager:
         assert len(set(held_slots)) == len(held_slots), "a state slot is held twice"
         assert not (set(held_slots) & set(self._free_state_slots)), "a state slot free and held"
         assert len(held_slots) + len(self._free_state_slots) == self.num_state_slots
+        snapshot_slots = list(self._snapshots.values())
+        assert len(set(snapshot_slots)) == len(snapshot_slots), "a snapshot slot is held twice"
+        assert set(snapshot_slots) == set(self._snapshot_keys), "snapshot keys out of step"
+        assert not (set(snapshot_slots) & set(self._free_snapshots)), "a snapshot free and held"
+        planned = [slot for _, slot, _ in self._planned]
+        assert len(snapshot_slots) + len(planned) + len(self._free_snapshots) == self.num_snapshots
+        for h, slot in self._snapshots.items():
+            assert self._snapshot_keys[slot][0] == h
         swapped = [h for tables in self._swapped.values() for t in tables for h in t]
         swapped = [h for h in swapped if h != NULL_BLOCK]
         assert len(set(swapped)) == len(swapped), "a host block is held twice"

@@ -78,6 +78,8 @@ class LLMEngine:
             num_swap_blocks=self.runner.num_swap_blocks,
             kv_groups=self.runner.kv_groups,
             num_state_slots=self.runner.num_state_slots,
+            num_snapshots=self.runner.num_snapshots,
+            snapshot_stride=config.state_snapshot_stride,
         )
         self._capacity: int | None = None  # capacity_tokens, counted once
         self.scheduler = Scheduler(

@@ -176,7 +176,12 @@ class ModelRunner:
         # KV cache's budget
         self.state_specs = [layer.spec for layer in model.state_layers]
         self.num_state_slots = config.max_num_seqs if self.state_specs else 0
-        self.state_bytes = self.num_state_slots * sum(
+        self.num_snapshots = 0  # copies of states at block boundaries, for prefix hits
+        if self.state_specs and config.state_snapshot_stride and config.enable_prefix_caching:
+            self.num_snapshots = config.state_snapshots
+            if self.num_snapshots is None:
+                self.num_snapshots = max(4, config.max_num_seqs // 8)
+        self.state_bytes = (self.num_state_slots + self.num_snapshots) * sum(
             spec.state_bytes(self.dtype) for spec in self.state_specs
         )
         if self.state_specs and config.tensor_parallel_size > 1:
@@ -224,6 +229,14 @@ class ModelRunner:
             )  # fmt: skip
             layer.ssm_state = torch.zeros(
                 self.num_state_slots, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
+                dtype=torch.float32, device=device,
+            )  # fmt: skip
+            layer.conv_snapshots = torch.zeros(
+                self.num_snapshots, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype,
+                device=device,
+            )  # fmt: skip
+            layer.ssm_snapshots = torch.zeros(
+                self.num_snapshots, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
                 dtype=torch.float32, device=device,
             )  # fmt: skip
         self.num_swap_blocks = int(config.swap_space * 2**30 // self.block_bytes)
@@ -344,6 +357,7 @@ class ModelRunner:
             anonymous=weights - plan.mapped_bytes,
             kv=self.num_blocks * self.block_bytes,
             states=self.state_bytes,
+            states_layout=f"{self.num_state_slots} slots + {self.num_snapshots} snapshots",
             swap=int(config.swap_space * 2**30 // self.block_bytes) * self.block_bytes,
             kv_layout=self.kv_groups.describe() if self.kv_groups.hybrid else "",
             workspace=workspace_bytes(
@@ -441,11 +455,13 @@ class ModelRunner:
             budget = config.kv_cache_memory * 2**30 - self.state_bytes
             num_blocks = int(budget // self.block_bytes)
             if self.state_specs and num_blocks < 1:
-                per_slot = self.state_bytes / self.num_state_slots / 2**20
+                slots = self.num_state_slots + self.num_snapshots
+                per_slot = self.state_bytes / slots / 2**20
                 raise KVCacheMemoryError(
                     f"--kv-cache-memory {value} GiB does not hold a state slot per sequence "
-                    f"({self.num_state_slots} x {per_slot:.2f} MiB, --max-num-seqs "
-                    f"{self.num_state_slots}) and one KV block "
+                    f"and the state snapshots ({slots} x {per_slot:.2f} MiB: --max-num-seqs "
+                    f"{self.num_state_slots}, --state-snapshots {self.num_snapshots}) and one "
+                    "KV block "
                     f"({self.block_bytes / 2**20:.2f} MiB); raise --kv-cache-memory or lower "
                     "--max-num-seqs"
                 )
@@ -473,6 +489,7 @@ class ModelRunner:
     def _run(self, batch: ScheduledBatch) -> list[SampledTokens]:
         self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         self._copy_states(batch.state_copies)
+        self._restore_states(batch.state_restores)
         items = batch.seqs
         rows = self._row_starts(items)
         constrained = [
@@ -502,6 +519,7 @@ class ModelRunner:
             )
         else:
             hidden = self.model(input_ids, positions, meta)  # [T, H]
+        self._save_snapshots(batch.snapshot_saves)
         logits = None
         if sample_index.numel():
             logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
@@ -756,6 +774,26 @@ class ModelRunner:
         long sequences are rotated with other factors, so their blocks never meet the rest."""
         start = self.model.long_rope_from
         return 1 if start is not None and num_tokens > start else 0
+
+    def _restore_states(self, restores: list[tuple[int, int]]) -> None:
+        """Prefix hits: (snapshot, slot) copies, in every recurrent layer."""
+        if not restores:
+            return
+        src = torch.tensor([s for s, _ in restores], device=self.device)
+        dst = torch.tensor([d for _, d in restores], device=self.device)
+        for layer in self.model.state_layers:
+            layer.conv_state[dst] = layer.conv_snapshots[src]
+            layer.ssm_state[dst] = layer.ssm_snapshots[src]
+
+    def _save_snapshots(self, saves: list[tuple[int, int]]) -> None:
+        """States at a snapshot boundary, after the forward: (slot, snapshot) copies."""
+        if not saves:
+            return
+        src = torch.tensor([s for s, _ in saves], device=self.device)
+        dst = torch.tensor([d for _, d in saves], device=self.device)
+        for layer in self.model.state_layers:
+            layer.conv_snapshots[dst] = layer.conv_state[src]
+            layer.ssm_snapshots[dst] = layer.ssm_state[src]
 
     def _copy_states(self, copies: list[tuple[int, int]]) -> None:
         """A forked sample's state: (from, to) slots, in every recurrent layer."""

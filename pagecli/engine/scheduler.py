@@ -69,6 +69,10 @@ class ScheduledBatch:
     prefills: list[ScheduledSeq] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # forks' state slots
+    # recurrent states: (snapshot, slot) restored before the forward (prefix hits), (slot,
+    # snapshot) saved after it (sequences reaching a snapshot boundary)
+    state_restores: list[tuple[int, int]] = field(default_factory=list)
+    snapshot_saves: list[tuple[int, int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
 
@@ -169,7 +173,7 @@ class Scheduler:
                 budget -= 1 + len(drafts)
                 i += 1
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._chunk(seq, budget)
             while not bm.allocate_slots(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim, batch)
@@ -192,7 +196,7 @@ class Scheduler:
             self.swapped.popleft()
             batch.swap_in.extend(bm.swap_in(seq))
             seq.status = SequenceStatus.RUNNING
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._chunk(seq, budget)
             if not bm.allocate_slots(seq, num_new):
                 # Room for its blocks but not its next token: it runs next step.
                 self.running.append(seq)
@@ -216,7 +220,7 @@ class Scheduler:
                 num_hit = bm.match_prefix(seq)
                 if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0:
                     seq.num_cached_tokens = num_hit
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._chunk(seq, budget)
             if not bm.allocate_slots(seq, num_new):
                 bm.free(seq)  # give back the prefix hits; they stay cached
                 seq.num_computed_tokens = 0
@@ -230,8 +234,24 @@ class Scheduler:
 
         batch.block_copies = bm.take_pending_copies()
         batch.state_copies = bm.take_pending_state_copies()
+        batch.state_restores, batch.snapshot_saves = bm.take_pending_snapshots()
         self.counters.steps += 1
         return batch
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """The tokens the sequence computes this step: all it has left, within the budget; a
+        model whose recurrent states are snapshotted stops a prefill chunk at the last
+        snapshot boundary before the prompt's end (saved there: the state a longer prompt
+        sharing it, as a chat's next turn, resumes from), and goes on next step."""
+        num_new = min(seq.num_uncomputed_tokens, budget)
+        bm = self.block_manager
+        if bm.num_snapshots and num_new > 1:
+            step = bm.snapshot_stride * bm.block_size
+            start = seq.num_computed_tokens
+            last = (seq.num_tokens - 1) // step * step
+            if start < last < start + num_new:
+                num_new = last - start
+        return num_new
 
     def _drafts_to_check(self, seq: Sequence, budget: int) -> list[int]:
         """The drafts a decoding sequence carries into this step, cut to what it may still
@@ -262,6 +282,8 @@ class Scheduler:
         self, batch: ScheduledBatch, seq: Sequence, num_new: int, drafts: list[int] | None = None
     ) -> None:
         item = ScheduledSeq(seq, num_new, drafts or [])
+        if not drafts:  # a recurrent model's state, at a snapshot boundary
+            self.block_manager.plan_snapshot(seq, seq.num_computed_tokens + num_new)
         if num_new == 1 or drafts:
             batch.decodes.append(item)
         else:
@@ -308,6 +330,7 @@ class Scheduler:
         K/V of its accepted drafts only: the rest of its slots are rolled back, and blocks
         that hold nothing else are freed. Returns the sequences that received tokens."""
         updated: list[Sequence] = []
+        self.block_manager.commit_snapshots()  # the states saved after the forward
         for item, sampled in zip(batch.seqs, samples):
             seq = item.seq
             token_ids = sampled.token_ids

@@ -67,6 +67,7 @@ class Sequence:
     # lives in, and the slots kept for the samples it forks (n > 1); None: none yet
     state_slot: int | None = None
     reserved_state_slots: list[int] = field(default_factory=list)
+    restore_snapshot: int | None = None  # a prefix hit's state snapshot, until restored
     # Speculative decoding (engine/spec_decode/): the tokens proposed to follow `token_ids`,
     # checked in the next step; never part of `token_ids` until accepted.
     draft_token_ids: list[int] = field(default_factory=list)

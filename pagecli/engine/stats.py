@@ -98,6 +98,13 @@ class EngineStats:
     kv_groups: tuple[str, ...] = ("full attention",)
     group_blocks_in_use: tuple[int, ...] = ()
     window_freed_blocks: int = 0
+    # recurrent layers (Gated DeltaNet): state slots (one per running sequence), snapshots
+    # kept for prefix hits, and snapshots saved since the start
+    state_slots: int = 0
+    state_slots_in_use: int = 0
+    state_snapshots: int = 0
+    state_snapshots_held: int = 0
+    state_snapshots_saved: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -184,4 +191,9 @@ class EngineStats:
             kv_groups=tuple(group.kind for group in bm.groups),
             group_blocks_in_use=tuple(bm.used_blocks_by_group()),
             window_freed_blocks=bm.counters.window_freed,
+            state_slots=bm.num_state_slots,
+            state_slots_in_use=bm.num_state_slots - bm.num_free_state_slots,
+            state_snapshots=bm.num_snapshots,
+            state_snapshots_held=bm.num_snapshots_held,
+            state_snapshots_saved=bm.counters.snapshots_saved,
         )

@@ -75,7 +75,8 @@ class MemoryPlan:
     swap: int
     workspace: int
     kv_layout: str = ""  # a hybrid model's KV groups (engine/kv_groups.py); "" otherwise
-    states: int = 0  # recurrent layers' state slots (a slot per sequence)
+    states: int = 0  # recurrent layers' state slots (a slot per sequence) and snapshots
+    states_layout: str = ""  # e.g. "128 slots + 16 snapshots"
 
     @property
     def total(self) -> int:
@@ -91,7 +92,7 @@ class MemoryPlan:
         kv = f"{self.kv / GIB:.2f} GiB KV"
         parts.append(f"{kv} ({self.kv_layout})" if self.kv_layout else kv)
         if self.states:
-            parts.append(f"{self.states / GIB:.2f} GiB recurrent states")
+            parts.append(f"{self.states / GIB:.2f} GiB recurrent states ({self.states_layout})")
         if self.swap:
             parts.append(f"{self.swap / GIB:.2f} GiB swap")
         parts.append(f"{self.workspace / GIB:.2f} GiB workspace")

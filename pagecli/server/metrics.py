@@ -111,6 +111,16 @@ class _EngineCollector:
         for g, (kind, used) in enumerate(zip(s.kv_groups, s.group_blocks_in_use)):
             per_group.add_metric([*value, str(g), kind], used)
         yield per_group
+        yield gauge(
+            "state_slots_in_use",
+            "Recurrent-layer state slots held by running sequences (one each).",
+            s.state_slots_in_use,
+        )
+        yield gauge(
+            "state_snapshots_held",
+            "Recurrent states kept at block boundaries for prefix hits.",
+            s.state_snapshots_held,
+        )
         yield counter(
             "kv_cache_window_freed_blocks",
             "KV blocks sliding-window tables gave back before their sequence ended.",

@@ -65,7 +65,7 @@ def test_preemption_recomputes_the_state(qwen35, mode):
     llm, outputs = generate(
         path,
         prompts,
-        kv_cache_memory=kv_memory(hf.config, 15, 4) + llm_state_gib(hf.config, 128),
+        kv_cache_memory=kv_memory(hf.config, 15, 4) + llm_state_gib(hf.config, 128 + 16),
         max_num_batched_tokens=32,
         **extra,
     )
@@ -98,18 +98,44 @@ def test_forked_samples_start_from_the_parents_state(qwen35):
     assert llm.engine.block_manager.num_free_state_slots == llm.engine.runner.num_state_slots
 
 
-def test_a_prompt_seen_twice_is_computed_again(qwen35):
-    """Without state snapshots a prefix hit would skip tokens the recurrent state must see:
-    the second request finds nothing and gives the first one's tokens."""
+def test_without_snapshots_a_prompt_seen_twice_is_computed_again(qwen35):
+    """With no state snapshots (--state-snapshot-stride 0) a prefix hit would skip tokens the
+    recurrent state must see: the second request finds nothing and gives the first's tokens."""
     path, hf = qwen35
     (prompt,) = prompts_of(5, [90])
-    llm = LLM(str(path), dtype="float32", block_size=4)
+    llm = LLM(str(path), dtype="float32", block_size=4, state_snapshot_stride=0)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     first = llm.generate([{"prompt_token_ids": prompt}], params)[0].token_ids
     second = llm.generate([{"prompt_token_ids": prompt}], params)[0].token_ids
     assert llm.engine.stats().prefix_hit_tokens == 0
     assert first == second
     check_greedy(hf, prompt, first)
+
+
+@pytest.mark.parametrize("stride", [1, 4])
+def test_a_second_turn_resumes_from_a_state_snapshot(qwen35, stride):
+    """A chat's second turn (the first turn's prompt and reply, then more): the prefix hit
+    ends at the last state snapshot of turn one (blocks of `stride`), its state restored from
+    it; the output is a cold engine's and transformers'. A prompt seen again resumes at the
+    snapshot saved where its prefill stopped short of its end."""
+    path, hf = qwen35
+    first, more = prompts_of(6, [150, 30])
+    options = {"max_num_batched_tokens": 64, "state_snapshot_stride": stride}
+    llm, (reply,) = generate(path, [first], **options)
+    step = 4 * stride
+    second = first + reply.token_ids + more
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    (warm,) = llm.generate([{"prompt_token_ids": second}], params)
+    computed = len(first) + NEW_TOKENS - 1  # turn one's tokens with K/V and state
+    assert warm.num_cached_tokens == computed // step * step
+    llm.engine.check_invariants()
+    cold_llm, (cold,) = generate(path, [second], **options)
+    assert cold_llm.engine.stats().prefix_hit_tokens == 0
+    assert warm.token_ids == cold.token_ids
+    check_greedy(hf, second, warm.token_ids)
+    (again,) = llm.generate([{"prompt_token_ids": first}], params)
+    assert again.num_cached_tokens == (len(first) - 1) // step * step
+    assert again.token_ids == reply.token_ids
 
 
 def test_speculation_and_tight_budgets_end_in_one_line(qwen35):
@@ -121,6 +147,8 @@ def test_speculation_and_tight_budgets_end_in_one_line(qwen35):
     states = llm_state_gib(hf.config, 256)
     with pytest.raises(KVCacheMemoryError, match="does not hold a state slot per sequence"):
         LLM(str(path), dtype="float32", max_num_seqs=256, kv_cache_memory=states * 0.9)
+    with pytest.raises(ValueError, match="state_snapshot_stride must be an integer >= 0"):
+        LLM(str(path), state_snapshot_stride=-1)
 
 
 @pytest.mark.parametrize("n", [1, 5, 64, 150])

@@ -280,6 +280,96 @@ def test_hash_collision_is_a_miss():
     assert bm.match_prefix(b) == 0
 
 
+class RecurrentBlockManagerMachine(BlockManagerMachine):
+    """A model with recurrent layers beside a window and full attention: every sequence also
+    holds a state slot, and a fake state (the tuple of tokens it has consumed) must always be
+    exactly the sequence's computed tokens: zeroed when it starts, restored from a snapshot
+    on a prefix hit, copied on a fork, saved at snapshot boundaries (every 2 blocks, 5 kept,
+    least recently used evicted)."""
+
+    GROUPS = HYBRID
+    NUM_BLOCKS = 3 * NUM_BLOCKS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bm = BlockManager(
+            self.NUM_BLOCKS, BLOCK_SIZE, True, "test", NUM_SWAP_BLOCKS, kv_groups=HYBRID,
+            num_state_slots=64, num_snapshots=5, snapshot_stride=2,
+        )  # fmt: skip
+        self.states: dict[int, tuple[int, ...]] = {}
+        self.snapshots: dict[int, tuple[int, ...]] = {}
+
+    def _compute(self, seq: Sequence, num_new: int) -> None:
+        """As steps would: in pieces that end at snapshot boundaries (chunked prefills)."""
+        step = self.bm.snapshot_stride * BLOCK_SIZE
+        while num_new:
+            piece = min(num_new, step - seq.num_computed_tokens % step)
+            self._compute_piece(seq, piece)
+            num_new -= piece
+
+    def _compute_piece(self, seq: Sequence, num_new: int) -> None:
+        bm = self.bm
+        start = seq.num_computed_tokens
+        bm.plan_snapshot(seq, start + num_new)
+        restores, saves = bm.take_pending_snapshots()
+        if start == 0:
+            self.states[seq.state_slot] = ()  # a new sequence's zeroed state
+        for snapshot, slot in restores:
+            self.states[slot] = self.snapshots[snapshot]
+        assert self.states[seq.state_slot] == tuple(seq.token_ids[:start]), "a wrong state"
+        super()._compute(seq, num_new)
+        self.states[seq.state_slot] += tuple(seq.token_ids[start : start + num_new])
+        for slot, snapshot in saves:
+            self.snapshots[snapshot] = self.states[slot]
+        bm.commit_snapshots()
+
+    @precondition(lambda self: self.live and self.bm.num_free_state_slots)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(self.live))
+        child = parent.fork(next(self.ids), 1)
+        self.bm.fork(parent, child)
+        for src, dst in self.bm.take_pending_state_copies():
+            self.states[dst] = self.states[src]
+        self.live.append(child)
+
+    @precondition(lambda self: False)  # recurrent layers take no drafts
+    @rule()
+    def spec_step(self):
+        pass
+
+    @invariant()
+    def states_hold_the_computed_tokens(self):
+        for seq in self.live:
+            assert self.states[seq.state_slot] == tuple(seq.token_ids[: seq.num_computed_tokens])
+
+
+TestRecurrentBlockManager = RecurrentBlockManagerMachine.TestCase
+TestRecurrentBlockManager.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
+
+
+def test_the_recurrent_machine_reaches_snapshot_hits():
+    """A scripted run: a snapshot saved at a boundary serves a later sequence's hit."""
+    machine = RecurrentBlockManagerMachine()
+    machine.admit(stem=STEMS[0], tail=[1, 2, 3, 4, 5, 6, 7, 8])  # 17 tokens: boundaries 8, 16
+    assert machine.bm.num_snapshots_held == 2
+    machine.free(data=_first())
+    machine.admit(stem=STEMS[0], tail=[1, 2, 3, 4, 5, 6, 7, 8, 9, 9])
+    assert machine.bm.counters.prefix_hit_tokens == 16
+    machine.consistent()
+    machine.states_hold_the_computed_tokens()
+    machine.teardown()
+
+
+class _first:
+    """A stand-in for hypothesis' data: draws the first choice."""
+
+    def draw(self, strategy):
+        return strategy.example() if not hasattr(strategy, "elements") else strategy.elements[0]
+
+
 def _hybrid_seq(seq_id: int, tokens: list[int]) -> Sequence:
     return Sequence(seq_id, str(seq_id), list(tokens), len(tokens), SamplingParams(), 64)
 
