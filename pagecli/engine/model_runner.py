@@ -172,18 +172,14 @@ class ModelRunner:
             [layer.window for layer in layout], max_model_len, config.hybrid_kv_cache
         )
         self.kv_slots = self.kv_groups.slots  # layers per page
-        # recurrent layers (Gated DeltaNet): a state slot per running sequence, out of the
-        # KV cache's budget
+        # recurrent layers (Gated DeltaNet): a state slot per running sequence and the state
+        # snapshots for prefix hits, out of the KV cache's budget
         self.state_specs = [layer.spec for layer in model.state_layers]
-        self.num_state_slots = config.max_num_seqs if self.state_specs else 0
-        self.num_snapshots = 0  # copies of states at block boundaries, for prefix hits
-        if self.state_specs and config.state_snapshot_stride and config.enable_prefix_caching:
-            self.num_snapshots = config.state_snapshots
-            if self.num_snapshots is None:
-                self.num_snapshots = max(4, config.max_num_seqs // 8)
-        self.state_bytes = (self.num_state_slots + self.num_snapshots) * sum(
-            spec.state_bytes(self.dtype) for spec in self.state_specs
-        )
+        per_state = sum(spec.state_bytes(self.dtype) for spec in self.state_specs)
+        self.num_state_slots = self.num_snapshots = 0
+        if self.state_specs:
+            self.num_state_slots, self.num_snapshots = self._plan_states(per_state)
+        self.state_bytes = (self.num_state_slots + self.num_snapshots) * per_state
         if self.state_specs and config.tensor_parallel_size > 1:
             raise ModelLoadError(
                 f"{source.name}: tensor parallelism over recurrent (Gated DeltaNet) layers is "
@@ -415,6 +411,31 @@ class ModelRunner:
             check_triton_support(head_dim, self.block_size)  # fail at start, not in step 1
         for layer in self.model.attention_layers:
             layer.impl = impl
+
+    def _plan_states(self, per_state: int) -> tuple[int, int]:
+        """(state slots, state snapshots): a slot per --max-num-seqs and the snapshots asked
+        for (default one per 8 slots, at least 4; none without a stride or prefix caching).
+        On the CPU they take at most half of --kv-cache-memory: fewer slots where a slot
+        per --max-num-seqs would not fit (sequences past them wait for one)."""
+        config = self.config
+        slots = config.max_num_seqs
+        snapshots = 0
+        if config.state_snapshot_stride and config.enable_prefix_caching:
+            snapshots = config.state_snapshots
+        if self.device.type != "cpu" or config.num_kv_blocks is not None:
+            return slots, max(4, slots // 8) if snapshots is None else snapshots
+        room = int(config.kv_cache_memory * 2**30 / 2 // per_state)
+        if snapshots is None:
+            snapshots = max(4, min(slots, room) // 8)
+        slots = min(slots, room - snapshots)
+        if slots < 1:
+            raise KVCacheMemoryError(
+                f"--kv-cache-memory {config.kv_cache_memory:g} GiB does not hold a state slot "
+                f"per sequence and {snapshots} state snapshots in half of it (states of "
+                f"{per_state / 2**20:.2f} MiB); raise --kv-cache-memory or lower "
+                "--state-snapshots"
+            )
+        return slots, snapshots
 
     @property
     def block_bytes(self) -> int:

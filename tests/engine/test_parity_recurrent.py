@@ -12,7 +12,6 @@ import torch
 from pagecli import LLM, SamplingParams
 from pagecli.layers.gated_delta import chunked_rule, l2_normalize, recurrent_step
 from tests.oracle import check_greedy, check_logprobs
-from tests.tiny_models import kv_memory
 
 NEW_TOKENS = 16
 TOP = 5
@@ -65,7 +64,7 @@ def test_preemption_recomputes_the_state(qwen35, mode):
     llm, outputs = generate(
         path,
         prompts,
-        kv_cache_memory=kv_memory(hf.config, 15, 4) + llm_state_gib(hf.config, 128 + 16),
+        num_kv_blocks=60,  # blocks of 4 tokens of the one attention layer
         max_num_batched_tokens=32,
         **extra,
     )
@@ -144,9 +143,25 @@ def test_speculation_and_tight_budgets_end_in_one_line(qwen35):
     path, hf = qwen35
     with pytest.raises(ModelLoadError, match="speculative decoding over recurrent"):
         LLM(str(path), dtype="float32", speculative_config={"method": "ngram"})
-    states = llm_state_gib(hf.config, 256)
+    one = llm_state_gib(hf.config, 1)
     with pytest.raises(KVCacheMemoryError, match="does not hold a state slot per sequence"):
-        LLM(str(path), dtype="float32", max_num_seqs=256, kv_cache_memory=states * 0.9)
+        LLM(str(path), dtype="float32", kv_cache_memory=one * 8)  # 4 states: 4 snapshots
+
+
+def test_a_budget_short_of_a_slot_per_sequence_runs_fewer_at_once(qwen35):
+    """States take at most half of --kv-cache-memory: room for 7 states gives 3 slots beside
+    the 4 snapshots (not --max-num-seqs' 128); 6 prompts wait their turn for a slot and every
+    output is transformers'."""
+    path, hf = qwen35
+    one = llm_state_gib(hf.config, 1)
+    budget = 2 * 7.5 * one
+    prompts = prompts_of(9, [30, 50, 70, 20, 40, 60])
+    llm, outputs = generate(path, prompts, kv_cache_memory=budget, max_num_batched_tokens=64)
+    runner = llm.engine.runner
+    assert (runner.num_state_slots, runner.num_snapshots) == (3, 4)
+    assert runner.memory.states <= budget * 2**30 / 2
+    for prompt, output in zip(prompts, outputs):
+        check_greedy(hf, prompt, output.token_ids)
     with pytest.raises(ValueError, match="state_snapshot_stride must be an integer >= 0"):
         LLM(str(path), state_snapshot_stride=-1)
 
