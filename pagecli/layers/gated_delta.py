@@ -74,12 +74,18 @@ def recurrent_step(
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: q, k [N, H, dk], v [N, H, dv], g, beta [N, H] (float32, q
-    already normalized and scaled); state [N, H, dk, dv]. Returns (o [N, H, dv], new state)."""
-    state = state * g.exp()[..., None, None]
-    predicted = (state * k[..., None]).sum(-2)  # S^T k: [N, H, dv]
-    delta = (v - predicted) * beta[..., None]
-    state = state + k[..., None] * delta[..., None, :]
-    return (state * q[..., None]).sum(-2), state
+    already normalized and scaled); state [N, H, dk, dv], updated in place and returned with
+    o [N, H, dv]. Three passes over the state (decay, the rank-1 update, o's read) as batched
+    matrix products: the state is the bytes a decode step reads here."""
+    n, heads, dk, dv = state.shape
+    s = state.view(n * heads, dk, dv)
+    s.mul_(g.exp().reshape(n * heads, 1, 1))
+    k = k.reshape(n * heads, 1, dk)
+    predicted = torch.bmm(k, s)  # S^T k: [NH, 1, dv]
+    delta = (v.reshape(n * heads, 1, dv) - predicted) * beta.reshape(n * heads, 1, 1)
+    s.baddbmm_(k.transpose(1, 2), delta)
+    out = torch.bmm(q.reshape(n * heads, 1, dk), s)
+    return out.view(n, heads, dv), state
 
 
 def chunked_rule(
@@ -190,11 +196,17 @@ class GatedDeltaNet(nn.Module):
         num_decode = meta.num_decode_tokens
         if num_decode:
             rows = slots[:num_decode]
+            if num_decode == 1:  # its slot in place (a view): no gather, no scatter
+                slot = int(rows[0])
+                state = self.ssm_state[slot : slot + 1]
+            else:
+                state = self.ssm_state[rows]
             o, new = recurrent_step(
                 q[:num_decode], k[:num_decode], v[:num_decode], g[:num_decode],
-                beta[:num_decode], self.ssm_state[rows],
+                beta[:num_decode], state,
             )  # fmt: skip
-            self.ssm_state[rows] = new
+            if num_decode > 1:
+                self.ssm_state[rows] = new
             out[:num_decode] = o
         if num_tokens > num_decode:
             starts = meta.prefill_query_start_loc.tolist()
@@ -225,9 +237,16 @@ class GatedDeltaNet(nn.Module):
             self.conv_state[rows] = window[..., 1:]
         if mixed.shape[0] > num_decode:
             starts = meta.prefill_query_start_loc.tolist()
+            taps = weight.t()  # [kernel, C]
             for i, slot in enumerate(slots[num_decode:].tolist()):
                 lo, hi = num_decode + starts[i], num_decode + starts[i + 1]
-                seq = torch.cat([self.conv_state[slot], mixed[lo:hi].t()], dim=-1)  # [C, w + n]
-                out[lo:hi] = F.conv1d(seq[None], weight[:, None], groups=seq.shape[0])[0].t()
-                self.conv_state[slot] = seq[:, seq.shape[1] - width :]
+                # token-major [w + n, C]: the kept inputs, then the chunk's; each output row
+                # sums its kernel's taps over the rows before it (no transposes)
+                seq = torch.cat([self.conv_state[slot].t(), mixed[lo:hi]])
+                n = hi - lo
+                acc = seq[:n] * taps[0]
+                for j in range(1, width + 1):
+                    acc.addcmul_(seq[j : j + n], taps[j])
+                out[lo:hi] = acc
+                self.conv_state[slot] = seq[n:].t()
         return F.silu(out)
