@@ -223,3 +223,24 @@ def test_a_second_turn_reuses_every_table(family_models):
     _, (cold,) = generate(path, [second], **options)
     assert warm.token_ids == cold.token_ids
     check(hf, "gemma3", second, warm.token_ids)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "ministral"])
+def test_forked_samples_share_window_tables_and_copy_on_write(family_models, name):
+    """n = 3 greedy samples of a prompt longer than the windows: the forks share every table's
+    blocks (a window table's given-back entries included), each copies its last block before
+    writing it, and every sample is transformers' greedy output."""
+    from transformers import AutoModelForCausalLM
+
+    path = family_models[name]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    (prompt,) = random_prompts(8, [75])
+    llm = LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, n=3)
+    (output,) = llm.generate([{"prompt_token_ids": prompt}], params)
+    llm.engine.check_invariants()
+    stats = llm.engine.stats()
+    assert stats.cow_copies > 0 and stats.window_freed_blocks > 0
+    assert len(output.outputs) == 3
+    for sample in output.outputs:
+        check_greedy(hf, prompt, sample.token_ids)
