@@ -23,7 +23,8 @@ given back with them; the sample forks of an n > 1 request have theirs kept from
 A prefix hit must restore the state as it was at the hit's end: copies of states (snapshots)
 are kept at every `snapshot_stride` blocks, keyed by the chained hash of the block that ends
 there, least recently used evicted first; a hit ends where a snapshot is (and every KV group
-serves it), and its sequence starts from a copy of that snapshot. A swap-out is a recompute.
+serves it), and its sequence starts from a copy of that snapshot. A swap-out also moves the
+state to a host slot (`num_swap_states`; without one it is a recompute).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class BlockManager:
         num_state_slots: int = 0,
         num_snapshots: int = 0,
         snapshot_stride: int = 0,
+        num_swap_states: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -107,6 +109,12 @@ class BlockManager:
         self.num_state_slots = num_state_slots
         self._free_state_slots: deque[int] = deque(range(num_state_slots))
         self.pending_state_copies: list[tuple[int, int]] = []
+        # host slots for swapped-out sequences' states: seq_id -> host slot; (device, host)
+        # copies out before the step, (host, device) copies in
+        self.num_swap_states = num_swap_states if num_state_slots else 0
+        self._free_swap_states: deque[int] = deque(range(self.num_swap_states))
+        self._swapped_states: dict[int, int] = {}
+        self.pending_state_swaps: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
         # State snapshots: chained hash of the block they end at -> snapshot slot (least
         # recently used first), what each slot holds (hash, parent hash, token ids, to verify
         # a hit as blocks are), and the copies for the runner: restores (snapshot -> state
@@ -493,11 +501,9 @@ class BlockManager:
         if self.slots_cost(seq, num_new_tokens) > self.num_free_blocks:
             return False
         if self.num_state_slots and seq.state_slot is None:
-            wanted = len(seq.generators) if seq.pending_fork else 1  # a slot per sample
-            if wanted > len(self._free_state_slots):
+            if self._state_slots_wanted(seq) > len(self._free_state_slots):  # one per sample
                 return False
-            seq.state_slot = self._free_state_slots.popleft()
-            seq.reserved_state_slots = [self._free_state_slots.popleft() for _ in range(wanted - 1)]
+            self._take_state_slots(seq)
             if seq.restore_snapshot is not None:  # a prefix hit: its state at the hit
                 self.pending_state_restores.append((seq.restore_snapshot, seq.state_slot))
                 seq.restore_snapshot = None
@@ -579,8 +585,8 @@ class BlockManager:
         return sum(1 for table in tables for b in table if b != NULL_BLOCK)
 
     def can_swap_out(self, seq: Sequence) -> bool:
-        if self.num_state_slots:
-            return False  # states are not swapped yet: the scheduler recomputes instead
+        if self.num_state_slots and not self._free_swap_states:
+            return False  # no host slot for its state: the scheduler recomputes instead
         return self._held(self._tables(seq)) <= len(self._free_swap_ids)
 
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
@@ -598,11 +604,27 @@ class BlockManager:
             host_tables.append(host)
         self._swapped[seq.seq_id] = host_tables
         self.counters.blocks_swapped_out += len(copies)
+        if self.num_state_slots:
+            host = self._free_swap_states.popleft()
+            self._swapped_states[seq.seq_id] = host
+            self.pending_state_swaps[0].append((seq.state_slot, host))
         self.free(seq)
         return copies
 
     def can_swap_in(self, seq: Sequence) -> bool:
+        if self.num_state_slots and self._state_slots_wanted(seq) > len(self._free_state_slots):
+            return False
         return self._held(self._swapped[seq.seq_id]) <= self.num_free_blocks
+
+    @staticmethod
+    def _state_slots_wanted(seq: Sequence) -> int:
+        """State slots a sequence takes: one, and one per sample it will fork."""
+        return len(seq.generators) if seq.pending_fork else 1
+
+    def _take_state_slots(self, seq: Sequence) -> None:
+        wanted = self._state_slots_wanted(seq)
+        seq.state_slot = self._free_state_slots.popleft()
+        seq.reserved_state_slots = [self._free_state_slots.popleft() for _ in range(wanted - 1)]
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """Bring a swapped sequence back into fresh device blocks. Returns (host, device)
@@ -610,6 +632,11 @@ class BlockManager:
         host_tables = self._swapped.pop(seq.seq_id)
         copies = []
         seq.block_tables = []
+        if self.num_state_slots:
+            host = self._swapped_states.pop(seq.seq_id)
+            self._take_state_slots(seq)
+            self.pending_state_swaps[1].append((host, seq.state_slot))
+            self._free_swap_states.append(host)
         bs = self.block_size
         for g, host in enumerate(host_tables):
             table = []
@@ -634,6 +661,13 @@ class BlockManager:
         """Forget a swapped sequence's host blocks (it was aborted)."""
         for host in self._swapped.pop(seq.seq_id, []):
             self._free_swap_ids.extend(h for h in host if h != NULL_BLOCK)
+        if seq.seq_id in self._swapped_states:
+            self._free_swap_states.append(self._swapped_states.pop(seq.seq_id))
+
+    def take_pending_state_swaps(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(device slot, host slot) states to copy out, (host, device) to copy in."""
+        swaps, self.pending_state_swaps = self.pending_state_swaps, ([], [])
+        return swaps
 
     @property
     def num_swapped_blocks(self) -> int:
@@ -701,6 +735,10 @@ class BlockManager:
         assert len(snapshot_slots) + len(planned) + len(self._free_snapshots) == self.num_snapshots
         for h, slot in self._snapshots.items():
             assert self._snapshot_keys[slot][0] == h
+        host_states = list(self._swapped_states.values())
+        assert len(set(host_states)) == len(host_states), "a host state slot is held twice"
+        assert not (set(host_states) & set(self._free_swap_states)), "a host state free and held"
+        assert len(host_states) + len(self._free_swap_states) == self.num_swap_states
         swapped = [h for tables in self._swapped.values() for t in tables for h in t]
         swapped = [h for h in swapped if h != NULL_BLOCK]
         assert len(set(swapped)) == len(swapped), "a host block is held twice"

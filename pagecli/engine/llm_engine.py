@@ -80,6 +80,7 @@ class LLMEngine:
             num_state_slots=self.runner.num_state_slots,
             num_snapshots=self.runner.num_snapshots,
             snapshot_stride=config.state_snapshot_stride,
+            num_swap_states=self.runner.num_swap_states,
         )
         self._capacity: int | None = None  # capacity_tokens, counted once
         self.scheduler = Scheduler(

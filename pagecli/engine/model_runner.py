@@ -235,7 +235,26 @@ class ModelRunner:
                 self.num_snapshots, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
                 dtype=torch.float32, device=device,
             )  # fmt: skip
-        self.num_swap_blocks = int(config.swap_space * 2**30 // self.block_bytes)
+        # --swap-space: host slots for swapped-out sequences' states (at most half of it, one
+        # per state slot), then host blocks
+        swap_bytes = int(config.swap_space * 2**30)
+        per_state = self.state_bytes // max(1, self.num_state_slots + self.num_snapshots)
+        self.num_swap_states = 0
+        if self.state_specs and swap_bytes:
+            self.num_swap_states = min(self.num_state_slots, swap_bytes // 2 // per_state)
+        pin = device.type == "cuda"
+        for layer in self.model.state_layers:
+            spec = layer.spec
+            layer.conv_host = torch.zeros(
+                self.num_swap_states, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype,
+                pin_memory=pin,
+            )  # fmt: skip
+            layer.ssm_host = torch.zeros(
+                self.num_swap_states, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
+                dtype=torch.float32, pin_memory=pin,
+            )  # fmt: skip
+        swap_bytes -= self.num_swap_states * per_state
+        self.num_swap_blocks = int(swap_bytes // self.block_bytes)
         self.swap_cache = None
         if self.num_swap_blocks:
             self.swap_cache = torch.empty(
@@ -509,6 +528,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch) -> list[SampledTokens]:
         self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
+        self._swap_states(batch.state_swap_out, batch.state_swap_in)
         self._copy_states(batch.state_copies)
         self._restore_states(batch.state_restores)
         items = batch.seqs
@@ -795,6 +815,23 @@ class ModelRunner:
         long sequences are rotated with other factors, so their blocks never meet the rest."""
         start = self.model.long_rope_from
         return 1 if start is not None and num_tokens > start else 0
+
+    def _swap_states(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> None:
+        """Swapped sequences' states: (slot, host slot) copied out first (the slots may be
+        reused in this step), then (host slot, slot) copied in."""
+        for pairs, to_host in ((out, True), (into, False)):
+            if not pairs:
+                continue
+            src = torch.tensor([a for a, _ in pairs])
+            dst = torch.tensor([b for _, b in pairs])
+            for layer in self.model.state_layers:
+                if to_host:
+                    layer.conv_host[dst] = layer.conv_state[src.to(self.device)].cpu()
+                    layer.ssm_host[dst] = layer.ssm_state[src.to(self.device)].cpu()
+                else:
+                    dev = dst.to(self.device)
+                    layer.conv_state[dev] = layer.conv_host[src].to(self.device)
+                    layer.ssm_state[dev] = layer.ssm_host[src].to(self.device)
 
     def _restore_states(self, restores: list[tuple[int, int]]) -> None:
         """Prefix hits: (snapshot, slot) copies, in every recurrent layer."""

@@ -72,6 +72,8 @@ class ScheduledBatch:
     # recurrent states: (snapshot, slot) restored before the forward (prefix hits), (slot,
     # snapshot) saved after it (sequences reaching a snapshot boundary)
     state_restores: list[tuple[int, int]] = field(default_factory=list)
+    state_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (slot, host slot)
+    state_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host slot, slot)
     snapshot_saves: list[tuple[int, int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
@@ -235,6 +237,7 @@ class Scheduler:
         batch.block_copies = bm.take_pending_copies()
         batch.state_copies = bm.take_pending_state_copies()
         batch.state_restores, batch.snapshot_saves = bm.take_pending_snapshots()
+        batch.state_swap_out, batch.state_swap_in = bm.take_pending_state_swaps()
         self.counters.steps += 1
         return batch
 

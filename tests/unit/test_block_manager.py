@@ -284,8 +284,8 @@ class RecurrentBlockManagerMachine(BlockManagerMachine):
     """A model with recurrent layers beside a window and full attention: every sequence also
     holds a state slot, and a fake state (the tuple of tokens it has consumed) must always be
     exactly the sequence's computed tokens: zeroed when it starts, restored from a snapshot
-    on a prefix hit, copied on a fork, saved at snapshot boundaries (every 2 blocks, 5 kept,
-    least recently used evicted)."""
+    on a prefix hit, copied on a fork, moved to a host slot and back on a swap, saved at
+    snapshot boundaries (every 2 blocks, 5 kept, least recently used evicted)."""
 
     GROUPS = HYBRID
     NUM_BLOCKS = 3 * NUM_BLOCKS
@@ -294,10 +294,30 @@ class RecurrentBlockManagerMachine(BlockManagerMachine):
         super().__init__()
         self.bm = BlockManager(
             self.NUM_BLOCKS, BLOCK_SIZE, True, "test", NUM_SWAP_BLOCKS, kv_groups=HYBRID,
-            num_state_slots=64, num_snapshots=5, snapshot_stride=2,
+            num_state_slots=64, num_snapshots=5, snapshot_stride=2, num_swap_states=3,
         )  # fmt: skip
         self.states: dict[int, tuple[int, ...]] = {}
         self.snapshots: dict[int, tuple[int, ...]] = {}
+        self.host_states: dict[int, tuple[int, ...]] = {}
+
+    def _apply_state_swaps(self) -> None:
+        out, into = self.bm.take_pending_state_swaps()
+        for slot, host in out:
+            self.host_states[host] = self.states[slot]
+        for host, slot in into:
+            self.states[slot] = self.host_states[host]
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def swap_out(self, data):
+        super().swap_out(data)
+        self._apply_state_swaps()
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def swap_in(self, data):
+        super().swap_in(data)
+        self._apply_state_swaps()
 
     def _compute(self, seq: Sequence, num_new: int) -> None:
         """As steps would: in pieces that end at snapshot boundaries (chunked prefills)."""
