@@ -79,10 +79,6 @@ class Sequence:
         return self.block_tables[0]
 
     @property
-    def holds_blocks(self) -> bool:
-        return any(self.block_tables)
-
-    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
