@@ -22,7 +22,13 @@ import torch.nn.functional as F
 from quant_vs_llamacpp import cpu_name  # benchmarks/ is on sys.path when a script here runs
 
 from pagecli.layers.attention import AttentionMetadata
-from pagecli.layers.gated_delta import DeltaNetSpec, GatedDeltaNet, chunked_rule, recurrent_step
+from pagecli.layers.gated_delta import (
+    DeltaNetSpec,
+    GatedDeltaNet,
+    StateStore,
+    chunked_rule,
+    recurrent_step,
+)
 from pagecli.models.blocks import Attention, AttentionSpec
 
 
@@ -50,7 +56,7 @@ def deltanet_parts(layer: GatedDeltaNet, hidden: torch.Tensor, meta, reps: int) 
     v = v.reshape(n, s.num_v_heads, s.v_head_dim)
     g = -layer.A_log.exp() * F.softplus(a + layer.dt_bias)
     beta = b.sigmoid()
-    state = layer.ssm_state[0]
+    state = layer.slots.ssm[0]
     if n == 1:
         rule = lambda: recurrent_step(q, k, v, g, beta, state[None])  # noqa: E731
     else:
@@ -82,8 +88,7 @@ def main() -> None:
     layer = GatedDeltaNet(spec, args.hidden)
     for p in layer.parameters():
         p.data.normal_(0, 0.02)
-    layer.conv_state = torch.zeros(1, spec.conv_dim, spec.conv_kernel - 1)
-    layer.ssm_state = torch.zeros(1, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim)
+    layer.slots = StateStore.zeros(spec, 1, torch.float32, "cpu")
     attn_spec = AttentionSpec(8, 2, 256, 256**-0.5, qk_norm="head", output_gate=True, rope=None)
     attention = Attention(attn_spec, args.hidden, 1e-6, "offset")
     for p in attention.parameters():

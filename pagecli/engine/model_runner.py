@@ -25,6 +25,7 @@ from pagecli.engine.spec_decode.invariance import verify_kernels
 from pagecli.engine.spec_decode.verify import verify
 from pagecli.engine.structured import BitmaskFiller
 from pagecli.layers.attention import AttentionMetadata
+from pagecli.layers.gated_delta import StateStore
 from pagecli.layers.linear import bf16_rows_supported, packing_supported
 from pagecli.layers.parallel import TensorParallel
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
@@ -217,42 +218,19 @@ class ModelRunner:
         for layer, (group, slot) in zip(self.model.attention_layers, placement):
             layer.k_cache, layer.v_cache = self.kv_cache[0, slot], self.kv_cache[1, slot]
             layer.kv_group = group
-        for layer in self.model.state_layers:  # [slots, conv_dim, kernel - 1], [slots, Hv, dk, dv]
-            spec = layer.spec
-            layer.conv_state = torch.zeros(
-                self.num_state_slots, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype,
-                device=device,
-            )  # fmt: skip
-            layer.ssm_state = torch.zeros(
-                self.num_state_slots, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
-                dtype=torch.float32, device=device,
-            )  # fmt: skip
-            layer.conv_snapshots = torch.zeros(
-                self.num_snapshots, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype,
-                device=device,
-            )  # fmt: skip
-            layer.ssm_snapshots = torch.zeros(
-                self.num_snapshots, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
-                dtype=torch.float32, device=device,
-            )  # fmt: skip
+        for layer in self.model.state_layers:
+            layer.slots = StateStore.zeros(layer.spec, self.num_state_slots, dtype, device)
+            layer.snapshots = StateStore.zeros(layer.spec, self.num_snapshots, dtype, device)
         # --swap-space: host slots for swapped-out sequences' states (at most half of it, one
         # per state slot), then host blocks
         swap_bytes = int(config.swap_space * 2**30)
-        per_state = self.state_bytes // max(1, self.num_state_slots + self.num_snapshots)
         self.num_swap_states = 0
         if self.state_specs and swap_bytes:
             self.num_swap_states = min(self.num_state_slots, swap_bytes // 2 // per_state)
-        pin = device.type == "cuda"
         for layer in self.model.state_layers:
-            spec = layer.spec
-            layer.conv_host = torch.zeros(
-                self.num_swap_states, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype,
-                pin_memory=pin,
-            )  # fmt: skip
-            layer.ssm_host = torch.zeros(
-                self.num_swap_states, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim,
-                dtype=torch.float32, pin_memory=pin,
-            )  # fmt: skip
+            layer.host = StateStore.zeros(
+                layer.spec, self.num_swap_states, dtype, "cpu", pin=device.type == "cuda"
+            )
         swap_bytes -= self.num_swap_states * per_state
         self.num_swap_blocks = int(swap_bytes // self.block_bytes)
         self.swap_cache = None
@@ -528,9 +506,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch) -> list[SampledTokens]:
         self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
-        self._swap_states(batch.state_swap_out, batch.state_swap_in)
-        self._copy_states(batch.state_copies)
-        self._restore_states(batch.state_restores)
+        self._copy_states(batch)
         items = batch.seqs
         rows = self._row_starts(items)
         constrained = [
@@ -560,7 +536,8 @@ class ModelRunner:
             )
         else:
             hidden = self.model(input_ids, positions, meta)  # [T, H]
-        self._save_snapshots(batch.snapshot_saves)
+        for layer in self.model.state_layers:  # states at a snapshot boundary
+            layer.snapshots.copy_(batch.snapshot_saves, layer.slots)
         logits = None
         if sample_index.numel():
             logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
@@ -816,52 +793,15 @@ class ModelRunner:
         start = self.model.long_rope_from
         return 1 if start is not None and num_tokens > start else 0
 
-    def _swap_states(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> None:
-        """Swapped sequences' states: (slot, host slot) copied out first (the slots may be
-        reused in this step), then (host slot, slot) copied in."""
-        for pairs, to_host in ((out, True), (into, False)):
-            if not pairs:
-                continue
-            src = torch.tensor([a for a, _ in pairs])
-            dst = torch.tensor([b for _, b in pairs])
-            for layer in self.model.state_layers:
-                if to_host:
-                    layer.conv_host[dst] = layer.conv_state[src.to(self.device)].cpu()
-                    layer.ssm_host[dst] = layer.ssm_state[src.to(self.device)].cpu()
-                else:
-                    dev = dst.to(self.device)
-                    layer.conv_state[dev] = layer.conv_host[src].to(self.device)
-                    layer.ssm_state[dev] = layer.ssm_host[src].to(self.device)
-
-    def _restore_states(self, restores: list[tuple[int, int]]) -> None:
-        """Prefix hits: (snapshot, slot) copies, in every recurrent layer."""
-        if not restores:
-            return
-        src = torch.tensor([s for s, _ in restores], device=self.device)
-        dst = torch.tensor([d for _, d in restores], device=self.device)
+    def _copy_states(self, batch: ScheduledBatch) -> None:
+        """Every recurrent layer's states before the forward: swap-outs first (their slots
+        may be reused in this step), swap-ins, forked samples' copies, prefix hits' snapshots;
+        each a list of (from, to) entries."""
         for layer in self.model.state_layers:
-            layer.conv_state[dst] = layer.conv_snapshots[src]
-            layer.ssm_state[dst] = layer.ssm_snapshots[src]
-
-    def _save_snapshots(self, saves: list[tuple[int, int]]) -> None:
-        """States at a snapshot boundary, after the forward: (slot, snapshot) copies."""
-        if not saves:
-            return
-        src = torch.tensor([s for s, _ in saves], device=self.device)
-        dst = torch.tensor([d for _, d in saves], device=self.device)
-        for layer in self.model.state_layers:
-            layer.conv_snapshots[dst] = layer.conv_state[src]
-            layer.ssm_snapshots[dst] = layer.ssm_state[src]
-
-    def _copy_states(self, copies: list[tuple[int, int]]) -> None:
-        """A forked sample's state: (from, to) slots, in every recurrent layer."""
-        if not copies:
-            return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
-        for layer in self.model.state_layers:
-            layer.conv_state[dst] = layer.conv_state[src]
-            layer.ssm_state[dst] = layer.ssm_state[src]
+            layer.host.copy_(batch.state_swap_out, layer.slots)
+            layer.slots.copy_(batch.state_swap_in, layer.host)
+            layer.slots.copy_(batch.state_copies, layer.slots)
+            layer.slots.copy_(batch.state_restores, layer.snapshots)
 
     def _state_slots(self, batch: ScheduledBatch) -> torch.Tensor | None:
         """The step's sequences' state slots (decodes, then prefills: the order of their
@@ -873,11 +813,8 @@ class ModelRunner:
             raise RuntimeError("recurrent layers take no drafts")
         slots = [item.seq.state_slot for item in items]
         fresh = [item.seq.state_slot for item in items if item.seq.num_computed_tokens == 0]
-        if fresh:
-            index = torch.tensor(fresh, device=self.device)
-            for layer in self.model.state_layers:
-                layer.conv_state[index] = 0
-                layer.ssm_state[index] = 0
+        for layer in self.model.state_layers:
+            layer.slots.zero_(fresh)
         return torch.tensor(slots, dtype=torch.int64, device=self.device)  # [S]
 
     def _copy_blocks(self, swap_out, swap_in, block_copies) -> None:

@@ -61,6 +61,42 @@ class DeltaNetSpec:
         return conv + 4 * self.num_v_heads * self.k_head_dim * self.v_head_dim
 
 
+@dataclass
+class StateStore:
+    """A number of sequences' states in one Gated DeltaNet layer: conv windows [count,
+    conv_dim, kernel - 1] in the model's dtype, recurrent states [count, Hv, dk, dv] in
+    float32. The engine keeps three per layer: the running sequences' slots, the snapshots for
+    prefix hits, and host slots for swapped-out sequences."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+
+    @classmethod
+    def zeros(
+        cls, spec: DeltaNetSpec, count: int, dtype: torch.dtype, device, pin: bool = False
+    ) -> StateStore:
+        conv = (count, spec.conv_dim, spec.conv_kernel - 1)
+        ssm = (count, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim)
+        return cls(
+            torch.zeros(conv, dtype=dtype, device=device, pin_memory=pin),
+            torch.zeros(ssm, dtype=torch.float32, device=device, pin_memory=pin),
+        )
+
+    def copy_(self, pairs: list[tuple[int, int]], source: StateStore) -> None:
+        """(from, to) pairs: entry `to` of this store takes entry `from` of `source` (which
+        may be this store, or one on another device)."""
+        if not pairs:
+            return
+        src, dst = [a for a, _ in pairs], [b for _, b in pairs]
+        self.conv[dst] = source.conv[src].to(self.conv.device)
+        self.ssm[dst] = source.ssm[src].to(self.ssm.device)
+
+    def zero_(self, entries: list[int]) -> None:
+        if entries:
+            self.conv[entries] = 0
+            self.ssm[entries] = 0
+
+
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
@@ -148,9 +184,8 @@ class GatedRMSNorm(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     """A Gated DeltaNet layer over the step's flat tokens; its states live in the slots the
-    engine gives (`conv_state` [slots, conv_dim, kernel - 1], `ssm_state` [slots, Hv, dk, dv]
-    float32, set by the model runner) and AttentionMetadata.state_slots picks each
-    sequence's."""
+    engine gives (`slots`, a StateStore set by the model runner, beside its `snapshots` and
+    `host` stores) and AttentionMetadata.state_slots picks each sequence's."""
 
     def __init__(self, spec: DeltaNetSpec, hidden_size: int) -> None:
         super().__init__()
@@ -164,8 +199,9 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(s.num_v_heads))
         self.norm = GatedRMSNorm(s.v_head_dim, s.eps)
         self.out_proj = nn.Linear(s.value_dim, hidden_size, bias=False)
-        self.conv_state: torch.Tensor | None = None
-        self.ssm_state: torch.Tensor | None = None
+        self.slots: StateStore | None = None
+        self.snapshots: StateStore | None = None
+        self.host: StateStore | None = None
 
     @property
     def part_sizes(self) -> dict[str, list[int]]:
@@ -198,15 +234,15 @@ class GatedDeltaNet(nn.Module):
             rows = slots[:num_decode]
             if num_decode == 1:  # its slot in place (a view): no gather, no scatter
                 slot = int(rows[0])
-                state = self.ssm_state[slot : slot + 1]
+                state = self.slots.ssm[slot : slot + 1]
             else:
-                state = self.ssm_state[rows]
+                state = self.slots.ssm[rows]
             o, new = recurrent_step(
                 q[:num_decode], k[:num_decode], v[:num_decode], g[:num_decode],
                 beta[:num_decode], state,
             )  # fmt: skip
             if num_decode > 1:
-                self.ssm_state[rows] = new
+                self.slots.ssm[rows] = new
             out[:num_decode] = o
         if num_tokens > num_decode:
             starts = meta.prefill_query_start_loc.tolist()
@@ -215,9 +251,9 @@ class GatedDeltaNet(nn.Module):
                 o, new = chunked_rule(
                     q[lo:hi].transpose(0, 1), k[lo:hi].transpose(0, 1),
                     v[lo:hi].transpose(0, 1), g[lo:hi].t(), beta[lo:hi].t(),
-                    self.ssm_state[slot],
+                    self.slots.ssm[slot],
                 )  # fmt: skip
-                self.ssm_state[slot] = new
+                self.slots.ssm[slot] = new
                 out[lo:hi] = o.transpose(0, 1)
         o = self.norm(out.to(hidden.dtype), z.reshape(num_tokens, s.num_v_heads, s.v_head_dim))
         return self.out_proj(o.reshape(num_tokens, s.value_dim))
@@ -232,9 +268,9 @@ class GatedDeltaNet(nn.Module):
         num_decode = meta.num_decode_tokens
         if num_decode:
             rows = slots[:num_decode]
-            window = torch.cat([self.conv_state[rows], mixed[:num_decode, :, None]], dim=-1)
+            window = torch.cat([self.slots.conv[rows], mixed[:num_decode, :, None]], dim=-1)
             out[:num_decode] = (window * weight).sum(-1)  # [D, C]
-            self.conv_state[rows] = window[..., 1:]
+            self.slots.conv[rows] = window[..., 1:]
         if mixed.shape[0] > num_decode:
             starts = meta.prefill_query_start_loc.tolist()
             taps = weight.t()  # [kernel, C]
@@ -242,11 +278,11 @@ class GatedDeltaNet(nn.Module):
                 lo, hi = num_decode + starts[i], num_decode + starts[i + 1]
                 # token-major [w + n, C]: the kept inputs, then the chunk's; each output row
                 # sums its kernel's taps over the rows before it (no transposes)
-                seq = torch.cat([self.conv_state[slot].t(), mixed[lo:hi]])
+                seq = torch.cat([self.slots.conv[slot].t(), mixed[lo:hi]])
                 n = hi - lo
                 acc = seq[:n] * taps[0]
                 for j in range(1, width + 1):
                     acc.addcmul_(seq[j : j + n], taps[j])
                 out[lo:hi] = acc
-                self.conv_state[slot] = seq[n:].t()
+                self.slots.conv[slot] = seq[n:].t()
         return F.silu(out)

@@ -171,7 +171,8 @@ class CausalLM(nn.Module):
     @property
     def state_layers(self) -> list[nn.Module]:
         """The layers that keep a fixed-size state per sequence instead of a KV cache (each
-        with `spec.state_bytes(dtype)` and `conv_state` / `ssm_state` slots), in order."""
+        with `spec.state_bytes(dtype)` and the `slots`, `snapshots` and `host` StateStores
+        the runner sets), in order."""
         return []
 
     def post_load(self) -> None:

@@ -6,7 +6,8 @@ attention: q_proj gives each head's query and an output gate, q/k norms per head
 rotary (a quarter of each head; the text-only mRoPE, whose three position rows are equal, is
 plain RoPE), the output times sigmoid(gate). All norms are (1 + w) RMSNorms, except the
 DeltaNet's gated norm (w, then silu(z)). Safetensors of the text model
-(`Qwen3_5ForCausalLM`); the multimodal checkpoints and GGUF files (arch `qwen35`) come next.
+(`Qwen3_5ForCausalLM`); neither the multimodal checkpoints nor GGUF files (arch `qwen35`) are
+read.
 """
 
 from __future__ import annotations
