@@ -201,9 +201,90 @@ def _phi3_keys(writer, hp: dict, rope: dict, fmt: str) -> float | None:
     return factor
 
 
+def _qwen35_keys(writer, hp: dict, rope: dict, fmt: str) -> None:
+    """Qwen3NextModel and Qwen3_5TextModel.set_gguf_parameters (conversion/qwen.py): the
+    DeltaNet shape as ssm.* keys, the layer interval, the rotary width, mRoPE's sections."""
+    _text_model_keys(writer, hp, rope, fmt)
+    types = hp["layer_types"]
+    interval = types.index("full_attention") + 1
+    pattern = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(len(types))
+    ]
+    assert types == pattern, "a qwen35 file states only an interval"
+    writer.add_ssm_conv_kernel(hp["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(hp["linear_key_head_dim"])
+    writer.add_ssm_group_count(hp["linear_num_key_heads"])
+    writer.add_ssm_time_step_rank(hp["linear_num_value_heads"])
+    writer.add_ssm_inner_size(hp["linear_value_head_dim"] * hp["linear_num_value_heads"])
+    writer.add_full_attention_interval(interval)
+    writer.add_rope_dimension_count(int(hp["head_dim"] * rope.get("partial_rotary_factor", 1)))
+    writer.add_rope_dimension_sections([11, 11, 10, 0])
+    writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
+
+
+def _tile_value_heads(values: np.ndarray, hp: dict, axis: int, width: int, inverse=False):
+    """_LinearAttentionVReorderBase._reorder_v_heads: value heads grouped by key head ->
+    tiled (key head j mod Hk serves value head j), along `axis` in units of `width`;
+    `inverse` undoes it."""
+    nk, nv = hp["linear_num_key_heads"], hp["linear_num_value_heads"]
+    shape = list(values.shape)
+    groups = (nv // nk, nk) if inverse else (nk, nv // nk)
+    split = values.reshape(*shape[:axis], *groups, width, *shape[axis + 1 :])
+    return np.ascontiguousarray(np.swapaxes(split, axis, axis + 1)).reshape(shape)
+
+
+def _qwen35_stored(name: str, values: np.ndarray, hp: dict) -> np.ndarray:
+    """The converter's modify_tensors for one float32 tensor of a Qwen3.5 checkpoint: value
+    heads tiled where Hv != Hk, then A as -exp(A_log), the conv squeezed, norms (not the
+    gated one) as 1 + w."""
+    if hp["linear_num_key_heads"] != hp["linear_num_value_heads"] and "linear_attn." in name:
+        values = _tile_v(name, values, hp, inverse=False)
+    if name.endswith(".A_log"):
+        return (-np.exp(values)).astype(np.float32)
+    if name.endswith(".conv1d.weight"):
+        return values.reshape(values.shape[0], -1)
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return values + np.float32(1.0)
+    return values
+
+
+def _qwen35_read(name: str, stored: np.ndarray, hp: dict) -> np.ndarray:
+    """transformers' conventions from the stored values: A_log = log(-A) (its
+    MambaTensorProcessor), the conv's channel axis, norms less 1, value heads grouped."""
+    if name.endswith(".A_log"):
+        stored = np.log(-stored)
+    elif name.endswith(".conv1d.weight"):
+        stored = stored.reshape(stored.shape[0], 1, -1)
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        stored = stored - np.float32(1.0)
+    if hp["linear_num_key_heads"] != hp["linear_num_value_heads"] and "linear_attn." in name:
+        stored = _tile_v(name, stored, hp, inverse=True)
+    return stored
+
+
+def _tile_v(name: str, values: np.ndarray, hp: dict, inverse: bool) -> np.ndarray:
+    """The value-head reorder of each DeltaNet tensor (_LinearAttentionVReorderBase)."""
+    dk, dv = hp["linear_key_head_dim"], hp["linear_value_head_dim"]
+    qk = 2 * hp["linear_num_key_heads"] * dk
+    if ".in_proj_qkv." in name or ".conv1d." in name:
+        v = _tile_value_heads(values[qk:], hp, 0, dv, inverse)
+        return np.concatenate([values[:qk], v])
+    if ".in_proj_z." in name:
+        return _tile_value_heads(values, hp, 0, dv, inverse)
+    if ".in_proj_a." in name or ".in_proj_b." in name or name.endswith((".A_log", ".dt_bias")):
+        return _tile_value_heads(values, hp, 0, 1, inverse)
+    if ".out_proj." in name:
+        return _tile_value_heads(values, hp, 1, dv, inverse)
+    return values
+
+
 def _write_metadata(writer, arch: str, hp: dict, fmt: str) -> None:
     """The converter's metadata for `arch` from the checkpoint's config.json `hp`."""
     rope = _rope(hp)
+    if arch == "qwen35":
+        _qwen35_keys(writer, hp, rope, fmt)
+        return
     if arch == "phi3":
         _phi3_keys(writer, hp, rope, fmt)
         writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
@@ -284,9 +365,12 @@ def write_family_gguf(
     for hf_name, tensor in state.items():
         if hf_name == "lm_head.weight" and bool(hp.get("tie_word_embeddings")):
             continue  # the converter skips a tied head (Gemma 3 always)
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        converted = hf_name.replace(".dt_bias", ".dt_proj.bias")  # Qwen3NextModel's rename
+        name = names.get_name(converted, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"{arch}: no GGUF name for {hf_name}"
         values = tensor.numpy().astype(np.float32)  # [out, in] or [n]
+        if arch == "qwen35":
+            values = _qwen35_stored(hf_name, values, hp)
         perm_heads = None
         if arch in PERMUTED_ARCHS and ".attn_q." in f".{name}":
             perm_heads = heads
@@ -310,6 +394,8 @@ def write_family_gguf(
             stored = _unpermute(stored, perm_heads)
         if plus_one:
             stored = stored - np.float32(1.0)
+        if arch == "qwen35":
+            stored = _qwen35_read(hf_name, stored, hp)
         reference[hf_name] = torch.from_numpy(np.ascontiguousarray(stored))
     if arch == "phi3":
         rope = _rope(hp)

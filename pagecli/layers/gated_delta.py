@@ -41,6 +41,8 @@ class DeltaNetSpec:
     v_head_dim: int
     conv_kernel: int
     eps: float
+    # value head j reads key head j mod Hk (llama.cpp's GGUF order), not j // (Hv / Hk)
+    v_heads_tiled: bool = False
 
     @property
     def key_dim(self) -> int:
@@ -220,7 +222,9 @@ class GatedDeltaNet(nn.Module):
         repeat = s.num_v_heads // s.num_k_heads
         q = q.reshape(num_tokens, s.num_k_heads, s.k_head_dim).float()
         k = k.reshape(num_tokens, s.num_k_heads, s.k_head_dim).float()
-        if repeat > 1:
+        if repeat > 1 and s.v_heads_tiled:
+            q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)
+        elif repeat > 1:
             q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
         q = l2_normalize(q) * s.k_head_dim**-0.5  # [T, Hv, dk]
         k = l2_normalize(k)

@@ -6,7 +6,8 @@ GGUF itself (loader/gguf_weights.py). Each architecture's tensor names, stored c
 and metadata map come from the family that runs it (models/base.GGUFArch, models/registry).
 For transformers (baselines, tests) `write_float_weights` adds a model.safetensors on demand:
 weights dequantized to float32 in transformers' conventions (llama.cpp's Q/K row permutation
-undone, Gemma's stored 1 + w norms back to w).
+undone, Gemma's stored 1 + w norms back to w, Qwen3.5's value heads back in transformers'
+order).
 """
 
 from __future__ import annotations
@@ -136,8 +137,13 @@ def write_float_weights(gguf_path: Path, out_dir: Path) -> None:
     from pagecli.loader.gguf_weights import iter_gguf_weights, open_gguf
 
     reader = open_gguf(gguf_path)
+    family = file_arch(reader, gguf_path)
     try:
         tensors = dict(iter_gguf_weights(reader, keep_quantized=False))
-    except GGUFError as exc:
+        if family.to_transformers is not None:
+            arch = reader.get("general.architecture")
+            values = family.config(reader, arch) if family.config else {}
+            family.to_transformers(tensors, values)
+    except (GGUFError, ValueError) as exc:
         raise GGUFError(f"{gguf_path}: {exc}") from None
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

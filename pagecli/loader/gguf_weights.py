@@ -82,10 +82,7 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
     num_heads = int(reader.get(f"{arch}.attention.head_count"))
     num_kv_heads = int(reader.get(f"{arch}.attention.head_count_kv", num_heads))
     unpermute = not keep_quantized and family.qk_permuted  # else keeps_qk_pairs
-    for t in reader.tensors:
-        name = family.hf_name(t.name)
-        if name is None:
-            continue
+    for t, name in model_tensors(reader, family):
         heads = None
         if unpermute and ".q_proj." in name:
             heads = num_heads
@@ -94,9 +91,29 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
         # Gemma's norms are stored as 1 + w: back to transformers' w, as its reader does
         offset = family.norm_offset and "norm.weight" in t.name
         weight = tensor_weight(t, keep_quantized, heads, offset)
+        if family.convert is not None and not isinstance(weight, QuantWeight):
+            weight = family.convert(name, weight)
         yield name, weight
         if not isinstance(weight, QuantWeight):
             reader.release(t)  # dequantized: the file's pages of it are not needed again
+
+
+def model_tensors(reader: GGUFFile, family) -> Iterator[tuple[GGUFTensor, str]]:
+    """(tensor, transformers name) for the file's tensors of the model pagecli runs: those
+    its family names, less the multi-token-prediction layers a converter appends after the
+    model's own (`{arch}.nextn_predict_layers` of `{arch}.block_count`; Qwen3.5, GLM)."""
+    arch = reader.get("general.architecture")
+    blocks = reader.get(f"{arch}.block_count")
+    extra = reader.get(f"{arch}.nextn_predict_layers") or 0
+    layers = int(blocks) - int(extra) if blocks is not None else None
+    for t in reader.tensors:
+        name = family.hf_name(t.name)
+        if name is None:
+            continue
+        if layers is not None and name.startswith("model.layers."):
+            if int(name.split(".", 3)[2]) >= layers:
+                continue
+        yield t, name
 
 
 def tensor_weight(
@@ -126,4 +143,4 @@ def gguf_tensor_bytes(path: Path) -> int:
 
     reader = open_gguf(path)
     family = file_arch(reader, path)
-    return sum(t.n_bytes for t in reader.tensors if family.hf_name(t.name) is not None)
+    return sum(t.n_bytes for t, _ in model_tensors(reader, family))

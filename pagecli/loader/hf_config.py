@@ -27,7 +27,28 @@ def load_hf_config(source: ModelSource) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(source.path))
+        config = AutoConfig.from_pretrained(str(source.path))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{source.name}: cannot read config.json ({first})") from None
+    return text_model_config(config)
+
+
+def text_model_config(config: Any) -> Any:
+    """For a multimodal checkpoint whose language model a family runs
+    (CausalLM.multimodal_architectures): its text_config, under that family's architecture,
+    with the checkpoint's tying of the output projection; any other config as it is."""
+    text = getattr(config, "text_config", None)
+    if text is None or text is config:
+        return config
+    from pagecli.models.registry import multimodal_text_model
+
+    found = multimodal_text_model(getattr(config, "architectures", None))
+    if found is None:
+        return config
+    cls, _ = found
+    text.architectures = [cls.hf_architectures[0]]
+    tied = getattr(config, "tie_word_embeddings", None)
+    if tied is not None:
+        text.tie_word_embeddings = bool(tied)
+    return text

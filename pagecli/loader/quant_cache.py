@@ -36,7 +36,8 @@ import torch
 
 from pagecli.loader.resolve import ModelLoadError, ModelSource, cache_root
 
-CACHE_VERSION = 1  # bump when the quantizer's output or the file's layout changes
+# bump when the quantizer's output, the file's layout or what it quantizes changes
+CACHE_VERSION = 2
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 
 
@@ -58,6 +59,9 @@ def stored_tensors(folder: Path, name: str) -> list[StoredTensor]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{name}: no *.safetensors weights in {folder}")
+    from pagecli.loader.weights import text_model_names
+
+    rename = text_model_names(folder)
     found = []
     for file in files:
         try:
@@ -70,9 +74,12 @@ def stored_tensors(folder: Path, name: str) -> list[StoredTensor]:
             for key, entry in header.items():
                 if key == "__metadata__":
                     continue
+                if rename is not None and rename(key) is None:
+                    continue  # not the language model's
                 start, end = (8 + length + int(o) for o in entry["data_offsets"])
                 if not 8 + length <= start <= end <= size:
                     raise ValueError(f"{key}: data offsets past the end of the file")
+                key = key if rename is None else rename(key)
                 found.append(
                     StoredTensor(file, key, entry["dtype"], tuple(entry["shape"]), start, end)
                 )

@@ -25,7 +25,12 @@ import torch
 
 from pagecli_kernels.quant_formats import FORMATS, QuantWeight
 
-QUANTIZED_SUFFIXES = ("_proj.weight", "embed_tokens.weight", "lm_head.weight")
+QUANTIZED_SUFFIXES = (
+    "_proj.weight",
+    "embed_tokens.weight",
+    "lm_head.weight",
+    *(f"in_proj_{part}.weight" for part in ("qkv", "z", "b", "a")),  # Gated DeltaNet's
+)
 CHUNK_ROWS = 256  # rows converted to float32 and quantized at a time
 
 

@@ -138,6 +138,7 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
         file_arch,
         iter_gguf_weights,
         keeps_qk_pairs,
+        model_tensors,
         open_gguf,
     )
 
@@ -150,10 +151,7 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     names: set[str] = set()
     blocks: dict[str, int] = {}
     resident = mapped = 0
-    for t in reader.tensors:
-        name = family.hf_name(t.name)
-        if name is None:
-            continue
+    for t, name in model_tensors(reader, family):
         if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == 2:
             names.add(name)
             blocks[name] = BY_GGML_TYPE[int(t.tensor_type)].block_values

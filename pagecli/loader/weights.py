@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +174,31 @@ def check_kv_fits(
             )
 
 
+def text_model_names(folder: Path) -> Callable[[str], str | None] | None:
+    """For a multimodal checkpoint whose language model a family runs: the map from its
+    tensor names to the language model's ("model.language_model.x" -> "model.x", lm_head
+    as it is; None for the rest: vision tower, MTP head). None for any other checkpoint."""
+    try:
+        architectures = json.loads((folder / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not architectures:
+        return None
+    from pagecli.models.registry import multimodal_text_model
+
+    found = multimodal_text_model(architectures)
+    if found is None:
+        return None
+    prefix = found[1]
+
+    def rename(name: str) -> str | None:
+        if name.startswith(prefix):
+            return "model." + name[len(prefix) :]
+        return name if name.startswith("lm_head.") else None
+
+    return rename
+
+
 def iter_safetensors(
     folder: Path, name: str, shard: RankShard | None = None, cut_of=None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -186,14 +212,18 @@ def iter_safetensors(
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{name}: no *.safetensors weights in {folder}")
+    rename = text_model_names(folder)
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
+                for stored in f.keys():
+                    key = stored if rename is None else rename(stored)
+                    if key is None:
+                        continue
                     if shard is None:
-                        yield key, f.get_tensor(key)
+                        yield key, f.get_tensor(stored)
                     else:
-                        yield key, read_slice(shard, cut_of(key), f.get_slice(key))
+                        yield key, read_slice(shard, cut_of(key), f.get_slice(stored))
         except ModelLoadError:
             raise
         except Exception as exc:
@@ -207,11 +237,14 @@ def safetensors_shapes(folder: Path, name: str) -> Iterator[tuple[str, tuple[int
     """(name, shape) of every tensor in the folder's *.safetensors files, without reading them."""
     from safetensors import safe_open
 
+    rename = text_model_names(folder)
     for file in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    yield key, tuple(f.get_slice(key).get_shape())
+                for stored in f.keys():
+                    key = stored if rename is None else rename(stored)
+                    if key is not None:
+                        yield key, tuple(f.get_slice(stored).get_shape())
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ModelLoadError(

@@ -79,10 +79,18 @@ class GGUFArch:
     `global_names`: llama.cpp tensor names (without `.weight`/`.bias`) -> transformers names,
     over the shared defaults. `qk_permuted`: llama.cpp's converter interleaved each head's
     rotary halves in the Q/K rows (its NORM-rope archs). `norm_offset`: norm weights are
-    stored as 1 + w (Gemma; transformers subtracts 1 on reading). `config`: pagecli's own map
-    from the file's metadata to the transformers config's values, for archs whose GGUF
-    transformers cannot read (None: transformers' GGUF_CONFIG_MAPPING); `fix_config` amends
-    transformers' map where it misses keys."""
+    stored as 1 + w (Gemma; transformers subtracts 1 on reading). `layer_tensors`: whole
+    per-layer names, suffix included or absent ("ssm_a", "ssm_dt.bias") -> transformers' leaf
+    names ("linear_attn.A_log"), for tensors the stem map cannot name. `convert`: the
+    arch's stored conventions undone on a float tensor (transformers' name, tensor) -> tensor,
+    as transformers' GGUF reader undoes them (Qwen3.5's A_log = log(-A)); block-format
+    weights are never passed to it. `to_transformers`: (float weights by name, config values)
+    -> rearranges in place what pagecli keeps in the file's order into transformers' order
+    (Qwen3.5's tiled value heads), for the float32 checkpoint written for transformers.
+    `config`: pagecli's own map from the file's metadata to
+    the transformers config's values, for archs whose GGUF transformers cannot read (None:
+    transformers' GGUF_CONFIG_MAPPING); `fix_config` amends transformers' map where it
+    misses keys."""
 
     name: str
     hf_architecture: str
@@ -90,11 +98,19 @@ class GGUFArch:
     global_names: dict[str, str] = field(default_factory=dict)
     qk_permuted: bool = False
     norm_offset: bool = False
+    layer_tensors: dict[str, str] = field(default_factory=dict)
+    convert: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+    to_transformers: Callable[[dict[str, torch.Tensor], dict], None] | None = None
     config: Callable[[GGUFFile, str], dict] | None = None
     fix_config: Callable[[GGUFFile, str, dict], None] | None = None
 
     def hf_name(self, gguf_name: str) -> str | None:
         """The transformers name of a tensor of this arch, or None (no counterpart)."""
+        parts = gguf_name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+            whole = self.layer_tensors.get(parts[2])
+            if whole is not None:
+                return f"model.layers.{parts[1]}.{whole}"
         stem, dot, suffix = gguf_name.rpartition(".")
         if not dot or suffix not in ("weight", "bias"):
             return None
@@ -135,6 +151,11 @@ class CausalLM(nn.Module):
     hf_architectures: ClassVar[tuple[str, ...]] = ()
     model_types: ClassVar[tuple[str, ...]] = ()
     gguf: ClassVar[tuple[GGUFArch, ...]] = ()
+    # multimodal checkpoints whose language model this class runs: their architecture -> the
+    # prefix of the language model's tensor names ("model.language_model."); the config's
+    # text_config is the model's, and the rest of the checkpoint (a vision tower, a
+    # multi-token-prediction head) is not read
+    multimodal_architectures: ClassVar[dict[str, str]] = {}
     # fused parameter -> the checkpoint tensors stacked in it by rows, in order
     packed_modules: ClassVar[dict[str, tuple[str, ...]]] = {
         "qkv_proj": ("q_proj", "k_proj", "v_proj"),

@@ -25,6 +25,9 @@ FAMILIES: tuple[type[CausalLM], ...] = (
 )
 ARCHITECTURES = {arch: cls for cls in FAMILIES for arch in cls.hf_architectures}
 MODEL_TYPES = {model_type: cls for cls in FAMILIES for model_type in cls.model_types}
+MULTIMODAL = {
+    arch: (cls, prefix) for cls in FAMILIES for arch, prefix in cls.multimodal_architectures.items()
+}
 GGUF_ARCHS: dict[str, tuple[GGUFArch, type[CausalLM]]] = {
     arch.name: (arch, cls) for cls in FAMILIES for arch in cls.gguf
 }
@@ -46,6 +49,12 @@ def model_class(config) -> type[CausalLM]:
     except ValueError as exc:
         raise UnsupportedModelError(str(exc)) from None
     return cls
+
+
+def multimodal_text_model(architectures) -> tuple[type[CausalLM], str] | None:
+    """(the class that runs its language model, that model's tensor-name prefix) for a
+    multimodal checkpoint's `architectures`, or None."""
+    return next((MULTIMODAL[a] for a in architectures or () if a in MULTIMODAL), None)
 
 
 def gguf_arch(name: str | None) -> GGUFArch | None:

@@ -279,6 +279,7 @@ def _float_rows_linears(module: nn.Module) -> None:
 
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+LINEAR_ATTENTION = ("in_proj", "out_proj")  # Gated DeltaNet's, where a model has them
 
 
 def weight_formats(model: CausalLM) -> dict[str, list[str]]:
@@ -295,8 +296,9 @@ def weight_formats(model: CausalLM) -> dict[str, list[str]]:
         return [str(module.weight.dtype).removeprefix("torch.")]
 
     found: dict[str, list[str]] = {"embed_tokens": formats(model.embed_tokens)}
-    for key in PROJECTIONS:
+    for key in PROJECTIONS + LINEAR_ATTENTION:
         modules = [m for name, m in model.named_modules() if name.rpartition(".")[2] == key]
-        found[key] = sorted({f for m in modules for f in formats(m)})
+        if modules or key in PROJECTIONS:
+            found[key] = sorted({f for m in modules for f in formats(m)})
     found["lm_head"] = ["tied"] if model.lm_head is None else formats(model.lm_head)
     return found

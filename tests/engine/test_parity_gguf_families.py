@@ -126,3 +126,50 @@ def test_gemma3_gguf_as_transformers_reads_it(family_ggufs, monkeypatch):
 
     path, _ = family_ggufs["gemma3_plain"]
     _run_and_check(path, hf_from_gguf(path), "q8_0", 6, monkeypatch)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_gemma3_gguf_window_tables_under_preemption_forks_and_turns(family_ggufs, mode):
+    """A Gemma 3 file with window tables (five window-24 layers to one global): a KV budget
+    that preempts (recompute or swap) while prompts share a prefix, n = 3 forks, and a
+    chat's second turn that finds the first turn's blocks in every table; every output (its
+    log-probabilities too) is transformers' on the file's values."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_models import kv_memory
+
+    path, reference = family_ggufs["gemma3_linear"]
+    hf = AutoModelForCausalLM.from_pretrained(str(reference), dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(12)
+    shared = torch.randint(0, VOCAB, (48,), generator=gen).tolist()
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (40, 80, 100)]
+    prompts += [shared + [5, 6, 7], shared + [8, 9]]
+    extra = {"preemption_mode": "swap", "swap_space": 0.01} if mode == "swap" else {}
+    options = {"block_size": 4, "max_num_batched_tokens": 32}
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=kv_memory(hf.config, 24, 4),
+              **options, **extra)  # fmt: skip
+    assert "window-24" in llm.engine.runner.memory.line()
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=TOP)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    llm.engine.check_invariants()
+    stats = llm.engine.stats()
+    assert (stats.preemptions_swap if mode == "swap" else stats.preemptions_recompute) > 0
+    assert stats.prefix_hit_tokens > 0 and stats.window_freed_blocks > 0
+    for prompt, output in zip(prompts, outputs):
+        check_greedy(hf, prompt, output.token_ids)
+        check_logprobs(hf, prompt, output, TOP)
+    if mode == "swap":
+        return
+    llm = LLM(str(path), dtype="float32", **options)
+    forks = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, n=3)
+    (output,) = llm.generate([{"prompt_token_ids": prompts[3]}], forks)  # 51: a partial block
+    assert llm.engine.stats().cow_copies > 0 and len(output.outputs) == 3
+    for sample in output.outputs:
+        check_greedy(hf, prompts[3], sample.token_ids)
+    (first,) = llm.generate([{"prompt_token_ids": prompts[2]}], params)
+    second = prompts[2] + first.token_ids + [3, 4, 5]
+    (warm,) = llm.generate([{"prompt_token_ids": second}], params)
+    assert warm.num_cached_tokens == (len(prompts[2]) + NEW_TOKENS - 1) // 4 * 4
+    llm.engine.check_invariants()
+    check_greedy(hf, second, warm.token_ids)
+    check_logprobs(hf, second, warm, TOP)

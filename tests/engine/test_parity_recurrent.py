@@ -1,7 +1,10 @@
 """Qwen3.5 (3 Gated DeltaNet layers to 1 gated full-attention layer) against transformers on
-the same random weights: mixed batches with chunked prefills, recompute and swap preemption,
-n > 1 forks that copy the parent's state, prefix hits that resume from a state snapshot (and
-none without snapshots), a budget short of a slot per sequence, and the Gated DeltaNet
+the same random weights, from safetensors and from a GGUF file as llama.cpp's converter
+writes it (tests/gguf_families.py: Q8_0 blocks, value heads in tiled order, A stored as
+-exp(A_log), norms as 1 + w; transformers runs on the file's values): mixed batches with
+chunked prefills, recompute and swap preemption, n > 1 forks that copy the parent's state,
+prefix hits that resume from a state snapshot (and none without snapshots), a budget short
+of a slot per sequence, a multimodal checkpoint's language model, and the Gated DeltaNet
 recurrence itself (its chunked form against the token-by-token one and transformers')."""
 
 from __future__ import annotations
@@ -17,13 +20,41 @@ NEW_TOKENS = 16
 TOP = 5
 
 
-@pytest.fixture(scope="module")
-def qwen35(family_models):
+@pytest.fixture(scope="module", params=["safetensors", "gguf"])
+def qwen35(request, family_models, tmp_path_factory):
+    """(model path, transformers on the same values) for each source."""
     from transformers import AutoModelForCausalLM
 
-    path = family_models["qwen3_5"]
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    from tests.gguf_families import write_family_gguf
+
+    path = reference = family_models["qwen3_5"]
+    if request.param == "gguf":
+        out = tmp_path_factory.mktemp("qwen35_gguf")
+        path, reference = write_family_gguf(path, out, "qwen35", "q8_0")
+    hf = AutoModelForCausalLM.from_pretrained(str(reference), dtype=torch.float32).eval()
     return path, hf
+
+
+def test_the_gguf_keeps_its_blocks_and_writes_transformers_weights(qwen35, tmp_path):
+    """From the GGUF: the DeltaNet projections stay Q8_0 blocks (in the file's tiled order),
+    and the float32 checkpoint written for transformers (baselines) holds the reference's
+    values in transformers' order, bit for bit."""
+    from safetensors.torch import load_file
+
+    from pagecli.loader.gguf_convert import write_float_weights
+
+    path, hf = qwen35
+    if path.suffix != ".gguf":
+        pytest.skip("a GGUF file's conversion")
+    llm = LLM(str(path), dtype="float32", block_size=4)
+    formats = llm.engine.runner.model.weight_formats
+    assert formats["in_proj"] == formats["out_proj"] == ["q8_0"], formats
+    write_float_weights(path, tmp_path)
+    written = load_file(str(tmp_path / "model.safetensors"))
+    expected = hf.state_dict()
+    assert set(written) == set(expected) - {"lm_head.weight"}
+    for name, tensor in written.items():
+        assert torch.equal(tensor, expected[name]), name
 
 
 def prompts_of(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -199,3 +230,64 @@ def test_chunked_recurrence_equals_the_token_by_token_one(n):
     )  # fmt: skip
     torch.testing.assert_close(out, ref[0].transpose(0, 1).to(out.dtype), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state, ref_state[0].to(state.dtype), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def multimodal(tmp_path_factory):
+    """A tiny Qwen3_5ForConditionalGeneration checkpoint (one vision block, the tiny text
+    model), and a Qwen3_5ForCausalLM folder with the same language model's weights."""
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5ForCausalLM,
+        Qwen3_5ForConditionalGeneration,
+    )
+
+    from tests.tiny_models import family_configs
+
+    text = family_configs()["qwen3_5"]
+    vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": text.hidden_size,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 1,
+    }
+    config = Qwen3_5Config(
+        text_config=text.to_dict(), vision_config=vision, tie_word_embeddings=True
+    )
+    torch.manual_seed(21)
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    root = tmp_path_factory.mktemp("qwen35_multimodal")
+    model.save_pretrained(str(root / "multimodal"))
+    language = Qwen3_5ForCausalLM(text).eval()
+    state = {
+        name.replace("model.language_model.", "model."): tensor
+        for name, tensor in model.state_dict().items()
+        if not name.startswith("model.visual.")
+    }
+    language.load_state_dict(state)
+    language.save_pretrained(str(root / "text"))
+    return root / "multimodal", root / "text", model
+
+
+def test_a_multimodal_checkpoint_runs_its_language_model(multimodal):
+    """The released checkpoints' layout (Qwen3_5ForConditionalGeneration: the config's
+    text_config, the weights under model.language_model., a vision tower beside them): the
+    language model runs, greedy-exact against transformers' multimodal class on text; quantized
+    at load it holds the same blocks as the text model's own checkpoint (the DeltaNet's
+    in_proj parts included), so both give the same tokens."""
+    path, text_path, hf = multimodal
+    prompts = prompts_of(13, [1, 9, 70, 130])
+    llm, outputs = generate(path, prompts, max_num_batched_tokens=32, quantization="none")
+    for prompt, output in zip(prompts, outputs):
+        check_greedy(hf, prompt, output.token_ids)
+    quantized = []
+    for folder in (path, text_path):
+        llm, outputs = generate(folder, prompts, max_num_batched_tokens=32, quantization="q8_0")
+        formats = llm.engine.runner.model.weight_formats
+        assert formats["in_proj"] == formats["out_proj"] == ["q8_0"], formats
+        quantized.append([o.token_ids for o in outputs])
+    assert quantized[0] == quantized[1]
