@@ -68,8 +68,15 @@ class Shape:
     arch: str = "llama"  # the GGUF architecture: llama, gemma3 or phi3
     head_dim: int | None = None  # None: hidden / heads
     window: int | None = None  # gemma3's sliding window
-    rotary_dim: int | None = None  # phi3's partial rotary width
+    rotary_dim: int | None = None  # phi3's and qwen35's partial rotary width
     original_context: int | None = None  # phi3's LongRoPE original context
+    # qwen35's Gated DeltaNet layers (three of every `interval`): key heads, value heads,
+    # their width, the conv kernel
+    linear: tuple[int, int, int, int] | None = None
+    interval: int = 4
+
+    def is_linear(self, layer: int) -> bool:
+        return self.linear is not None and (layer + 1) % self.interval != 0
 
     @property
     def head_size(self) -> int:
@@ -101,6 +108,35 @@ SHAPES = {
         arch="phi3",
         rotary_dim=96,
         original_context=4096,
+    ),  # fmt: skip
+    # Qwen3.5-2B (qwen35): 24 layers, 18 of them Gated DeltaNet (16 key and 16 value heads
+    # of 128, conv kernel 4), 6 gated full attention (8 heads of 256, 2 KV heads, a quarter
+    # rotary); tied; the real vocabulary is 248k
+    "qwen35-2b": Shape(
+        2048,
+        24,
+        8,
+        2,
+        6144,
+        10000000.0,
+        tied=True,
+        arch="qwen35",
+        head_dim=256,
+        rotary_dim=64,
+        linear=(16, 16, 128, 4),
+    ),  # fmt: skip
+    "qwen35-smoke": Shape(
+        256,
+        4,
+        2,
+        1,
+        512,
+        10000000.0,
+        tied=True,
+        arch="qwen35",
+        head_dim=64,
+        rotary_dim=16,
+        linear=(2, 4, 32, 4),
     ),  # fmt: skip
     "8b": Shape(4096, 32, 32, 8, 14336, 500000.0, tied=False),  # Llama-3-8B
     "7b": Shape(4096, 32, 32, 32, 11008, 10000.0, tied=False),  # Llama-2-7B (MHA)
@@ -198,25 +234,49 @@ def mix_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
 @dataclass(frozen=True)
 class Tensor:
     name: str
-    rows: int  # 1 for a norm (F32)
+    rows: int  # 0 for a 1-D tensor (a norm: F32)
     cols: int
     type: Q
 
     @property
     def nbytes(self) -> int:
         block_values, block_bytes = gguf.constants.GGML_QUANT_SIZES[self.type]
-        return self.rows * self.cols // block_values * block_bytes
+        return max(self.rows, 1) * self.cols // block_values * block_bytes
 
     @property
     def gguf_shape(self) -> tuple[int, ...]:
         """numpy order (rows first), as GGUFReader reports it reversed."""
-        return (self.cols,) if self.type == Q.F32 else (self.rows, self.cols)
+        return (self.cols,) if self.rows == 0 else (self.rows, self.cols)
 
 
-def layer_parts(shape: Shape) -> list[tuple[str, int, int]]:
-    """(name, rows, cols) of one layer's tensors in the arch's order; rows 0: a norm."""
+# qwen35 tensors stored in F32 whatever the mix (llama.cpp quantizes none of them)
+F32_PARTS = ("ssm_conv1d", "ssm_a", "ssm_dt.bias")
+
+
+def layer_parts(shape: Shape, layer: int = 0) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of one layer's tensors in the arch's order; rows 0: a norm (a
+    name with a suffix is the whole tensor name)."""
     h, d = shape.hidden, shape.head_size
     q, kv = shape.heads * d, shape.kv_heads * d
+    if shape.arch == "qwen35":
+        ffn = [
+            ("post_attention_norm", 0, h), ("ffn_gate", shape.ffn, h), ("ffn_up", shape.ffn, h),
+            ("ffn_down", h, shape.ffn),
+        ]  # fmt: skip
+        if not shape.is_linear(layer):  # q_proj: each head's query and its output gate
+            return [
+                ("attn_norm", 0, h), ("attn_q", 2 * q, h), ("attn_k", kv, h),
+                ("attn_v", kv, h), ("attn_q_norm", 0, d), ("attn_k_norm", 0, d),
+                ("attn_output", h, q), *ffn,
+            ]  # fmt: skip
+        k_heads, v_heads, width, kernel = shape.linear
+        conv, value = (2 * k_heads + v_heads) * width, v_heads * width
+        return [
+            ("attn_norm", 0, h), ("attn_qkv", conv, h), ("attn_gate", value, h),
+            ("ssm_beta", v_heads, h), ("ssm_alpha", v_heads, h), ("ssm_conv1d", conv, kernel),
+            ("ssm_dt.bias", 0, v_heads), ("ssm_a", 0, v_heads), ("ssm_norm", 0, width),
+            ("ssm_out", h, value), *ffn,
+        ]  # fmt: skip
     if shape.arch == "gemma3":
         return [
             ("attn_norm", 0, h), ("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h),
@@ -243,15 +303,15 @@ def tensor_plan(shape: Shape, mix: str) -> list[Tensor]:
     plan = [Tensor("token_embd.weight", VOCAB, h, embd_type)]
     if shape.rotary_dim is not None and shape.original_context is not None:
         for which in ("long", "short"):  # LongRoPE's factors, one per rotary pair
-            plan.append(Tensor(f"rope_factors_{which}.weight", 1, shape.rotary_dim // 2, Q.F32))
+            plan.append(Tensor(f"rope_factors_{which}.weight", 0, shape.rotary_dim // 2, Q.F32))
     for i in range(shape.layers):
-        for part, rows, cols in layer_parts(shape):
-            name = f"blk.{i}.{part}.weight"
-            if rows == 0:
-                plan.append(Tensor(name, 1, cols, Q.F32))
+        for part, rows, cols in layer_parts(shape, i):
+            name = f"blk.{i}.{part}" + ("" if part in ("ssm_a", "ssm_dt.bias") else ".weight")
+            if rows == 0 or part in F32_PARTS:
+                plan.append(Tensor(name, rows, cols, Q.F32))
             else:
                 plan.append(Tensor(name, rows, cols, tensor_type(name, i, shape, mix, cols)))
-    plan.append(Tensor("output_norm.weight", 1, h, Q.F32))
+    plan.append(Tensor("output_norm.weight", 0, h, Q.F32))
     if not shape.tied:
         out_type = tensor_type("output.weight", None, shape, mix, h)
         plan.append(Tensor("output.weight", VOCAB, h, out_type))
@@ -262,6 +322,12 @@ def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
     """`t`'s data as [rows, row bytes] uint8: random quant values and sub-scales, positive
     f16 scales giving weights of about WEIGHT_STD."""
     if t.type == Q.F32:
+        if t.name.endswith("ssm_a"):  # A = -exp(A_log) < 0: the state decays
+            return -rng.uniform(0.5, 1.5, size=t.cols).astype(np.float32)
+        if t.name.endswith("ssm_dt.bias"):
+            return np.zeros(t.cols, dtype=np.float32)
+        if t.rows:  # a 2-D F32 tensor: qwen35's conv kernel
+            return rng.normal(0, 0.2, size=(t.rows, t.cols))
         return np.ones(t.cols, dtype=np.float32)  # norm weights, rope factors
     block_values, block_bytes = gguf.constants.GGML_QUANT_SIZES[t.type]
     n_blocks = t.rows * t.cols // block_values
@@ -344,7 +410,7 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_dimension_count(shape.rotary_dim or shape.head_size)
     writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(1e-6 if shape.arch == "gemma3" else 1e-5)
+    writer.add_layer_norm_rms_eps(1e-6 if shape.arch in ("gemma3", "qwen35") else 1e-5)
     writer.add_vocab_size(VOCAB)
     if shape.head_dim is not None:
         writer.add_key_length(shape.head_dim)
@@ -358,9 +424,18 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, value, kind, sub_type in tokenizer_fields():
         writer.add_key_value(name, value, kind, sub_type=sub_type)
+    if shape.linear is not None:  # Qwen3NextModel.set_gguf_parameters
+        k_heads, v_heads, width, kernel = shape.linear
+        writer.add_ssm_conv_kernel(kernel)
+        writer.add_ssm_state_size(width)
+        writer.add_ssm_group_count(k_heads)
+        writer.add_ssm_time_step_rank(v_heads)
+        writer.add_ssm_inner_size(v_heads * width)
+        writer.add_full_attention_interval(shape.interval)
+        writer.add_rope_dimension_sections([11, 11, 10, 0])
     for t in plan:
         if t.type == Q.F32:
-            writer.add_tensor_info(t.name, (t.cols,), np.dtype(np.float32), t.nbytes)
+            writer.add_tensor_info(t.name, t.gguf_shape, np.dtype(np.float32), t.nbytes)
         else:  # a byte shape: the writer turns it into values
             row_bytes = t.nbytes // t.rows
             writer.add_tensor_info(
@@ -372,7 +447,8 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
     for t in plan:
-        writer.write_tensor_data(random_blocks(t, rng))
+        data = random_blocks(t, rng)
+        writer.write_tensor_data(data.astype(np.float32) if t.type == Q.F32 else data)
     writer.close()
     os.replace(partial, path)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # ru_maxrss is in KiB
@@ -415,13 +491,28 @@ def layer_matrices(reader) -> list:
     return [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
 
 
+def state_bytes(path: Path) -> int:
+    """Bytes of one sequence's recurrent states (float32 [value heads, width, width] in each
+    Gated DeltaNet layer; 0 for other archs): a decode step reads them and writes them back."""
+    reader = read_tensors(path)
+    arch = reader.get("general.architecture")
+    rank = reader.get(f"{arch}.ssm.time_step_rank")
+    if rank is None:
+        return 0
+    width = int(reader.get(f"{arch}.ssm.state_size"))
+    layers = sum(1 for t in reader.tensors if t.name.endswith(".ssm_out.weight"))
+    return layers * int(rank) * width * width * 4
+
+
 def bytes_per_token(path: Path) -> int:
-    """Weight bytes one decode token reads: every layer tensor, the output projection (the
-    whole token embedding when tied) and one row of the embedding."""
+    """Bytes one decode token moves: every layer tensor, the output projection (the whole
+    token embedding when tied), one row of the embedding, and the recurrent states read and
+    written back (state_bytes, twice)."""
     reader = read_tensors(path)
     total = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk."))
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    return total + int(output_projection(reader).n_bytes) + int(embed.n_bytes) // VOCAB
+    total += int(output_projection(reader).n_bytes) + int(embed.n_bytes) // VOCAB
+    return total + 2 * state_bytes(path)
 
 
 def decode_macs(path: Path) -> int:
@@ -438,10 +529,17 @@ def prefill_flops(path: Path, pp: int) -> float:
     projection for the last token only, as both engines run it. Two FLOPs per multiply-add."""
     reader = read_tensors(path)
     matrices = layer_matrices(reader)
-    layers = len({t.name.split(".")[1] for t in matrices})
-    q_width = int(next(t for t in matrices if t.name == "blk.0.attn_output.weight").shape[0])
+    outputs = [t for t in matrices if t.name.endswith(".attn_output.weight")]
     macs = pp * sum(int(t.n_elements) for t in matrices)  # gguf lists shapes [in, out]
-    macs += layers * q_width * pp * (pp + 1) + int(output_projection(reader).n_elements)
+    macs += sum(int(t.shape[0]) for t in outputs) * pp * (pp + 1)  # q width, each layer
+    macs += int(output_projection(reader).n_elements)
+    arch = reader.get("general.architecture")
+    rank = reader.get(f"{arch}.ssm.time_step_rank")
+    if rank is not None:  # the chunked delta rule per token and value head (gated_delta.py)
+        width = int(reader.get(f"{arch}.ssm.state_size"))
+        layers = sum(1 for t in matrices if t.name.endswith(".ssm_out.weight"))
+        per_head = 3 * width * width + 64 * 5 * width  # state passes; 64-token chunks
+        macs += pp * layers * int(rank) * per_head
     return 2.0 * macs
 
 

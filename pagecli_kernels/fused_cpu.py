@@ -1,13 +1,16 @@
-"""The small per-layer ops of a CPU step as one native call each (csrc/cpu_ops.c).
+"""The small per-layer ops of a CPU step as one native call each (csrc/cpu_ops.c,
+csrc/gated_delta_cpu.c).
 
-At decode sizes a step's RMSNorms, rotary embedding, SiLU x up, K/V stores, greedy argmax and
-grammar token masks cost more in torch's per-op dispatch than in arithmetic; each of these
-replaces several torch ops. They live in the library of pagecli_kernels/native.py and take
-float32 or bfloat16 CPU tensors (argmax and the token mask: float32) whose last dimension is
-contiguous. `available(x)` says whether a tensor can take them; callers keep their torch code
-for everything else. Results equal the torch ops' up to the order of the RMSNorm sum and the
-exp inside SiLU (tests/kernels/test_fused_cpu.py).
-"""
+At decode sizes a step's RMSNorms, rotary embedding, SiLU x up, K/V stores, greedy argmax,
+grammar token masks, gated attention's output gate and a Gated DeltaNet layer's step cost
+more in torch's per-op dispatch than in arithmetic; each of these replaces several torch ops.
+They live in the library of pagecli_kernels/native.py and take float32 or bfloat16 CPU
+tensors (argmax, the token mask, the output gate and the DeltaNet step: float32) whose last
+dimension is contiguous. `available(x)` says whether a tensor can take them; callers keep
+their torch code for everything else. Results equal the torch ops' up to the order of the
+RMSNorm sum and the exp inside SiLU (tests/kernels/test_fused_cpu.py); the DeltaNet step
+takes the recurrence token by token where torch's prefill takes it in chunks
+(tests/kernels/test_gated_delta_cpu.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,12 @@ def _lib() -> ctypes.CDLL:
         lib.pagecli_add_scaled.restype = None
         lib.pagecli_apply_token_bitmask_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
         lib.pagecli_apply_token_bitmask_f32.restype = None
+        lib.pagecli_gate_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32]
+        lib.pagecli_gate_mul.restype = None
+        fn = lib.pagecli_gated_delta
+        fn.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, f32, ptr, ptr, i64, ptr, ptr]
+        fn.argtypes += [i32, i32, i32, i32, i32, i32, ptr, i64, i32]
+        fn.restype = i32
         _bound["lib"] = lib
     return _bound["lib"]
 
@@ -271,3 +280,82 @@ def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor, rows: torch.T
         rows.data_ptr(),
         rows.shape[0],
     )
+
+
+def gate_mul_takes(x: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether `gate_mul_` takes x and gate `[N, W]`: float32 CPU rows, unit stride."""
+    return (
+        available(x)
+        and x.dtype == gate.dtype == torch.float32
+        and x.dim() == gate.dim() == 2
+        and x.shape == gate.shape
+        and x.stride(-1) == gate.stride(-1) == 1
+    )
+
+
+def gate_mul_(x: torch.Tensor, gate: torch.Tensor) -> None:
+    """x *= sigmoid(gate) in place, float32 rows `[N, W]` (gated attention's output)."""
+    num_rows, width = x.shape
+    _lib().pagecli_gate_mul(
+        x.data_ptr(),
+        gate.data_ptr(),
+        num_rows,
+        width,
+        x.stride(0),
+        gate.stride(0),
+        torch.get_num_threads(),
+    )
+
+
+def gated_delta(
+    mixed: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    eps: float,
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    shape: tuple[int, int, int, int],
+    tiled: bool,
+) -> torch.Tensor:
+    """A Gated DeltaNet layer's step (csrc/gated_delta_cpu.c): the input projection's rows
+    `mixed` [T, C + Hv dv + 2 Hv] (float32, unit stride) -> the gated norm's [T, Hv dv].
+    `weights`: the conv kernel [C, K], A = -exp(A_log) and dt_bias [Hv], the norm's weight
+    [dv], float32 contiguous; the sequences' states (float32 contiguous [slots, C, K - 1] and
+    [slots, Hv, dk, dv]) are updated in place at `slots` [S] int64, sequence s the tokens from
+    `starts` [S + 1] int32; `shape`: (Hk, Hv, dk, dv). ValueError for a slot outside the
+    stores."""
+    conv_weight, a, dt_bias, norm_weight = weights
+    nk, nv, dk, dv = shape
+    num_tokens = mixed.shape[0]
+    out = torch.empty(num_tokens, nv * dv, dtype=torch.float32)  # [T, Hv dv]
+    status = _lib().pagecli_gated_delta(
+        mixed.data_ptr(),
+        mixed.stride(0),
+        num_tokens,
+        conv_weight.data_ptr(),
+        conv_weight.shape[1],
+        a.data_ptr(),
+        dt_bias.data_ptr(),
+        norm_weight.data_ptr(),
+        eps,
+        conv_states.data_ptr(),
+        ssm_states.data_ptr(),
+        ssm_states.shape[0],
+        slots.data_ptr(),
+        starts.data_ptr(),
+        slots.shape[0],
+        nk,
+        nv,
+        dk,
+        dv,
+        int(tiled),
+        out.data_ptr(),
+        out.stride(0),
+        torch.get_num_threads(),
+    )
+    if status == -2:
+        raise MemoryError("gated delta: out of memory for the scratch rows")
+    if status:
+        raise ValueError("gated delta: a state slot outside the stores")
+    return out

@@ -3,8 +3,9 @@ runs them. A model lists its layers' ops (pagecli/models/blocks.py); layers_cpu.
 checks and binds the list once and runs it over each step in one native call.
 
 Ops read and write the step's buffers, each [T, width] of the activations' dtype: "hidden"
-(the residual stream, updated in place), "normed", "qkv", "attn", "proj", "gate_up", "act".
-Columns are counted within a buffer's row.
+(the residual stream, updated in place), "normed", "qkv", "attn", "proj", "gate_up", "act",
+and for Gated DeltaNet layers "mixed" (the input projection) and "values" (the gated norm's
+output). Columns are counted within a buffer's row.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 from pagecli_kernels.quant_formats import QuantWeight
 
-BUFFERS = ("hidden", "normed", "qkv", "attn", "proj", "gate_up", "act")  # the C enum's order
+# the C enum's order
+BUFFERS = ("hidden", "normed", "qkv", "attn", "proj", "gate_up", "act", "mixed", "values")
 
 
 @dataclass(frozen=True)
@@ -113,4 +115,47 @@ class AllReduce:
     buf: str
 
 
-Op = Norm | Linear | Rotary | Attention | ActMul | Add | AllReduce
+@dataclass(frozen=True)
+class SplitHeads:
+    """Per row of `buf`, `heads` pairs of `width` values from `col`, [x0 y0 x1 y1 ...], put
+    in place as [x0 x1 ... y0 y1 ...] (gated attention: each head's query, then its gate)."""
+
+    buf: str
+    col: int
+    heads: int
+    width: int
+
+
+@dataclass(frozen=True)
+class GateMul:
+    """dst[:, :width] *= sigmoid(src[:, src_col : src_col + width]) (float32)."""
+
+    dst: str
+    src: str
+    src_col: int
+    width: int
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """A Gated DeltaNet layer's step (csrc/gated_delta_cpu.c) from its input projection in
+    `src` (whole rows: conv channels, z, b, a) into `dst` (whole rows of Hv * dv); each
+    sequence's state comes from `conv_states` / `ssm_states` at its slot (float32)."""
+
+    src: str
+    dst: str
+    conv_weight: torch.Tensor  # [C, K] float32
+    a: torch.Tensor  # [Hv] float32: -exp(A_log)
+    dt_bias: torch.Tensor  # [Hv] float32
+    norm_weight: torch.Tensor  # [dv] float32
+    eps: float
+    conv_states: torch.Tensor  # [slots, C, K - 1] float32
+    ssm_states: torch.Tensor  # [slots, Hv, dk, dv] float32
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    tiled: bool
+
+
+Op = Norm | Linear | Rotary | Attention | ActMul | Add | AllReduce | SplitHeads | GateMul | DeltaNet

@@ -31,20 +31,35 @@ from pagecli_kernels.layer_ops import (
     Add,
     AllReduce,
     Attention,
+    DeltaNet,
+    GateMul,
     Linear,
     Norm,
     Op,
     Rotary,
+    SplitHeads,
 )
 from pagecli_kernels.quant_formats import QuantWeight
 from pagecli_kernels.shm_collective import CollectiveError, ShmCollective
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/layer_program_cpu.c: dtype
-MAX_PARTS = 3  # csrc/layer_program_cpu.c: parts of one projection
+MAX_PARTS = 4  # csrc/layer_program_cpu.c: parts of one projection
 OP_FIELDS = 16  # int64 fields of one op
 PROJECTION_FIELDS = 2 + 3 * MAX_PARTS
 GROUP_FIELDS = 8  # G_* per attention group
-_OPCODES = {Norm: 1, Linear: 2, Rotary: 3, Attention: 4, ActMul: 5, Add: 6, AllReduce: 7}
+_OPCODES = {
+    Norm: 1,
+    Linear: 2,
+    Rotary: 3,
+    Attention: 4,
+    ActMul: 5,
+    Add: 6,
+    AllReduce: 7,
+    SplitHeads: 8,
+    GateMul: 9,
+    DeltaNet: 10,
+}
+DELTA_FIELDS = 14  # csrc/layer_program_cpu.c: DN_* of an OP_DELTANET table
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _ERRORS = {
     -1: "block_tables holds a block id outside the cache",
@@ -52,6 +67,7 @@ _ERRORS = {
     -4: "a weight format the kernels do not know",
     -5: "a projection's parts are not 1 to MAX_PARTS or their rows do not add up",
     -7: "an op the interpreter does not know, or a buffer out of range",
+    -8: "a recurrent state slot outside the stores, or sequences that miss the step's tokens",
 }
 COLLECTIVE_ERROR = -6  # a tensor-parallel all-reduce timed out or was aborted
 
@@ -100,7 +116,7 @@ def _library() -> ctypes.CDLL | None:
         fn = lib.pagecli_layer_program
         fn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, i64, i32, i64, i32, i64, i64]
         fn.argtypes += [i64, ptr]
-        fn.argtypes += [i32, i32, i32, ptr, f32, i32, ptr, i32, ptr, ptr]
+        fn.argtypes += [i32, i32, i32, ptr, f32, i32, ptr, i32, ptr, ptr, ptr, ptr, i32]
         fn.restype = i32
         _state["bound"] = True
     return lib
@@ -158,6 +174,7 @@ class LayerProgram:
         self._projections: list[torch.Tensor] = []  # each Linear's [PROJECTION_FIELDS]
         self._cache: torch.Tensor | None = None  # shape and strides, one for every layer
         self._num_kv_heads = 1
+        self._has_states = False  # a DeltaNet op: each step names its sequences' state slots
         rows = [self._row(op) for op in ops]
         self._table = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), OP_FIELDS)
         if self._cache is None:
@@ -271,6 +288,26 @@ class LayerProgram:
             ]
         elif isinstance(op, AllReduce):
             fields += [self._buffer(op.buf), self.widths[op.buf]]
+        elif isinstance(op, SplitHeads):
+            if op.heads < 1 or op.width < 1:
+                raise ValueError(f"{op.heads} heads of {op.width} values")
+            fields += [
+                self._buffer(op.buf, op.col, 2 * op.heads * op.width),
+                op.col,
+                op.heads,
+                op.width,
+            ]
+        elif isinstance(op, GateMul):
+            if self.dtype != torch.float32:
+                raise ValueError("an output gate takes float32 activations")
+            fields += [
+                self._buffer(op.dst, 0, op.width),
+                self._buffer(op.src, op.src_col, op.width),
+                op.src_col,
+                op.width,
+            ]
+        elif isinstance(op, DeltaNet):
+            fields += self._deltanet(op)
         else:
             raise ValueError(f"not a layer op: {op!r}")
         return fields + [0] * (OP_FIELDS - len(fields))
@@ -302,6 +339,49 @@ class LayerProgram:
         self._projections.append(table)
         self._keep += [*parts, bias]
         return table
+
+    def _deltanet(self, op: DeltaNet) -> list[int]:
+        if self.dtype != torch.float32:
+            raise ValueError("a Gated DeltaNet layer takes float32 activations")
+        nk, nv, dk, dv = op.num_k_heads, op.num_v_heads, op.k_head_dim, op.v_head_dim
+        channels, values = 2 * nk * dk + nv * dv, nv * dv
+        kernel = op.conv_weight.shape[-1] if op.conv_weight.dim() == 2 else 0
+        slots = op.ssm_states.shape[0]
+        shapes = (
+            (op.conv_weight, (channels, kernel)),
+            (op.a, (nv,)),
+            (op.dt_bias, (nv,)),
+            (op.norm_weight, (dv,)),
+            (op.conv_states, (slots, channels, kernel - 1)),
+            (op.ssm_states, (slots, nv, dk, dv)),
+        )
+        if (
+            min(nk, nv, dk, dv) < 1
+            or nv % nk
+            or not 2 <= kernel <= 17
+            or any(
+                t.shape != shape
+                or t.dtype != torch.float32
+                or not t.is_contiguous()
+                or t.device.type != "cpu"
+                for t, shape in shapes
+            )
+        ):
+            raise ValueError(
+                f"a Gated DeltaNet layer of {nk} key and {nv} value heads ({dk}, {dv}) takes "
+                "float32 contiguous CPU weights and state stores of its shape"
+            )
+        if self.widths[op.src] != channels + values + 2 * nv or self.widths[op.dst] != values:
+            raise ValueError("a Gated DeltaNet layer reads and writes whole rows")
+        table = torch.tensor(
+            [t.data_ptr() for t, _ in shapes]
+            + [slots, kernel, nk, nv, dk, dv, int(op.tiled), _float_bits(op.eps)],
+            dtype=torch.int64,
+        )  # [DELTA_FIELDS]
+        self._projections.append(table)
+        self._keep += [t for t, _ in shapes]
+        self._has_states = True
+        return [self._buffer(op.src), self._buffer(op.dst), table.data_ptr()]
 
     def _attention(self, op: Attention) -> list[int]:
         d = op.head_dim
@@ -368,13 +448,17 @@ class LayerProgram:
         slot_mapping: torch.Tensor,
         groups: list[AttentionGroup],
         collective: ShmCollective | None = None,
+        state_slots: torch.Tensor | None = None,
+        state_starts: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """Run every op over `hidden` [T, H] (the program's dtype, contiguous) in place;
         `ropes`: (cos, sin) [T, R] of that dtype, contiguous, per rope table; slot_mapping
         [G, T] int64 per KV cache group (or [T]: one group). Checks the step's lengths once.
         Returns the final norm of the result ([T, H]) when bound with `final_norm`, else None.
         `collective`: a tensor-parallel rank's shared-memory all-reduce (float32 steps whose
-        [T, H] fit its slot), which the AllReduce ops sum through."""
+        [T, H] fit its slot), which the AllReduce ops sum through. `state_slots` [S] int64
+        and `state_starts` [S + 1] int32: the step's sequences' recurrent state slots and
+        first tokens, for programs with DeltaNet ops."""
         num_tokens, hidden_size = hidden.shape
         if (
             hidden_size != self.hidden_size
@@ -436,6 +520,19 @@ class LayerProgram:
             )
             keep += [tables, seq_lens, starts]
         table = torch.tensor(rows, dtype=torch.int64)  # [G, GROUP_FIELDS]
+        num_state_seqs = 0
+        if self._has_states:
+            if state_slots is None or state_starts is None:
+                raise ValueError("a program with recurrent layers needs the step's state slots")
+            num_state_seqs = state_slots.shape[0]
+            if (
+                state_slots.dtype != torch.int64
+                or state_starts.dtype != torch.int32
+                or state_starts.shape != (num_state_seqs + 1,)
+                or not state_slots.is_contiguous()
+                or not state_starts.is_contiguous()
+            ):
+                raise ValueError("state_slots must be int64 [S], state_starts int32 [S + 1]")
         widths = torch.tensor([self.widths[b] for b in BUFFERS], dtype=torch.int64)
         tp = None if collective is None else collective.layer_fields()  # [TP_FIELDS]
         final_norm, final_eps, final_mode = self._final
@@ -467,6 +564,9 @@ class LayerProgram:
             _DTYPES[self.dtype],
             None if _timings["buffer"] is None else _timings["buffer"].data_ptr(),
             None if tp is None else tp.data_ptr(),
+            None if not num_state_seqs else state_slots.data_ptr(),
+            None if not num_state_seqs else state_starts.data_ptr(),
+            num_state_seqs,
         )
         if tp is not None:
             collective.after_layers(tp)

@@ -52,6 +52,7 @@ EXTRA_SOURCES = [
         "gemm_f32.c",
         "gemm_bf16.c",
         "gemm_quant_amx.c",
+        "gated_delta_cpu.c",
         "layer_program_cpu.c",
         "quantize_cpu.c",
         "shm_collective.c",

@@ -758,6 +758,7 @@ class ModelRunner:
             prefill_query_start_loc=dev(starts[: num_p + 1]) if prefills else None,
             long_rope_rows=self._long_rope_rows(batch),
             state_slots=self._state_slots(batch),
+            state_starts=self._state_starts(batch),
         )
         return (
             dev(input_ids[:num_tokens]),  # [T]
@@ -816,6 +817,16 @@ class ModelRunner:
         for layer in self.model.state_layers:
             layer.slots.zero_(fresh)
         return torch.tensor(slots, dtype=torch.int64, device=self.device)  # [S]
+
+    def _state_starts(self, batch: ScheduledBatch) -> torch.Tensor | None:
+        """The first token of each of the step's sequences, in `_state_slots`' order, and the
+        step's token count last ([S + 1] int32); None for models without recurrent layers."""
+        if not self.state_specs:
+            return None
+        counts = [1] * len(batch.decodes) + [item.num_new_tokens for item in batch.prefills]
+        starts = np.zeros(len(counts) + 1, dtype=np.int32)
+        np.cumsum(counts, out=starts[1:])
+        return self._on_device(starts)
 
     def _copy_blocks(self, swap_out, swap_in, block_copies) -> None:
         """Swap-outs first (their device blocks may be reused in this very step), then

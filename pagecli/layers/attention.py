@@ -29,8 +29,10 @@ class AttentionMetadata:
     # layers/rotary.py); None elsewhere
     long_rope_rows: torch.Tensor | None = None
     # models with recurrent layers only: each sequence's state slot, decodes then prefills
-    # ([S] int64; layers/gated_delta.py); None elsewhere
+    # ([S] int64; layers/gated_delta.py), and the first token of each ([S + 1] int32, from
+    # 0: the decodes' one token each, then the prefill chunks); None elsewhere
     state_slots: torch.Tensor | None = None
+    state_starts: torch.Tensor | None = None
 
 
 class PagedAttention(nn.Module):

@@ -12,10 +12,17 @@ Per token, after one input projection (q, k, v, the output gate z, and the per-h
 
 A sequence carries no per-token cache: its state is the conv window (the last kernel - 1
 inputs) and S, both in a state slot of its own (engine: one slot per running sequence, zeroed
-when the sequence starts). Decodes take one recurrent step each, batched; a prefill chunk
-runs the chunked form of the same recurrence (chunks of 64 tokens: the delta rule's
-triangular system solved once per chunk, then one state update per chunk), from the state the
-sequence's earlier chunks left.
+when the sequence starts).
+
+On the CPU with float32 activations, the whole step after the input projection is one native
+call (csrc/gated_delta_cpu.c, also an op of the layer program): conv, norms, the recurrence
+token by token for decodes and prefill chunks alike (two passes over a head's state per
+token, which a prefill keeps in cache), and the gated norm. Elsewhere (CUDA, bfloat16, no C
+compiler) torch runs it: decodes take one recurrent step each, batched; a prefill chunk runs
+the chunked form of the same recurrence (chunks of 64 tokens: the delta rule's triangular
+system solved once per chunk, then one state update per chunk), from the state the
+sequence's earlier chunks left. The two agree to float32 rounding
+(tests/kernels/test_gated_delta_cpu.py).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli.layers.attention import AttentionMetadata
+from pagecli_kernels import fused_cpu
+from pagecli_kernels import layer_ops as ops
 
 CHUNK = 64  # tokens per block of the chunked recurrence
 
@@ -211,10 +220,64 @@ class GatedDeltaNet(nn.Module):
         s = self.spec
         return {"in_proj": [s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads]}
 
+    def native_weights(self) -> tuple[torch.Tensor, ...]:
+        """The conv kernel [C, K], A = -exp(A_log) and dt_bias [Hv], the norm's weight [dv],
+        as the native step takes them (float32, contiguous; made once, after loading)."""
+        if getattr(self, "_native", None) is None:
+            with torch.no_grad():
+                self._native = (
+                    self.conv1d.weight[:, 0].float().contiguous(),
+                    (-self.A_log.float().exp()).contiguous(),
+                    self.dt_bias.float().contiguous(),
+                    self.norm.weight.float().contiguous(),
+                )
+        return self._native
+
+    def native_takes(self, projected: torch.Tensor) -> bool:
+        """Whether the native step runs on this input projection (float32 CPU rows, float32
+        state stores, native kernels on)."""
+        return (
+            fused_cpu.available(projected)
+            and projected.dtype == torch.float32
+            and projected.stride(-1) == 1
+            and self.slots is not None
+            and self.slots.conv.dtype == torch.float32
+        )
+
+    def program(self, src: str, dst: str) -> list[ops.Op] | None:
+        """This layer as layer-program ops from `src` (normed hidden) into `dst` (out_proj's
+        output); None when a weight or store is not one the ops take."""
+        from pagecli.models.blocks import _projection
+
+        s = self.spec
+        in_proj, out_proj = _projection(self.in_proj), _projection(self.out_proj)
+        if in_proj is None or out_proj is None or self.slots is None:
+            return None
+        if self.slots.conv.dtype != torch.float32:
+            return None
+        conv, a, dt_bias, norm = self.native_weights()
+        return [
+            ops.Linear(src, "mixed", *in_proj),
+            ops.DeltaNet(
+                "mixed", "values", conv, a, dt_bias, norm, self.norm.eps, self.slots.conv,
+                self.slots.ssm, s.num_k_heads, s.num_v_heads, s.k_head_dim, s.v_head_dim,
+                s.v_heads_tiled,
+            ),
+            ops.Linear("values", dst, *out_proj),
+        ]  # fmt: skip
+
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         s = self.spec
         num_tokens = hidden.shape[0]
-        mixed, z, b, a = self.in_proj(hidden).split(
+        projected = self.in_proj(hidden)  # [T, C + Hv dv + 2 Hv]
+        if self.native_takes(projected):
+            values = fused_cpu.gated_delta(
+                projected, self.native_weights(), self.norm.eps, self.slots.conv,
+                self.slots.ssm, meta.state_slots, meta.state_starts,
+                (s.num_k_heads, s.num_v_heads, s.k_head_dim, s.v_head_dim), s.v_heads_tiled,
+            )  # fmt: skip
+            return self.out_proj(values.to(hidden.dtype))
+        mixed, z, b, a = projected.split(
             [s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], dim=-1
         )
         mixed = self._conv(mixed, meta)  # [T, conv_dim]

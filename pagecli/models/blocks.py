@@ -208,6 +208,7 @@ class Attention(nn.Module):
         gate = None
         if self.spec.output_gate:  # each head's query, then its gate
             q, gate = q.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q = q.contiguous()  # heads back to back, as the layer program splits them
             gate = gate.reshape(num_tokens, self.q_size)
         if self.spec.qk_norm == "full":  # over the whole projection, before the heads
             q, k = self.q_norm(q), self.k_norm(k)
@@ -220,7 +221,9 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, k, *rope, pairs=self.qk_pairs)
         out = self.attn(q, k, v.contiguous(), meta)  # [T, Hq, D]
         out = out.reshape(num_tokens, self.q_size)
-        if gate is not None:
+        if gate is not None and fused_cpu.gate_mul_takes(out, gate):
+            fused_cpu.gate_mul_(out, gate)  # the layer program's kernel
+        elif gate is not None:
             out = out * torch.sigmoid(gate)
         out = self.o_proj(out)  # [T, H]
         return out if self.tp is None else self.tp.all_reduce(out)
@@ -234,23 +237,25 @@ class Attention(nn.Module):
         if (
             qkv is None
             or o is None
-            or self.spec.output_gate
             or attn.impl not in ("auto", "cpu")
             or not all(_row_cache(c, self.head_dim) for c in (attn.k_cache, attn.v_cache))
         ):
             return None
         q_size, kv_size, d = self.q_size, self.kv_size, self.head_dim
+        k_col = self.q_rows  # past the queries (and their gates)
         program: list[ops.Op] = [ops.Linear(src, "qkv", *qkv)]
+        if self.spec.output_gate:  # each head's query then its gate -> queries, then gates
+            program.append(ops.SplitHeads("qkv", 0, self.num_heads, d))
         if self.q_norm is not None:
             heads = (self.num_heads, self.num_kv_heads) if self.spec.qk_norm == "head" else (1, 1)
-            for norm, col, n in ((self.q_norm, 0, heads[0]), (self.k_norm, q_size, heads[1])):
+            for norm, col, n in ((self.q_norm, 0, heads[0]), (self.k_norm, k_col, heads[1])):
                 weight, mode = norm.kernel_weight()
                 width = norm.weight.shape[0]
                 program.append(ops.Norm("qkv", "qkv", weight, norm.eps, width, mode, col, col, n))
         if rope_index is not None:
             program.append(
                 ops.Rotary(
-                    "qkv", 0, q_size, self.num_heads, self.num_kv_heads, d, rope_index,
+                    "qkv", 0, k_col, self.num_heads, self.num_kv_heads, d, rope_index,
                     self.qk_pairs,
                 )
             )  # fmt: skip
@@ -258,8 +263,8 @@ class Attention(nn.Module):
             ops.Attention(
                 "qkv",
                 0,
-                q_size,
-                q_size + kv_size,
+                k_col,
+                k_col + kv_size,
                 "attn",
                 attn.k_cache,
                 attn.v_cache,
@@ -272,6 +277,8 @@ class Attention(nn.Module):
                 attn.kv_group,
             )
         )
+        if self.spec.output_gate:
+            program.append(ops.GateMul("attn", "qkv", q_size, q_size))
         program.append(ops.Linear("attn", dst, *o))
         if self.tp is not None:
             program.append(ops.AllReduce(dst))
@@ -393,8 +400,6 @@ class DecoderLayer(nn.Module):
         """This layer as native ops over the step's buffers (hidden in and out), op for op
         what `forward` computes; None when some part cannot take them."""
         placement, m = self.spec.norms, self.spec.residual_multiplier
-        if self.spec.linear is not None:
-            return None  # the Python loop runs a Gated DeltaNet layer
 
         def norm(module: RMSNorm, src: str, dst: str, delta: str | None = None) -> ops.Norm:
             weight, mode = module.kernel_weight()
@@ -402,6 +407,19 @@ class DecoderLayer(nn.Module):
 
         def add(src: str) -> ops.Add:
             return ops.Add("hidden", src, m)
+
+        if self.spec.linear is not None:  # pre-norms, no multiplier (checked at __init__)
+            mixer = self.linear_attn.program("normed", "proj")
+            mlp = self.mlp.program("normed", "proj")
+            if mixer is None or mlp is None:
+                return None
+            return [
+                norm(self.input_layernorm, "hidden", "normed"),
+                *mixer,
+                norm(self.post_attention_layernorm, "hidden", "normed", delta="proj"),
+                *mlp,
+                add("proj"),
+            ]
 
         if placement == "post":
             attn = self.self_attn.program("hidden", "proj", rope_index)
@@ -559,7 +577,10 @@ class DecoderModel(CausalLM):
         if native is not None:  # the same kernels as the loop below, in one call
             tables = [(cos[:, 0], sin[:, 0]) for cos, sin in (ropes[k] for k in self.rope_keys)]
             shm = self.tp.shm if self.tp is not None else None
-            normed = native(hidden, tables, meta.slot_mapping, _groups(meta), shm)
+            normed = native(
+                hidden, tables, meta.slot_mapping, _groups(meta), shm, meta.state_slots,
+                meta.state_starts,
+            )  # fmt: skip
             return normed if normed is not None else self.norm(hidden)  # the last norm in C too
         for layer in self.layers:
             key = layer.spec.attention.rope if layer.spec.attention else None
@@ -647,6 +668,9 @@ class DecoderModel(CausalLM):
         if self._attention is None:  # the layers never change; their caches and impl may
             self._attention = self.attention_layers
         key = [(id(a.k_cache), id(a.v_cache), a.kv_group, a.impl) for a in self._attention]
+        key += [
+            (id(s.slots.conv), id(s.slots.ssm)) for s in self.state_layers if s.slots is not None
+        ]
         if key != self._native[0]:
             self._native = (key, self.layer_program())
         return self._native[1]
@@ -655,15 +679,19 @@ class DecoderModel(CausalLM):
         """Values per token of each buffer of the layer program (layer_ops.BUFFERS)."""
         hidden = self.spec.hidden_size
         attentions = [layer.self_attn for layer in self.layers if layer.spec.attention]
+        linear = [layer.spec.linear for layer in self.layers if layer.spec.linear]
         inter = max(layer.mlp.intermediate_size for layer in self.layers)
         return {
             "hidden": hidden,
             "normed": hidden,
-            "qkv": max(a.q_size + 2 * a.kv_size for a in attentions),
+            "qkv": max(a.q_rows + 2 * a.kv_size for a in attentions),
             "attn": max(a.q_size for a in attentions),
             "proj": hidden,
             "gate_up": 2 * inter,
             "act": inter,
+            # a Gated DeltaNet layer's input projection and its values (1: none)
+            "mixed": max((s.conv_dim + s.value_dim + 2 * s.num_v_heads for s in linear), default=1),
+            "values": max((s.value_dim for s in linear), default=1),
         }
 
     def layer_program(self) -> layers_cpu.LayerProgram | None:
@@ -671,9 +699,7 @@ class DecoderModel(CausalLM):
         cache cannot take it (the Python loop runs instead)."""
         program: list[ops.Op] = []
         for layer in self.layers:
-            if layer.spec.attention is None:
-                return None  # a Gated DeltaNet layer: the Python loop runs
-            key = layer.spec.attention.rope
+            key = layer.spec.attention.rope if layer.spec.attention else None
             ops_of_layer = layer.program(None if key is None else self.rope_keys.index(key))
             if ops_of_layer is None:
                 return None

@@ -68,4 +68,14 @@ void pagecli_add_scaled(void *x, const void *y, int64_t num_rows, int64_t width,
                         int64_t stride_x, int64_t stride_y, float scale, int has_scale,
                         int dtype, int num_threads);
 
+/* gated_delta_cpu.c: 0, or -1 a slot outside the stores, -2 no memory */
+int pagecli_gated_delta(const float *mixed, int64_t ld_mixed, int64_t T, const float *conv_w,
+                        int K, const float *A, const float *dt_bias, const float *norm_w,
+                        float eps, float *conv_states, float *ssm_states, int64_t num_slots,
+                        const int64_t *slots, const int32_t *starts, int num_seqs, int nk,
+                        int nv, int dk, int dv, int tiled, float *out, int64_t ld_out,
+                        int num_threads);
+void pagecli_gate_mul(float *x, const float *gate, int64_t num_rows, int64_t width,
+                      int64_t stride_x, int64_t stride_gate, int num_threads);
+
 #endif

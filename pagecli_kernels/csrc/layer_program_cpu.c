@@ -33,6 +33,13 @@
  *   OP_ACT_MUL    x[dst] = act(gate) * up for gate/up side by side in x[src]
  *   OP_ADD        x[dst] += x[src] (has_scale: x[src] * scale, rounded, first)
  *   OP_ALL_REDUCE x[buf] summed over the tensor-parallel ranks (float32)
+ *   OP_SPLIT_HEADS per row, heads pairs of `width` values from col, [x0 y0 x1 y1 ...] ->
+ *                 [x0 x1 ... y0 y1 ...] (gated attention's query and gate of each head)
+ *   OP_GATE_MUL   x[dst] *= sigmoid(x[src] from col) over width values (float32)
+ *   OP_DELTANET   a Gated DeltaNet layer's step from its input projection x[src] into
+ *                 x[dst] (gated_delta_cpu.c; float32): its table of DELTA_FIELDS gives the
+ *                 weights, the state stores and the shape; each sequence's state slot and
+ *                 token start come with the step (state_slots, state_starts)
  *
  * A projection: int64 [PROJECTION_FIELDS]: its float32 bias (0: none), its number of parts (1
  * to MAX_PARTS), then each part's type, weight and rows: a projection's rows may come in
@@ -51,6 +58,9 @@
  *            kv_group_stride
  *   caches   [num_blocks, block_size, KVH, D] of dtype, every layer's K and V with the same
  *            strides (checked by the caller)
+ *   state_slots [num_state_seqs] int64, state_starts [num_state_seqs + 1] int32: the step's
+ *            sequences' recurrent state slots and first tokens (decodes, then prefills), for
+ *            OP_DELTANET (NULL and 0 for models without recurrent layers)
  *   final_norm NULL, or [H] (dtype, or float32 with final_mode 1): then also final_out [T, H]
  *            = rms_norm(hidden; final_norm, final_eps), the model's last norm
  *   timings  NULL, or [2] float64 seconds to add to: inside the projections, inside K/V stores
@@ -78,9 +88,16 @@
 #define LAYERS_E_PARTS -5  /* a projection's parts: not 1 to MAX_PARTS, or rows not adding up */
 #define LAYERS_E_COLLECTIVE -6 /* a tensor-parallel collective timed out or was aborted */
 #define LAYERS_E_PROGRAM -7    /* an op the interpreter does not know, or a buffer out of range */
+#define LAYERS_E_STATE -8 /* a recurrent state slot outside the layer's stores */
 
-enum { BUF_HIDDEN, BUF_NORMED, BUF_QKV, BUF_ATTN, BUF_PROJ, BUF_GATE_UP, BUF_ACT, NUM_BUFS };
-enum { OP_NORM = 1, OP_LINEAR, OP_ROTARY, OP_ATTENTION, OP_ACT_MUL, OP_ADD, OP_ALL_REDUCE };
+enum {
+    BUF_HIDDEN, BUF_NORMED, BUF_QKV, BUF_ATTN, BUF_PROJ, BUF_GATE_UP, BUF_ACT, BUF_MIXED,
+    BUF_VALUES, NUM_BUFS
+};
+enum {
+    OP_NORM = 1, OP_LINEAR, OP_ROTARY, OP_ATTENTION, OP_ACT_MUL, OP_ADD, OP_ALL_REDUCE,
+    OP_SPLIT_HEADS, OP_GATE_MUL, OP_DELTANET
+};
 #define OP_FIELDS 16
 enum { /* OP_NORM */
     N_SRC = 1, N_SRC_COL, N_HAS_DELTA, N_DELTA, N_DST, N_DST_COL, N_HEADS, N_WIDTH, N_WEIGHT,
@@ -97,8 +114,18 @@ enum { /* OP_ATTENTION */
 enum { M_SRC = 1, M_DST, M_INTER, M_ACT };                 /* OP_ACT_MUL */
 enum { D_DST = 1, D_SRC, D_WIDTH, D_HAS_SCALE, D_SCALE }; /* OP_ADD */
 enum { U_BUF = 1, U_WIDTH };                              /* OP_ALL_REDUCE */
+enum { H_BUF = 1, H_COL, H_HEADS, H_WIDTH };              /* OP_SPLIT_HEADS */
+enum { Y_DST = 1, Y_SRC, Y_SRC_COL, Y_WIDTH };            /* OP_GATE_MUL */
+enum { X_SRC = 1, X_DST, X_TABLE };                       /* OP_DELTANET */
+/* an OP_DELTANET table: float32 pointers (conv kernel [C, K], A and dt_bias [Hv], the gated
+ * norm's weight [dv], conv states [slots, C, K - 1], recurrent states [slots, Hv, dk, dv]),
+ * then sizes; the norm's eps as float32 bits */
+enum {
+    DN_CONV, DN_A, DN_DT_BIAS, DN_NORM, DN_CONV_STATES, DN_SSM_STATES, DN_SLOTS, DN_KERNEL,
+    DN_K_HEADS, DN_V_HEADS, DN_K_DIM, DN_V_DIM, DN_TILED, DN_EPS, DELTA_FIELDS
+};
 
-#define MAX_PARTS 3
+#define MAX_PARTS 4
 enum { P_BIAS, P_NUM_PARTS, P_PARTS, PROJECTION_FIELDS = P_PARTS + 3 * MAX_PARTS };
 enum {
     G_TOKEN_START, G_NUM_TOKENS, G_NUM_SEQS, G_BLOCK_TABLES, G_TABLE_STRIDE, G_SEQ_LENS,
@@ -201,6 +228,9 @@ typedef struct {
     int num_groups;
     double *timings;
     int64_t *tp;
+    const int64_t *state_slots;
+    const int32_t *state_starts;
+    int num_state_seqs;
 } Step;
 
 /* A buffer's columns [col, col + count) exist. */
@@ -331,6 +361,55 @@ static int op_all_reduce(const Step *s, const int64_t *op) {
     return all_reduce(s->tp, (float *)s->buf[op[U_BUF]], s->T * width);
 }
 
+static int op_split_heads(const Step *s, const int64_t *op) {
+    const int64_t heads = op[H_HEADS], width = op[H_WIDTH], span = 2 * heads * width;
+    if (!in_buffer(s, op[H_BUF], op[H_COL], span) || heads < 1 || width < 1)
+        return LAYERS_E_PROGRAM;
+    char *tmp = malloc((size_t)(span * s->es));
+    if (!tmp) return LAYERS_E_MEMORY;
+    const size_t piece = (size_t)(width * s->es);
+    for (int64_t t = 0; t < s->T; ++t) {
+        char *row = s->buf[op[H_BUF]] + (t * s->width[op[H_BUF]] + op[H_COL]) * s->es;
+        memcpy(tmp, row, (size_t)(span * s->es));
+        for (int64_t h = 0; h < heads; ++h) {
+            memcpy(row + h * piece, tmp + 2 * h * piece, piece);
+            memcpy(row + (heads + h) * piece, tmp + (2 * h + 1) * piece, piece);
+        }
+    }
+    free(tmp);
+    return 0;
+}
+
+static int op_gate_mul(const Step *s, const int64_t *op) {
+    const int64_t width = op[Y_WIDTH];
+    if (s->dtype != 0) return LAYERS_E_FORMAT;
+    if (!in_buffer(s, op[Y_DST], 0, width) || !in_buffer(s, op[Y_SRC], op[Y_SRC_COL], width))
+        return LAYERS_E_PROGRAM;
+    pagecli_gate_mul((float *)s->buf[op[Y_DST]], (const float *)at(s, op[Y_SRC], op[Y_SRC_COL]),
+                     s->T, width, s->width[op[Y_DST]], s->width[op[Y_SRC]], s->num_threads);
+    return 0;
+}
+
+static int op_deltanet(const Step *s, const int64_t *op) {
+    const int64_t *d = PTR(op[X_TABLE]);
+    const int64_t C = 2 * d[DN_K_HEADS] * d[DN_K_DIM] + d[DN_V_HEADS] * d[DN_V_DIM];
+    const int64_t in = C + d[DN_V_HEADS] * d[DN_V_DIM] + 2 * d[DN_V_HEADS];
+    if (s->dtype != 0) return LAYERS_E_FORMAT;
+    if (!in_buffer(s, op[X_SRC], 0, in) || !in_buffer(s, op[X_DST], 0, d[DN_V_HEADS] * d[DN_V_DIM]))
+        return LAYERS_E_PROGRAM;
+    if (s->num_state_seqs < 1 || s->state_starts[0] != 0 ||
+        s->state_starts[s->num_state_seqs] != s->T)
+        return LAYERS_E_STATE;
+    const int status = pagecli_gated_delta(
+        (const float *)s->buf[op[X_SRC]], s->width[op[X_SRC]], s->T, PTR(d[DN_CONV]),
+        (int)d[DN_KERNEL], PTR(d[DN_A]), PTR(d[DN_DT_BIAS]), PTR(d[DN_NORM]),
+        as_float(d[DN_EPS]), PTR(d[DN_CONV_STATES]), PTR(d[DN_SSM_STATES]), d[DN_SLOTS],
+        s->state_slots, s->state_starts, s->num_state_seqs, (int)d[DN_K_HEADS],
+        (int)d[DN_V_HEADS], (int)d[DN_K_DIM], (int)d[DN_V_DIM], (int)d[DN_TILED],
+        (float *)s->buf[op[X_DST]], s->width[op[X_DST]], s->num_threads);
+    return status == 0 ? 0 : status == -2 ? LAYERS_E_MEMORY : LAYERS_E_STATE;
+}
+
 int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden, int64_t T,
                           const int64_t *widths, const int64_t *ropes, int num_ropes,
                           const int64_t *slot_mapping, int64_t slot_stride, int num_kv_groups,
@@ -339,7 +418,8 @@ int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden,
                           const int64_t *groups, int num_groups, int attention_isa,
                           int num_threads, const void *final_norm, float final_eps,
                           int final_mode, void *final_out, int dtype, double *timings,
-                          int64_t *tp) {
+                          int64_t *tp, const int64_t *state_slots, const int32_t *state_starts,
+                          int num_state_seqs) {
     if (dtype != 0 && dtype != 1) return LAYERS_E_FORMAT;
     if (tp && (dtype != 0 || T * widths[BUF_HIDDEN] > tp[TP_SLOT])) return LAYERS_E_FORMAT;
     Step s = {0};
@@ -362,6 +442,9 @@ int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden,
     s.num_groups = num_groups;
     s.timings = timings;
     s.tp = tp;
+    s.state_slots = state_slots;
+    s.state_starts = state_starts;
+    s.num_state_seqs = num_state_seqs;
     int64_t wide_in = 0, wide_out = 0; /* bfloat16: the projections' float32 rows */
     for (int b = 0; b < NUM_BUFS; ++b) {
         if (widths[b] < 0) return LAYERS_E_PROGRAM;
@@ -402,6 +485,9 @@ int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden,
         case OP_ACT_MUL: status = op_act_mul(&s, op); break;
         case OP_ADD: status = op_add(&s, op); break;
         case OP_ALL_REDUCE: status = op_all_reduce(&s, op); break;
+        case OP_SPLIT_HEADS: status = op_split_heads(&s, op); break;
+        case OP_GATE_MUL: status = op_gate_mul(&s, op); break;
+        case OP_DELTANET: status = op_deltanet(&s, op); break;
         default: status = LAYERS_E_PROGRAM;
         }
     }

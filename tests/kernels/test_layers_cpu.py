@@ -105,11 +105,12 @@ def test_float32_checkpoints_take_the_layers_bit_for_bit(tiny_models, name, monk
 
 @pytest.mark.parametrize(
     "name",
-    ["gemma3", "phi3", "smollm3", "olmo2", "granite", "ministral"],
+    ["gemma3", "phi3", "smollm3", "olmo2", "granite", "ministral", "qwen3_5"],
 )
 def test_every_family_takes_the_program_bit_for_bit(family_models, name, monkeypatch):
     # the program of each family (sandwich and post norms, q/k norms per head and over the
-    # whole projection, partial and no rotary, LongRoPE, windows, multipliers, gelu-tanh)
+    # whole projection, partial and no rotary, LongRoPE, windows, multipliers, gelu-tanh,
+    # Qwen3.5's Gated DeltaNet layers with their state slots and its gated attention)
     # against the loop of the same layers, with chunked prefills, preemption, prefix hits
     calls = _counting(monkeypatch)
     llm, native_run = _run(family_models[name], True)
@@ -249,7 +250,7 @@ def test_the_binding_checks_every_size_the_c_loop_reads(tiny_ggufs):
         bind(swapped)
     assert len(qkv.parts) == 3  # a QuantLinear's parts: q, k, v as the file holds them
     whole = concat_rows(list(qkv.parts))  # one buffer, cut into parts below
-    rows = whole.rows // 4
+    rows = whole.rows // (layers_cpu.MAX_PARTS + 1)
 
     def with_parts(*bounds):
         parts = tuple(QuantWeight(whole.format, whole.data[a:b], whole.cols) for a, b in bounds)
@@ -260,7 +261,7 @@ def test_the_binding_checks_every_size_the_c_loop_reads(tiny_ggufs):
     assert bind(with_parts((0, 2 * rows), (2 * rows, whole.rows)))
     for bad in (
         with_parts((0, rows), (rows, whole.rows - 1)),
-        with_parts(*[(i * rows, (i + 1) * rows) for i in range(4)]),
+        with_parts(*[(i * rows, (i + 1) * rows) for i in range(layers_cpu.MAX_PARTS + 1)]),
     ):
         with pytest.raises(ValueError, match="parts"):  # a row short; more than MAX_PARTS
             bind(bad)
