@@ -4,8 +4,11 @@ model at a long context: one decode (batch 1) and one prefill chunk.
 The layers are Qwen3.5-0.8B-shaped by default (hidden 1024; DeltaNet: 16 key and 16 value
 heads of 128; attention: 8 query heads over 2 KV heads of 256, output gate, (1 + w) q/k
 norms), float32, random weights, torch's linears (both layers alike), the paged attention of
-the CPU's native kernels over --context cached tokens. Prints the median of --reps calls of
-each part, with the CPU named.
+the CPU's native kernels over --context cached tokens. The DeltaNet's parts are timed twice:
+the torch path's (conv, recurrence: recurrent_step or chunked_rule, gated norm) and the
+native step that replaces them on the CPU (csrc/gated_delta_cpu.c, `native_step`); `whole`
+is the layer's forward as the engine runs it (the native step). Prints the median of --reps
+calls of each part, with the CPU named.
 
     .venv/bin/python benchmarks/deltanet_layer.py [--context 4096] [--chunk 512] [--threads 2]
 """
@@ -30,6 +33,7 @@ from pagecli.layers.gated_delta import (
     recurrent_step,
 )
 from pagecli.models.blocks import Attention, AttentionSpec
+from pagecli_kernels import fused_cpu
 
 
 def median_ms(fn, reps: int) -> float:
@@ -64,11 +68,21 @@ def deltanet_parts(layer: GatedDeltaNet, hidden: torch.Tensor, meta, reps: int) 
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.t(), beta.t(), state
         )
     out = v
+    projected = layer.in_proj(hidden)
+    shape = (s.num_k_heads, s.num_v_heads, s.k_head_dim, s.v_head_dim)
+
+    def native():
+        fused_cpu.gated_delta(
+            projected, layer.native_weights(), s.eps, layer.slots.conv, layer.slots.ssm,
+            meta.state_slots, meta.state_starts, shape, s.v_heads_tiled,
+        )  # fmt: skip
+
     return {
         "in_proj": median_ms(lambda: layer.in_proj(hidden), reps),
         "conv": median_ms(lambda: layer._conv(mixed, meta), reps),
         "recurrence": median_ms(rule, reps),
         "gated_norm": median_ms(lambda: layer.norm(out, z.reshape(v.shape)), reps),
+        "native_step": median_ms(native, reps),
         "out_proj": median_ms(lambda: layer.out_proj(out.reshape(n, -1)), reps),
         "whole": median_ms(lambda: layer(hidden, meta), reps),
     }
@@ -112,6 +126,7 @@ def main() -> None:
                 prefill_seq_lens=None,
                 prefill_query_start_loc=None,
                 state_slots=torch.tensor([0]),
+                state_starts=torch.tensor([0, 1], dtype=torch.int32),
             )
         else:
             meta = AttentionMetadata(
@@ -123,6 +138,7 @@ def main() -> None:
                 prefill_seq_lens=torch.tensor([start + n], dtype=torch.int32),
                 prefill_query_start_loc=torch.tensor([0, n], dtype=torch.int32),
                 state_slots=torch.tensor([0]),
+                state_starts=torch.tensor([0, n], dtype=torch.int32),
             )
         with torch.inference_mode():
             parts = deltanet_parts(layer, hidden, meta, args.reps)

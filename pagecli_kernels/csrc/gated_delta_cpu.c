@@ -18,8 +18,9 @@
  *   o     = S^T q = decay (S_old^T q) + delta (k . q)
  *   out   = rms_norm(o) * norm_w * silu(z)   per value head, into out [T, ld_out]
  *
- * One token's update reads S once for S^T k and S^T q together, then rewrites it: two
- * passes over a head's dk x dv floats, the second from cache. Decodes and prefill chunks take
+ * One token's update reads S once for S^T k and S^T q together, then rewrites it, a block of
+ * columns at a time (the rewrite finds the block in L1): one read and one write of a head's
+ * dk x dv floats from memory per token. Decodes and prefill chunks take
  * the same token-by-token recurrence (a prefill's states stay in cache between its tokens);
  * the work is spread over (sequence, value head) pairs. Returns 0, or -1 (a slot outside
  * [0, num_slots)), -2 (no memory for the scratch rows).
@@ -39,45 +40,83 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 /* torch's softplus (beta 1, threshold 20) */
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* One value head's state through one token (the module comment); o [dv], scratch [2 dv]. */
+typedef float v8f __attribute__((vector_size(32), aligned(4))); /* 8 floats, any alignment */
+#define BLOCK 32 /* state columns a block keeps in registers: 4 vectors per sum */
+
+static inline v8f load8(const float *p) { return *(const v8f *)p; }
+static inline void store8(float *p, v8f x) { *(v8f *)p = x; }
+
+/* One value head's state through one token (the module comment); o [dv], scratch [2 dv].
+ * BLOCK columns of S at a time: S^T k and S^T q of the block summed in registers over the
+ * dk rows, then the block's delta and o, then the block's rows rewritten while still in L1:
+ * S is read from memory once and written once per token. */
 CLONES static void delta_token(float *restrict S, const float *restrict q,
                                const float *restrict k, const float *restrict v, float decay,
                                float beta, int dk, int dv, float *restrict o,
                                float *restrict scratch) {
-    float *restrict sk = scratch, *restrict sq = scratch + dv;
-    for (int j = 0; j < dv; ++j) sk[j] = sq[j] = 0.0f;
     float kq = 0.0f;
+    for (int i = 0; i < dk; ++i) kq += k[i] * q[i];
+    int j0 = 0;
+    for (; j0 + BLOCK <= dv; j0 += BLOCK) {
+        v8f sk[4] = {0}, sq[4] = {0};
+        for (int i = 0; i < dk; ++i) {
+            const float *row = S + (int64_t)i * dv + j0;
+            const float ki = k[i], qi = q[i];
+            for (int u = 0; u < 4; ++u) {
+                const v8f r = load8(row + 8 * u);
+                sk[u] += ki * r;
+                sq[u] += qi * r;
+            }
+        }
+        v8f delta[4];
+        for (int u = 0; u < 4; ++u) {
+            delta[u] = (load8(v + j0 + 8 * u) - decay * sk[u]) * beta;
+            store8(o + j0 + 8 * u, decay * sq[u] + delta[u] * kq);
+        }
+        for (int i = 0; i < dk; ++i) {
+            float *row = S + (int64_t)i * dv + j0;
+            const float ki = k[i];
+            for (int u = 0; u < 4; ++u)
+                store8(row + 8 * u, decay * load8(row + 8 * u) + ki * delta[u]);
+        }
+    }
+    if (j0 == dv) return;
+    /* the columns past the last whole block (dv not a multiple of BLOCK) */
+    const int rest = dv - j0;
+    float *restrict sk = scratch, *restrict sq = scratch + rest;
+    for (int j = 0; j < rest; ++j) sk[j] = sq[j] = 0.0f;
     for (int i = 0; i < dk; ++i) {
         const float ki = k[i], qi = q[i];
-        const float *restrict row = S + (int64_t)i * dv;
-        for (int j = 0; j < dv; ++j) {
+        const float *restrict row = S + (int64_t)i * dv + j0;
+        for (int j = 0; j < rest; ++j) {
             sk[j] += ki * row[j];
             sq[j] += qi * row[j];
         }
-        kq += ki * qi;
     }
-    for (int j = 0; j < dv; ++j) {
-        const float delta = (v[j] - decay * sk[j]) * beta;
-        o[j] = decay * sq[j] + delta * kq;
+    for (int j = 0; j < rest; ++j) {
+        const float delta = (v[j0 + j] - decay * sk[j]) * beta;
+        o[j0 + j] = decay * sq[j] + delta * kq;
         sk[j] = delta;
     }
     for (int i = 0; i < dk; ++i) {
         const float ki = k[i];
-        float *restrict row = S + (int64_t)i * dv;
-        for (int j = 0; j < dv; ++j) row[j] = decay * row[j] + ki * sk[j];
+        float *restrict row = S + (int64_t)i * dv + j0;
+        for (int j = 0; j < rest; ++j) row[j] = decay * row[j] + ki * sk[j];
     }
 }
 
 /* The conv of channels [c0, c1) of one sequence's n tokens (rows of x, ld apart) after the
  * K - 1 inputs its state keeps; outputs (silu) into y [n, C]; the state keeps the new last
- * K - 1 inputs. */
-static void conv_channels(const float *x, int64_t ld, int64_t n, const float *w, int K,
-                          float *state, int64_t C, int64_t c0, int64_t c1, float *y) {
+ * K - 1 inputs. Tokens past the first K - 1 read only the sequence's rows: those go row by
+ * row over the channels (unit stride, vectorized), with the kernel taps wt [K, C]. */
+CLONES static void conv_channels(const float *x, int64_t ld, int64_t n, const float *w,
+                                 const float *wt, int K, float *state, int64_t C, int64_t c0,
+                                 int64_t c1, float *y) {
     const int keep = K - 1;
+    const int64_t head = n < keep ? n : keep; /* tokens whose window reaches into the state */
     for (int64_t c = c0; c < c1; ++c) {
-        float *kept = state + c * keep;
-        const float *wc = w + c * K;
-        for (int64_t t = 0; t < n; ++t) {
+        const float *kept = state + c * keep, *wc = w + c * K;
+        for (int64_t t = 0; t < head; ++t) {
             float acc = 0.0f;
             for (int j = 0; j < K; ++j) {
                 const int64_t p = t - keep + j; /* < 0: a kept input */
@@ -85,8 +124,18 @@ static void conv_channels(const float *x, int64_t ld, int64_t n, const float *w,
             }
             y[t * C + c] = silu(acc);
         }
-        /* the new window: the last `keep` of [kept, inputs] */
-        float window[16];
+    }
+    for (int64_t t = head; t < n; ++t) {
+        float *out = y + t * C;
+        for (int64_t c = c0; c < c1; ++c) out[c] = 0.0f;
+        for (int j = 0; j < K; ++j) {
+            const float *in = x + (t - keep + j) * ld, *tap = wt + (int64_t)j * C;
+            for (int64_t c = c0; c < c1; ++c) out[c] += tap[c] * in[c];
+        }
+        for (int64_t c = c0; c < c1; ++c) out[c] = silu(out[c]);
+    }
+    for (int64_t c = c0; c < c1; ++c) { /* the new window: the last `keep` of [kept, inputs] */
+        float *kept = state + c * keep, window[16];
         for (int j = 0; j < keep; ++j) {
             const int64_t p = n - keep + j;
             window[j] = p < 0 ? kept[keep + p] : x[p * ld + c];
@@ -115,6 +164,14 @@ int pagecli_gated_delta(const float *mixed, int64_t ld_mixed, int64_t T, const f
         return -2;
     }
     float *decay = x + T * C, *beta = decay + T * nv;
+    float *wt = malloc(sizeof(float) * (size_t)(K * C)); /* the taps, [K, C] */
+    if (!wt) {
+        free(x);
+        free(scratch);
+        return -2;
+    }
+    for (int64_t c = 0; c < C; ++c)
+        for (int j = 0; j < K; ++j) wt[(int64_t)j * C + c] = conv_w[c * K + j];
     /* the conv, a sequence at a time, its channels over the threads */
     for (int s = 0; s < num_seqs; ++s) {
         const int64_t t0 = starts[s], n = starts[s + 1] - t0;
@@ -124,8 +181,8 @@ int pagecli_gated_delta(const float *mixed, int64_t ld_mixed, int64_t T, const f
         for (int part = 0; part < num_threads; ++part) {
             const int64_t c0 = part * per, c1 = c0 + per < C ? c0 + per : C;
             if (c0 < c1)
-                conv_channels(mixed + t0 * ld_mixed, ld_mixed, n, conv_w, K, state, C, c0, c1,
-                              x + t0 * C);
+                conv_channels(mixed + t0 * ld_mixed, ld_mixed, n, conv_w, wt, K, state, C, c0,
+                              c1, x + t0 * C);
         }
     }
     /* q and k normalized per key head; beta and the decay per value head */
@@ -173,6 +230,7 @@ int pagecli_gated_delta(const float *mixed, int64_t ld_mixed, int64_t T, const f
     }
     free(x);
     free(scratch);
+    free(wt);
     return 0;
 }
 
