@@ -388,7 +388,8 @@ class ModelRunner:
         return model.eval()
 
     def _set_attention_impl(self, impl: str) -> None:
-        """Point every attention layer at the kernels of `attention_impl`."""
+        """Point every attention layer, and every recurrent layer's recurrence, at the kernels
+        of `attention_impl`."""
         import os
 
         if impl == "triton" and self.device.type == "cpu":
@@ -407,6 +408,8 @@ class ModelRunner:
             head_dim = self.model.attention_layers[0].head_dim
             check_triton_support(head_dim, self.block_size)  # fail at start, not in step 1
         for layer in self.model.attention_layers:
+            layer.impl = impl
+        for layer in self.model.state_layers:  # the DeltaNet recurrence's kernels
             layer.impl = impl
 
     def _plan_states(self, per_state: int) -> tuple[int, int]:

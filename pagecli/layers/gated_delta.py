@@ -18,11 +18,13 @@ On the CPU with float32 activations, the whole step after the input projection i
 call (csrc/gated_delta_cpu.c, also an op of the layer program): conv, norms, the recurrence
 token by token for decodes and prefill chunks alike (two passes over a head's state per
 token, which a prefill keeps in cache), and the gated norm. Elsewhere (CUDA, bfloat16, no C
-compiler) torch runs it: decodes take one recurrent step each, batched; a prefill chunk runs
-the chunked form of the same recurrence (chunks of 64 tokens: the delta rule's triangular
-system solved once per chunk, then one state update per chunk), from the state the
-sequence's earlier chunks left. The two agree to float32 rounding
-(tests/kernels/test_gated_delta_cpu.py).
+compiler) torch runs the conv and the norms; the recurrence is the Triton kernel of
+pagecli_kernels/gated_delta.py on CUDA (`impl`, as the attention's: every sequence of the
+step in one launch, token by token), else torch's: decodes take one recurrent step each,
+batched; a prefill chunk runs the chunked form of the same recurrence (chunks of 64 tokens:
+the delta rule's triangular system solved once per chunk, then one state update per chunk),
+from the state the sequence's earlier chunks left. They agree to float32 rounding
+(tests/kernels/test_gated_delta_cpu.py, tests/kernels/test_gated_delta_triton.py).
 """
 
 from __future__ import annotations
@@ -213,6 +215,7 @@ class GatedDeltaNet(nn.Module):
         self.slots: StateStore | None = None
         self.snapshots: StateStore | None = None
         self.host: StateStore | None = None
+        self.impl = "auto"  # the recurrence's kernels, as PagedAttention.impl (model runner)
 
     @property
     def part_sizes(self) -> dict[str, list[int]]:
@@ -237,7 +240,8 @@ class GatedDeltaNet(nn.Module):
         """Whether the native step runs on this input projection (float32 CPU rows, float32
         state stores, native kernels on)."""
         return (
-            fused_cpu.available(projected)
+            self.impl in ("auto", "cpu")
+            and fused_cpu.available(projected)
             and projected.dtype == torch.float32
             and projected.stride(-1) == 1
             and self.slots is not None
@@ -252,6 +256,8 @@ class GatedDeltaNet(nn.Module):
         s = self.spec
         in_proj, out_proj = _projection(self.in_proj), _projection(self.out_proj)
         if in_proj is None or out_proj is None or self.slots is None:
+            return None
+        if self.impl not in ("auto", "cpu"):
             return None
         if self.slots.conv.dtype != torch.float32:
             return None
@@ -285,6 +291,8 @@ class GatedDeltaNet(nn.Module):
         repeat = s.num_v_heads // s.num_k_heads
         q = q.reshape(num_tokens, s.num_k_heads, s.k_head_dim).float()
         k = k.reshape(num_tokens, s.num_k_heads, s.k_head_dim).float()
+        if self.impl == "triton" or (self.impl == "auto" and hidden.device.type == "cuda"):
+            return self._triton_rest(hidden, q, k, v, z, b, a, meta)
         if repeat > 1 and s.v_heads_tiled:
             q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)
         elif repeat > 1:
@@ -322,6 +330,25 @@ class GatedDeltaNet(nn.Module):
                 )  # fmt: skip
                 self.slots.ssm[slot] = new
                 out[lo:hi] = o.transpose(0, 1)
+        o = self.norm(out.to(hidden.dtype), z.reshape(num_tokens, s.num_v_heads, s.v_head_dim))
+        return self.out_proj(o.reshape(num_tokens, s.value_dim))
+
+    def _triton_rest(self, hidden, q, k, v, z, b, a, meta: AttentionMetadata) -> torch.Tensor:
+        """The recurrence of every sequence in one Triton launch, then the gated norm and
+        out_proj; q, k [T, Hk, dk] (not yet normalized), v, z, b, a as split."""
+        from pagecli_kernels.gated_delta import gated_delta_recurrence
+
+        s = self.spec
+        num_tokens = hidden.shape[0]
+        q = l2_normalize(q) * s.k_head_dim**-0.5
+        k = l2_normalize(k)
+        v = v.reshape(num_tokens, s.num_v_heads, s.v_head_dim).float()
+        beta = b.float().sigmoid()  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        out = gated_delta_recurrence(
+            q, k, v, g, beta, self.slots.ssm, meta.state_slots, meta.state_starts,
+            s.v_heads_tiled,
+        )  # fmt: skip
         o = self.norm(out.to(hidden.dtype), z.reshape(num_tokens, s.num_v_heads, s.v_head_dim))
         return self.out_proj(o.reshape(num_tokens, s.value_dim))
 

@@ -35,11 +35,18 @@ from pagecli_kernels._triton_utils import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_
 decode_attention = importlib.import_module("pagecli_kernels.decode_attention")
 prefill_attention = importlib.import_module("pagecli_kernels.prefill_attention")
 token_bitmask = importlib.import_module("pagecli_kernels.token_bitmask")
+gated_delta = importlib.import_module("pagecli_kernels.gated_delta")
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-INT_POINTERS = {"block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "bitmask_ptr"}
-INT64_POINTERS = {"slot_mapping_ptr", "rows_ptr"}
+INT_POINTERS = {
+    "block_tables_ptr",
+    "seq_lens_ptr",
+    "query_start_loc_ptr",
+    "bitmask_ptr",
+    "starts_ptr",
+}
+INT64_POINTERS = {"slot_mapping_ptr", "rows_ptr", "slots_ptr"}
 FP32_POINTERS = {"partial_max_ptr", "partial_sum_ptr", "partial_out_ptr", "sinks_ptr"}
 FLOAT_SCALARS = {"scale"}
 
@@ -170,6 +177,23 @@ def variants(full: bool) -> list[Variant]:
                                 BLOCK_D=block_d,
                                 NUM_SPLITS=num_splits,
                                 HAS_SINKS=has_sinks,
+                            ),
+                            {"num_warps": 4},
+                        )
+                    )
+        if dtype == torch.float32:  # the DeltaNet recurrence: float32 states and inputs
+            for k_dim in gated_delta.SUPPORTED_K_DIMS if full else (128,):
+                for tiled in (False, True):
+                    out.append(
+                        Variant(
+                            "gated_delta",
+                            "_gated_delta_kernel",
+                            type_name,
+                            dict(
+                                K_DIM=k_dim,
+                                V_DIM=128,
+                                BLOCK_V=gated_delta.block_v(128),
+                                TILED=tiled,
                             ),
                             {"num_warps": 4},
                         )
