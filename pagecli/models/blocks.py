@@ -632,7 +632,7 @@ class DecoderModel(CausalLM):
         deinterleaves its q and k outputs, so the rest of the model is unchanged."""
         for layer in self.layers:
             if layer.spec.attention is None:
-                raise ValueError("Gated DeltaNet layers from a GGUF are not read in place yet")
+                raise ValueError("a model with Gated DeltaNet layers takes no permuted Q/K rows")
             attn = layer.self_attn
             if attn.q_norm is not None:  # it would see the interleaved order
                 raise ValueError("q/k norms need the checkpoint's q/k rows unpermuted")
