@@ -45,3 +45,12 @@ def family_models(tmp_path_factory) -> dict[str, Path]:
     from tests.tiny_models import build_tiny_models, family_configs
 
     return build_tiny_models(tmp_path_factory.mktemp("families"), family_configs())
+
+
+@pytest.fixture(scope="session")
+def moe_models(tmp_path_factory) -> dict[str, Path]:
+    """Random-weight checkpoints of the mixture-of-experts families (Qwen3-MoE, Qwen2-MoE,
+    Mixtral, OLMoE)."""
+    from tests.tiny_models import build_tiny_models, moe_configs
+
+    return build_tiny_models(tmp_path_factory.mktemp("moe"), moe_configs())

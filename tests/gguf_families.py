@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -279,9 +280,52 @@ def _tile_v(name: str, values: np.ndarray, hp: dict, inverse: bool) -> np.ndarra
     return values
 
 
+MOE_ARCHS = {"qwen3moe", "olmoe"}
+EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+def _moe_keys(writer, hp: dict, arch: str) -> None:
+    """Qwen2MoeModel / Qwen3MoeModel and OlmoeModel.set_gguf_parameters: the expert counts,
+    and each expert's width where the arch has a key for it (qwen3moe)."""
+    writer.add_expert_count(hp.get("num_experts") or hp["num_local_experts"])
+    writer.add_expert_used_count(hp["num_experts_per_tok"])
+    if arch == "qwen3moe":
+        writer.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+    writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
+
+
+def _expert_stacks(writer, state: dict, fmt: str, reference: dict) -> None:
+    """The converter's 3-D expert tensors (Qwen2MoeModel.modify_tensors stacks each layer's
+    experts): blk.N.ffn_{gate,up,down}_exps [E, rows, cols] in `fmt`, quantized row by row as
+    llama-quantize does; the reference keeps each expert's dequantized rows."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[fmt.upper()]
+    stacks: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    for name, tensor in state.items():
+        found = EXPERT.fullmatch(name)
+        if found:
+            layer, expert, kind = int(found[1]), int(found[2]), found[3]
+            stacks.setdefault((layer, kind), {})[expert] = tensor
+    for (layer, kind), experts in sorted(stacks.items()):
+        values = torch.stack([experts[e] for e in range(len(experts))]).numpy()  # [E, r, c]
+        count, rows, cols = values.shape
+        blocks = quantize(values.reshape(count * rows, cols), fmt)  # [E r, row bytes]
+        writer.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight",
+                          blocks.reshape(count, rows, -1), raw_dtype=qtype)  # fmt: skip
+        stored = gguf.quants.dequantize(blocks, qtype).reshape(count, rows, cols)
+        for e in range(count):
+            name = f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight"
+            reference[name] = torch.from_numpy(np.ascontiguousarray(stored[e], np.float32))
+
+
 def _write_metadata(writer, arch: str, hp: dict, fmt: str) -> None:
     """The converter's metadata for `arch` from the checkpoint's config.json `hp`."""
     rope = _rope(hp)
+    if arch in MOE_ARCHS:
+        _text_model_keys(writer, hp, rope, fmt)
+        _moe_keys(writer, hp, arch)
+        return
     if arch == "qwen35":
         _qwen35_keys(writer, hp, rope, fmt)
         return
@@ -362,9 +406,13 @@ def write_family_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     _write_metadata(writer, arch, hp, fmt)
     reference: dict[str, torch.Tensor] = {}
+    if arch in MOE_ARCHS:
+        _expert_stacks(writer, state, fmt, reference)
     for hf_name, tensor in state.items():
         if hf_name == "lm_head.weight" and bool(hp.get("tie_word_embeddings")):
             continue  # the converter skips a tied head (Gemma 3 always)
+        if EXPERT.fullmatch(hf_name):
+            continue  # in the expert stacks
         converted = hf_name.replace(".dt_bias", ".dt_proj.bias")  # Qwen3NextModel's rename
         name = names.get_name(converted, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"{arch}: no GGUF name for {hf_name}"
@@ -381,7 +429,8 @@ def write_family_gguf(
         plus_one = arch in NORM_PLUS_ONE_ARCHS and hf_name.endswith("norm.weight")
         if plus_one:
             values = values + np.float32(1.0)  # float32, as the float32 checkpoint converts
-        if values.ndim == 2 and "norm" not in name and values.shape[1] % _block_width(fmt) == 0:
+        quantized = "norm" not in name and "ffn_gate_inp" not in name  # llama-quantize's
+        if values.ndim == 2 and quantized and values.shape[1] % _block_width(fmt) == 0:
             blocks = quantize(values, fmt)  # [rows, row_bytes]
             writer.add_tensor(name, blocks, raw_dtype=qtype)
             stored = gguf.quants.dequantize(blocks, qtype).reshape(values.shape)
@@ -409,10 +458,16 @@ def write_family_gguf(
     writer.close()
 
     ref_config = _reference_config(config, arch)
+    ref_dir = out_dir / f"{model_dir.name}-{fmt}-reference"
+    if arch in MOE_ARCHS:  # per-expert names: transformers' loader fuses them
+        from safetensors.torch import save_file
+
+        ref_config.save_pretrained(str(ref_dir))
+        save_file(reference, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
+        return path, ref_dir
     model = AutoModelForCausalLM.from_config(ref_config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(reference, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
-    ref_dir = out_dir / f"{model_dir.name}-{fmt}-reference"
     model.save_pretrained(str(ref_dir))
     return path, ref_dir

@@ -154,6 +154,46 @@ def family_configs():
     }
 
 
+def moe_configs():
+    """The mixture-of-experts families: routers that pick different experts for different
+    tokens (the checkpoints' spread makes the router logits decisive), a dense layer among the
+    sparse ones (Qwen3-MoE's mlp_only_layers), a gated shared expert (Qwen2-MoE)."""
+    from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common = {**COMMON, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    return {
+        "qwen3_moe": Qwen3MoeConfig(
+            **{**common, "num_hidden_layers": 3},
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        ),
+        "qwen2_moe": Qwen2MoeConfig(
+            **common,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+            tie_word_embeddings=False,
+        ),
+        "mixtral": MixtralConfig(
+            **common, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False
+        ),
+        "olmoe": OlmoeConfig(
+            **common,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            tie_word_embeddings=False,
+        ),
+    }
+
+
 def kv_memory(config, blocks: int, block_size: int, value_bytes: int = 4) -> float:
     """GiB of `blocks` blocks of K and V for every layer of a model (float32 values by
     default): a KV budget that means the same with and without window tables

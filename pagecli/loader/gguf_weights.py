@@ -83,6 +83,10 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
     num_kv_heads = int(reader.get(f"{arch}.attention.head_count_kv", num_heads))
     unpermute = not keep_quantized and family.qk_permuted  # else keeps_qk_pairs
     for t, name in model_tensors(reader, family):
+        if "{e}" in name:  # a 3-D expert stack: each expert's rows
+            for e, weight in enumerate(expert_weights(t, keep_quantized)):
+                yield name.format(e=e), weight
+            continue
         heads = None
         if unpermute and ".q_proj." in name:
             heads = num_heads
@@ -101,13 +105,15 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
 def model_tensors(reader: GGUFFile, family) -> Iterator[tuple[GGUFTensor, str]]:
     """(tensor, transformers name) for the file's tensors of the model pagecli runs: those
     its family names, less the multi-token-prediction layers a converter appends after the
-    model's own (`{arch}.nextn_predict_layers` of `{arch}.block_count`; Qwen3.5, GLM)."""
+    model's own (`{arch}.nextn_predict_layers` of `{arch}.block_count`; Qwen3.5, GLM). A 3-D
+    expert stack comes with its experts' name, "{e}" standing for the expert
+    (`expert_weights` cuts it)."""
     arch = reader.get("general.architecture")
     blocks = reader.get(f"{arch}.block_count")
     extra = reader.get(f"{arch}.nextn_predict_layers") or 0
     layers = int(blocks) - int(extra) if blocks is not None else None
     for t in reader.tensors:
-        name = family.hf_name(t.name)
+        name = family.hf_name(t.name) or family.expert_template(t.name)
         if name is None:
             continue
         if layers is not None and name.startswith("model.layers."):
@@ -116,20 +122,53 @@ def model_tensors(reader: GGUFFile, family) -> Iterator[tuple[GGUFTensor, str]]:
         yield t, name
 
 
+def expert_count(t: GGUFTensor) -> int:
+    """The experts of a 3-D expert stack (ggml lists the experts' axis last)."""
+    return int(t.shape[-1]) if len(t.shape) == 3 else 0
+
+
+def expert_weights(t: GGUFTensor, keep_quantized: bool) -> list[Weight]:
+    """A 3-D expert stack [E, rows, cols] as E weights [rows, cols]: with `keep_quantized`
+    and a supported block format, `QuantWeight` views of each expert's rows of the file's map
+    (never copied); else float32 (one dequantization of the stack, cut by experts)."""
+
+    if len(t.shape) != 3:
+        raise GGUFError(f"{t.name}: an expert tensor of {len(t.shape)} dimensions, not 3")
+    experts, rows, cols = (int(d) for d in reversed(t.shape))
+    fmt = BY_GGML_TYPE.get(int(t.tensor_type))
+    if keep_quantized and fmt is not None:
+        data = torch.from_numpy(t.data.reshape(experts * rows, -1))  # a view
+        return [QuantWeight(fmt, data[e * rows : (e + 1) * rows], cols) for e in range(experts)]
+    values = _dequantize(t)
+    stack = torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(experts, rows, cols)
+    return list(stack.unbind(0))
+
+
+def _dequantize(t: GGUFTensor):
+    """The tensor's values as float32 (numpy), or GGUFError naming a format the gguf
+    package cannot read."""
+    import gguf
+
+    try:
+        return gguf.quants.dequantize(t.data, t.tensor_type)
+    except (NotImplementedError, ValueError, KeyError):
+        kind = getattr(t.tensor_type, "name", t.tensor_type)
+        raise GGUFError(f"{t.name}: tensor type {kind} is not supported") from None
+
+
 def tensor_weight(
     t: GGUFTensor, keep_quantized: bool, heads: int | None = None, offset: bool = False
 ) -> Weight:
     """One tensor of a GGUF file: a `QuantWeight` view of the map for a 2-D tensor in a
     supported block format when `keep_quantized`, else float32 (its Q/K rows unpermuted for
     `heads` heads when given; 1 subtracted with `offset`)."""
-    import gguf
 
     shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
     fmt = BY_GGML_TYPE.get(int(t.tensor_type))
     if keep_quantized and fmt is not None and len(shape) == 2:
         rows, cols = shape
         return QuantWeight(fmt, torch.from_numpy(t.data.reshape(rows, -1)), cols)  # a view
-    data = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [rows, cols]
+    data = _dequantize(t)  # float32, [rows, cols]
     weight = torch.from_numpy(np.asarray(data, dtype=np.float32)).reshape(shape)
     if heads is not None:
         weight = unpermute_qk(weight, heads)

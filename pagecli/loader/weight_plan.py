@@ -135,6 +135,7 @@ def plan_weights(
 def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     from pagecli.loader.gguf_weights import (
         GGUFError,
+        expert_count,
         file_arch,
         iter_gguf_weights,
         keeps_qk_pairs,
@@ -152,9 +153,12 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     blocks: dict[str, int] = {}
     resident = mapped = 0
     for t, name in model_tensors(reader, family):
-        if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == 2:
-            names.add(name)
-            blocks[name] = BY_GGML_TYPE[int(t.tensor_type)].block_values
+        experts = [name.format(e=e) for e in range(expert_count(t))] if "{e}" in name else [name]
+        dims = 3 if "{e}" in name else 2  # a 3-D expert stack: its experts' blocks
+        if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == dims:
+            for expert in experts:
+                names.add(expert)
+                blocks[expert] = BY_GGML_TYPE[int(t.tensor_type)].block_values
             mapped += int(t.n_bytes)
         else:
             resident += int(t.n_elements) * size

@@ -175,26 +175,33 @@ def check_kv_fits(
 
 
 def text_model_names(folder: Path) -> Callable[[str], str | None] | None:
-    """For a multimodal checkpoint whose language model a family runs: the map from its
-    tensor names to the language model's ("model.language_model.x" -> "model.x", lm_head
-    as it is; None for the rest: vision tower, MTP head). None for any other checkpoint."""
+    """The map from a checkpoint's tensor names to the names its family's modules take, or
+    None where they are the same: a multimodal checkpoint's language model
+    ("model.language_model.x" -> "model.x", lm_head as it is; None for the rest: vision
+    tower, MTP head), and a family's own renames (CausalLM.rename_tensor: Mixtral's)."""
     try:
         architectures = json.loads((folder / "config.json").read_text()).get("architectures")
     except (OSError, ValueError, AttributeError):
         return None
     if not architectures:
         return None
-    from pagecli.models.registry import multimodal_text_model
+    from pagecli.models.base import CausalLM
+    from pagecli.models.registry import checkpoint_class, multimodal_text_model
 
+    cls = checkpoint_class(architectures)
     found = multimodal_text_model(architectures)
-    if found is None:
+    renames = cls is not None and cls.rename_tensor.__func__ is not CausalLM.rename_tensor.__func__
+    if found is None and not renames:
         return None
-    prefix = found[1]
+    prefix = found[1] if found is not None else None
 
     def rename(name: str) -> str | None:
-        if name.startswith(prefix):
-            return "model." + name[len(prefix) :]
-        return name if name.startswith("lm_head.") else None
+        if prefix is not None:
+            if name.startswith(prefix):
+                name = "model." + name[len(prefix) :]
+            elif not name.startswith("lm_head."):
+                return None
+        return cls.rename_tensor(name)
 
     return rename
 

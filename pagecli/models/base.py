@@ -70,6 +70,15 @@ GGUF_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 
+# llama.cpp's MoE tensors: the router, and the 3-D expert stacks -> each expert's
+# transformers name ("{e}": the expert's index)
+GGUF_ROUTER_NAMES = {"ffn_gate_inp": "mlp.gate"}
+GGUF_EXPERT_NAMES = {
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj",
+}
+
 
 @dataclass(frozen=True)
 class GGUFArch:
@@ -87,10 +96,11 @@ class GGUFArch:
     weights are never passed to it. `to_transformers`: (float weights by name, config values)
     -> rearranges in place what pagecli keeps in the file's order into transformers' order
     (Qwen3.5's tiled value heads), for the float32 checkpoint written for transformers.
-    `config`: pagecli's own map from the file's metadata to
-    the transformers config's values, for archs whose GGUF transformers cannot read (None:
-    transformers' GGUF_CONFIG_MAPPING); `fix_config` amends transformers' map where it
-    misses keys."""
+    `expert_names`: llama.cpp's 3-D expert stacks ("ffn_gate_exps") -> each expert's
+    transformers name ("mlp.experts.{e}.gate_proj"), read as row ranges of the stack.
+    `config`: pagecli's own map from the file's metadata to the transformers config's
+    values, for archs whose GGUF transformers cannot read (None: transformers'
+    GGUF_CONFIG_MAPPING); `fix_config` amends transformers' map where it misses keys."""
 
     name: str
     hf_architecture: str
@@ -99,10 +109,23 @@ class GGUFArch:
     qk_permuted: bool = False
     norm_offset: bool = False
     layer_tensors: dict[str, str] = field(default_factory=dict)
+    expert_names: dict[str, str] = field(default_factory=dict)
     convert: Callable[[str, torch.Tensor], torch.Tensor] | None = None
     to_transformers: Callable[[dict[str, torch.Tensor], dict], None] | None = None
     config: Callable[[GGUFFile, str], dict] | None = None
     fix_config: Callable[[GGUFFile, str, dict], None] | None = None
+
+    def expert_template(self, gguf_name: str) -> str | None:
+        """For a 3-D expert stack ("blk.3.ffn_up_exps.weight"): its experts' transformers
+        name with "{e}" for the expert ("model.layers.3.mlp.experts.{e}.up_proj.weight");
+        None for any other tensor."""
+        parts = gguf_name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit():
+            return None
+        target = self.expert_names.get(parts[2])
+        if target is None or parts[3] != "weight":
+            return None
+        return f"model.layers.{parts[1]}.{target}.weight"
 
     def hf_name(self, gguf_name: str) -> str | None:
         """The transformers name of a tensor of this arch, or None (no counterpart)."""
@@ -151,6 +174,14 @@ class CausalLM(nn.Module):
     hf_architectures: ClassVar[tuple[str, ...]] = ()
     model_types: ClassVar[tuple[str, ...]] = ()
     gguf: ClassVar[tuple[GGUFArch, ...]] = ()
+
+    @classmethod
+    def rename_tensor(cls, name: str) -> str:
+        """A checkpoint tensor's name as this class's modules call it (Mixtral's
+        block_sparse_moe.experts.{e}.w1 -> mlp.experts.{e}.gate_proj); the name itself for
+        most families."""
+        return name
+
     # multimodal checkpoints whose language model this class runs: their architecture -> the
     # prefix of the language model's tensor names ("model.language_model."); the config's
     # text_config is the model's, and the rest of the checkpoint (a vision tower, a

@@ -27,6 +27,7 @@ from torch import nn
 from pagecli.layers.attention import AttentionMetadata, PagedAttention
 from pagecli.layers.gated_delta import DeltaNetSpec, GatedDeltaNet
 from pagecli.layers.linear import BF16Linear
+from pagecli.layers.moe import MoESpec, SparseMoE
 from pagecli.layers.norm import NormStyle, RMSNorm
 from pagecli.layers.parallel import TensorParallel
 from pagecli.layers.rotary import RotaryEmbedding, apply_rotary
@@ -77,7 +78,7 @@ class LayerSpec:
     it joins the residual."""
 
     attention: AttentionSpec | None
-    mlp: MLPSpec
+    mlp: MLPSpec | MoESpec  # MoESpec: a sparse mixture of experts (layers/moe.py)
     norms: Literal["pre", "sandwich", "post"] = "pre"
     residual_multiplier: float | None = None
     linear: DeltaNetSpec | None = None
@@ -101,6 +102,44 @@ class ModelSpec:
     embedding_multiplier_rounded: bool = False
     logits_divisor: float | None = None
     logit_softcap: float | None = None
+
+
+def moe_spec(config, norm_topk_prob: bool) -> MoESpec:
+    """The sparse MoE MLP of `config` (transformers' attributes: num_local_experts or
+    num_experts, num_experts_per_tok, moe_intermediate_size or intermediate_size,
+    shared_expert_intermediate_size); ValueError for a router pagecli does not know or an
+    expert count that makes no sense."""
+    scoring = getattr(config, "scoring_func", None) or "softmax"
+    if scoring != "softmax":
+        raise ValueError(f"router scoring {scoring!r} is not supported (softmax is)")
+    num_experts = int(
+        getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 0
+    )
+    top_k = int(config.num_experts_per_tok)
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"{top_k} experts per token of {num_experts}")
+    inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return MoESpec(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=inter,
+        activation=activation(config),
+        norm_topk_prob=norm_topk_prob,
+        shared_intermediate_size=getattr(config, "shared_expert_intermediate_size", None),
+    )
+
+
+def with_experts(config, layers: tuple[LayerSpec, ...], moe: MoESpec) -> tuple[LayerSpec, ...]:
+    """`layers` with the sparse MLP where transformers puts one: every layer but those of
+    `mlp_only_layers`, every `decoder_sparse_step`-th."""
+    import dataclasses
+
+    dense_only = set(getattr(config, "mlp_only_layers", None) or ())
+    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    return tuple(
+        layer if i in dense_only or (i + 1) % step else dataclasses.replace(layer, mlp=moe)
+        for i, layer in enumerate(layers)
+    )
 
 
 def activation(config, key: str = "hidden_act") -> Activation:
@@ -346,7 +385,10 @@ class DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(spec.linear, hidden_size)
         else:
             self.self_attn = Attention(spec.attention, hidden_size, eps, style)
-        self.mlp = MLP(spec.mlp, hidden_size)
+        if isinstance(spec.mlp, MoESpec):
+            self.mlp = SparseMoE(spec.mlp, hidden_size)
+        else:
+            self.mlp = MLP(spec.mlp, hidden_size)
         names = {
             "pre": ("input_layernorm", "post_attention_layernorm"),
             "sandwich": (

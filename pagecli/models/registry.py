@@ -7,10 +7,13 @@ from pagecli.models.base import CausalLM, GGUFArch
 from pagecli.models.gemma3 import Gemma3ForCausalLM
 from pagecli.models.granite import GraniteForCausalLM
 from pagecli.models.llama import LlamaForCausalLM
+from pagecli.models.mixtral import MixtralForCausalLM
 from pagecli.models.olmo2 import Olmo2ForCausalLM
 from pagecli.models.olmo3 import Olmo3ForCausalLM
+from pagecli.models.olmoe import OlmoeForCausalLM
 from pagecli.models.phi3 import Phi3ForCausalLM
 from pagecli.models.qwen3_5 import Qwen3_5ForCausalLM
+from pagecli.models.qwen3_moe import Qwen3MoeForCausalLM
 from pagecli.models.smollm3 import SmolLM3ForCausalLM
 
 FAMILIES: tuple[type[CausalLM], ...] = (
@@ -22,6 +25,9 @@ FAMILIES: tuple[type[CausalLM], ...] = (
     GraniteForCausalLM,
     Olmo3ForCausalLM,
     Qwen3_5ForCausalLM,
+    Qwen3MoeForCausalLM,
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
 )
 ARCHITECTURES = {arch: cls for cls in FAMILIES for arch in cls.hf_architectures}
 MODEL_TYPES = {model_type: cls for cls in FAMILIES for model_type in cls.model_types}
@@ -49,6 +55,17 @@ def model_class(config) -> type[CausalLM]:
     except ValueError as exc:
         raise UnsupportedModelError(str(exc)) from None
     return cls
+
+
+def checkpoint_class(architectures) -> type[CausalLM] | None:
+    """The class that runs a checkpoint of these `architectures` (its own, or its language
+    model's for a multimodal one), without checking its config; None when none does."""
+    for arch in architectures or ():
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+        if arch in MULTIMODAL:
+            return MULTIMODAL[arch][0]
+    return None
 
 
 def multimodal_text_model(architectures) -> tuple[type[CausalLM], str] | None:

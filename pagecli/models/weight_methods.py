@@ -11,6 +11,7 @@ rows for the native kernels or oneDNN-packed weights (`prepare_float32`), bfloat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -91,6 +92,29 @@ def part_sizes(model: CausalLM, target: Target) -> list[int]:
     return [module.out_features]
 
 
+EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+def _check_expert(model: CausalLM, name: str) -> None:
+    """A tensor of an expert the layer does not have: ValueError saying how many the config
+    gives it (a config and tensors that disagree on the expert count)."""
+    found = EXPERT.search(name)
+    if found is None:
+        return
+    layer, expert = int(found[1]), int(found[2])
+    try:
+        mlp = model.get_submodule(f"layers.{layer}.mlp")
+    except AttributeError:
+        return
+    experts = getattr(mlp, "experts", None)
+    have = 0 if experts is None else len(experts)
+    if expert >= have:
+        raise ValueError(
+            f"checkpoint tensor {name} is of expert {expert}, but the config gives layer "
+            f"{layer} {have} experts (its expert count and the tensors disagree)"
+        )
+
+
 def use_quantized(model: CausalLM, names: set[str]) -> None:
     """Give the checkpoint tensors `names` (transformers' names) that arrive as `QuantWeight`s
     quantized layers; call on the meta-device model, before loading."""
@@ -104,6 +128,7 @@ def use_quantized(model: CausalLM, names: set[str]) -> None:
             continue
         target = resolve(model, short)
         if target is None or target.leaf != "weight":
+            _check_expert(model, short)
             raise ValueError(f"checkpoint tensor {name} is not a linear weight")
         owner = model.get_submodule(target.owner) if target.owner else model
         old = getattr(owner, target.child)
@@ -134,6 +159,7 @@ def load_weights(
             continue
         target = resolve(model, short)
         if target is None:
+            _check_expert(model, short)
             raise ValueError(f"unexpected checkpoint tensor {name}")
         if target.first is None:
             key = short if target.leaf else target.path

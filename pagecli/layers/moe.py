@@ -1,0 +1,104 @@
+"""A sparse mixture-of-experts MLP: a router picks `top_k` of `num_experts` gated MLPs per
+token and sums their outputs by the routing weights.
+
+The router is transformers' for Qwen3-MoE, Qwen2-MoE, Mixtral and OLMoE: logits = gate(x), a
+float32 softmax over all experts, the top k kept, and with `norm_topk_prob` renormalized to
+sum to 1 (Mixtral always), then cast back to the activations' dtype. Qwen2-MoE's shared
+expert adds sigmoid(shared_expert_gate(x)) * shared_expert(x) to every token.
+
+Each expert is a gated MLP with transformers' per-expert names (`experts.{e}.gate_proj`,
+`up_proj`, `down_proj`, gate and up fused as in the dense MLP), so a checkpoint's experts load
+as any projection does: quantized at load, or, from a GGUF file, as row ranges of the file's
+3-D expert tensors (views of its map: loader/gguf_weights.py). The step runs each expert that
+some token chose once, over all of its tokens, in ascending expert order, and adds each
+token's weighted outputs in that order (transformers' order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagecli_kernels import fused_cpu
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """One layer's sparse MoE MLP."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's
+    activation: str = "silu"
+    norm_topk_prob: bool = False
+    shared_intermediate_size: int | None = None  # Qwen2-MoE's shared expert, gated
+
+
+class Expert(nn.Module):
+    """One gated MLP: down(act(gate(x)) * up(x)), gate and up in one projection."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.activation = activation
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    @property
+    def part_sizes(self) -> dict[str, list[int]]:
+        return {"gate_up_proj": [self.intermediate_size] * 2}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [N, 2 I]
+        if fused_cpu.available(gate_up) and gate_up.stride(-1) == 1:
+            act = fused_cpu.act_mul(gate_up, self.activation)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            act = (F.silu(gate) if self.activation == "silu" else F.gelu(gate, "tanh")) * up
+        return self.down_proj(act)
+
+
+class SparseMoE(nn.Module):
+    """The router (`gate`), the experts, and an optional gated shared expert."""
+
+    def __init__(self, spec: MoESpec, hidden_size: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.intermediate_size = spec.intermediate_size
+        self.gate = nn.Linear(hidden_size, spec.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            Expert(hidden_size, spec.intermediate_size, spec.activation)
+            for _ in range(spec.num_experts)
+        )
+        self.shared_expert = self.shared_expert_gate = None
+        if spec.shared_intermediate_size:
+            self.shared_expert = Expert(hidden_size, spec.shared_intermediate_size, spec.activation)
+            self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] of x's dtype, experts [T, k] int64) for tokens x [T, H]."""
+        logits = self.gate(x)  # [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.spec.top_k, dim=-1)
+        if self.spec.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.route(x)
+        out = torch.zeros_like(x)  # [T, H]
+        for expert in chosen.unique().tolist():  # ascending
+            rows, slot = torch.where(chosen == expert)
+            y = self.experts[expert](x[rows]) * weights[rows, slot, None]
+            out.index_add_(0, rows, y.to(out.dtype))
+        if self.shared_expert is not None:
+            gate = torch.sigmoid(self.shared_expert_gate(x))
+            out = out + gate * self.shared_expert(x)
+        return out
+
+    def program(self, src: str, dst: str) -> None:
+        """No layer-program ops yet: a model with MoE layers runs the Python loop."""
+        return None

@@ -1,0 +1,162 @@
+"""The mixture-of-experts families against transformers on the same random weights.
+
+Qwen3-MoE (top 2 of 8 renormalized, a dense layer among the sparse ones), Qwen2-MoE (a gated
+shared expert, q/k/v bias), Mixtral (its own tensor names) and OLMoE (top 3 of 8, q/k norm over
+the whole projection) from safetensors; Qwen3-MoE and OLMoE from GGUF files as llama.cpp's
+converter writes them (tests/gguf_families.py: 3-D expert stacks of Q8_0 blocks, read as each
+expert's rows of the file's map). Mixed batches with chunked prefills (rows of one step route
+to different experts), preemption (recompute and swap) with prefix hits, and the refusals: an
+expert count the tensors contradict, a router pagecli does not know, tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from pagecli import LLM, SamplingParams
+from pagecli.layers.moe import SparseMoE
+from tests.oracle import check_greedy, check_logprobs
+from tests.tiny_models import VOCAB
+
+NEW_TOKENS = 12
+TOP = 5
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+GGUF_ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe"}
+
+
+def prompts_of(seed: int, lengths: list[int]) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.fixture
+def routes(monkeypatch) -> list[set[int]]:
+    """The experts each routing call chose (one set per call)."""
+    chosen: list[set[int]] = []
+    original = SparseMoE.route
+
+    def spy(self, x):
+        weights, experts = original(self, x)
+        chosen.append(set(experts.unique().tolist()))
+        return weights, experts
+
+    monkeypatch.setattr(SparseMoE, "route", spy)
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def moe_ggufs(moe_models, tmp_path_factory):
+    """family -> (GGUF path, reference folder): Qwen3-MoE without its dense layer (a qwen3moe
+    file says nothing of mlp_only_layers: every layer is sparse) and OLMoE."""
+    from tests.gguf_families import write_family_gguf
+    from tests.tiny_models import build_tiny_models, moe_configs
+
+    config = moe_configs()["qwen3_moe"]
+    config.mlp_only_layers = []
+    root = tmp_path_factory.mktemp("moe_gguf")
+    models = {**moe_models, **build_tiny_models(root / "models", {"qwen3_moe": config})}
+    return {
+        name: write_family_gguf(models[name], root / name, arch, "q8_0")
+        for name, arch in GGUF_ARCHS.items()
+    }
+
+
+def _hf(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def _run_and_check(path, hf, routes) -> LLM:
+    prompts = prompts_of(1, [1, 9, 31, 64, 100, 150])
+    llm = LLM(str(path), dtype="float32", block_size=4, max_num_batched_tokens=64)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=TOP)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    llm.engine.check_invariants()
+    assert llm.engine.stats().chunked_prefills > 0
+    top_k = hf.config.num_experts_per_tok
+    assert max(len(c) for c in routes) > top_k  # one step's rows went to different experts
+    for prompt, output in zip(prompts, outputs):
+        assert len(output.token_ids) == NEW_TOKENS
+        check_greedy(hf, prompt, output.token_ids)
+        check_logprobs(hf, prompt, output, TOP)
+    return llm
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_moe_family_parity(moe_models, name, routes):
+    _run_and_check(moe_models[name], _hf(moe_models[name]), routes)
+
+
+@pytest.mark.parametrize("name", list(GGUF_ARCHS))
+def test_moe_gguf_parity_with_experts_in_the_files_map(moe_ggufs, name, routes):
+    path, reference = moe_ggufs[name]
+    llm = _run_and_check(path, _hf(reference), routes)
+    model = llm.engine.runner.model
+    assert model.weight_formats["gate_up_proj"] == ["q8_0"]
+    for kind in ("gate_up_proj", "down_proj"):  # every expert a view of one stack's storage
+        parts = [getattr(e, kind).parts[0] for e in model.layers[0].mlp.experts]
+        storages = {p.data.untyped_storage().data_ptr() for p in parts}
+        assert len(storages) == 1
+        starts = [p.data.data_ptr() for p in parts]
+        assert starts == sorted(starts) and len(set(starts)) == len(parts)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_moe_under_preemption_and_prefix_hits(moe_models, mode):
+    path = moe_models["qwen3_moe"]
+    hf = _hf(path)
+    shared = prompts_of(2, [48])[0]
+    prompts = prompts_of(3, [20, 40, 60, 80]) + [shared + [5, 6, 7], shared + [8, 9]]
+    extra = {"preemption_mode": "swap", "swap_space": 0.01} if mode == "swap" else {}
+    llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=40,
+              max_num_batched_tokens=32, **extra)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    llm.engine.check_invariants()
+    stats = llm.engine.stats()
+    assert (stats.preemptions_swap if mode == "swap" else stats.preemptions_recompute) > 0
+    assert stats.prefix_hit_tokens > 0
+    for prompt, output in zip(prompts, outputs):
+        check_greedy(hf, prompt, output.token_ids)
+
+
+def test_experts_quantize_at_load(moe_models):
+    """--quantization q8_0 quantizes every expert's projections (and the router stays
+    float32, as llama.cpp keeps ffn_gate_inp)."""
+    llm = LLM(str(moe_models["olmoe"]), dtype="float32", quantization="q8_0")
+    model = llm.engine.runner.model
+    moe = model.layers[0].mlp
+    assert all(e.gate_up_proj.formats == ["q8_0", "q8_0"] for e in moe.experts)
+    assert all(e.down_proj.formats == ["q8_0"] for e in moe.experts)
+    assert getattr(moe.gate, "formats", None) == ["float32"]  # float32 rows of the cache
+    (output,) = llm.generate(
+        [{"prompt_token_ids": prompts_of(4, [30])[0]}],
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    )
+    assert len(output.token_ids) == 4  # fmt: skip
+
+
+def test_bad_moe_inputs_are_one_line(moe_models, moe_ggufs, tmp_path):
+    from pagecli.errors import ModelLoadError
+
+    folder = tmp_path / "sigmoid-router"
+    shutil.copytree(moe_models["qwen3_moe"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["scoring_func"] = "sigmoid"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="router scoring .sigmoid."):
+        LLM(str(folder))
+    fewer = tmp_path / "fewer-experts"
+    shutil.copytree(moe_models["olmoe"], fewer)
+    config = json.loads((fewer / "config.json").read_text())
+    config["num_experts"] = 6
+    (fewer / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="expert 6, but the config gives layer 0 6"):
+        LLM(str(fewer), quantization="none")
+    with pytest.raises(ModelLoadError, match="tensor parallelism over mixture-of-experts"):
+        LLM(str(moe_models["mixtral"]), tensor_parallel_size=2)
