@@ -47,6 +47,8 @@ def _lib() -> ctypes.CDLL:
         lib.pagecli_apply_token_bitmask_f32.restype = None
         lib.pagecli_gate_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32]
         lib.pagecli_gate_mul.restype = None
+        lib.pagecli_moe.argtypes = [ptr, ptr, i64, i64, ptr, i32]
+        lib.pagecli_moe.restype = i32
         fn = lib.pagecli_gated_delta
         fn.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, f32, ptr, ptr, i64, ptr, ptr]
         fn.argtypes += [i32, i32, i32, i32, i32, i32, ptr, i64, i32]
@@ -280,6 +282,24 @@ def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor, rows: torch.T
         rows.data_ptr(),
         rows.shape[0],
     )
+
+
+def moe(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """A sparse MoE MLP over float32 rows x `[T, H]` (unit stride) as the layer program's
+    OP_MOE computes it (`table`: layers/moe.py's MOE_FIELDS table) -> `[T, H]` float32."""
+    num_tokens, hidden = x.shape
+    if x.stride(1) != 1 or x.stride(0) != hidden:
+        x = x.contiguous()
+    out = torch.empty(num_tokens, hidden, dtype=torch.float32)
+    status = _lib().pagecli_moe(
+        table.data_ptr(), x.data_ptr(), num_tokens, hidden, out.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status == -2:
+        raise MemoryError("mixture of experts: out of memory for the scratch rows")
+    if status:
+        raise ValueError(f"mixture of experts: status {status}")
+    return out
 
 
 def gate_mul_takes(x: torch.Tensor, gate: torch.Tensor) -> bool:

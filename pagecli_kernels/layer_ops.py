@@ -158,4 +158,28 @@ class DeltaNet:
     tiled: bool
 
 
-Op = Norm | Linear | Rotary | Attention | ActMul | Add | AllReduce | SplitHeads | GateMul | DeltaNet
+@dataclass(frozen=True)
+class MoE:
+    """A sparse mixture-of-experts MLP from `src` into `dst` (whole rows of the hidden size;
+    float32): `table` is the layer's MOE_FIELDS table (layers/moe.py builds it), `keep` the
+    tensors its pointers reach."""
+
+    src: str
+    dst: str
+    table: torch.Tensor  # [MOE_FIELDS] int64
+    keep: tuple
+
+
+Op = (
+    Norm
+    | Linear
+    | Rotary
+    | Attention
+    | ActMul
+    | Add
+    | AllReduce
+    | SplitHeads
+    | GateMul
+    | DeltaNet
+    | MoE
+)

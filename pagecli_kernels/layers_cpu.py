@@ -34,6 +34,7 @@ from pagecli_kernels.layer_ops import (
     DeltaNet,
     GateMul,
     Linear,
+    MoE,
     Norm,
     Op,
     Rotary,
@@ -58,7 +59,9 @@ _OPCODES = {
     SplitHeads: 8,
     GateMul: 9,
     DeltaNet: 10,
+    MoE: 11,
 }
+MOE_FIELDS = 11  # csrc/layer_program_cpu.c: MOE_* of an OP_MOE table
 DELTA_FIELDS = 14  # csrc/layer_program_cpu.c: DN_* of an OP_DELTANET table
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _ERRORS = {
@@ -124,6 +127,33 @@ def _library() -> ctypes.CDLL | None:
 
 def _float_bits(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def projection_table(
+    parts: tuple[QuantWeight, ...], bias: torch.Tensor | None, in_features: int, out_features: int
+) -> torch.Tensor:
+    """A projection as the C loop reads it ([PROJECTION_FIELDS] int64: the bias, the part
+    count, each part's format, data and rows); ValueError for parts it cannot take. The
+    caller keeps `parts` and `bias` alive as long as the table."""
+    if (
+        not 1 <= len(parts) <= MAX_PARTS
+        or not all(isinstance(p, QuantWeight) and p.data.device.type == "cpu" for p in parts)
+        or any(p.cols != in_features for p in parts)
+        or sum(p.rows for p in parts) != out_features
+    ):
+        raise ValueError(
+            f"projection parts must be 1 to {MAX_PARTS} CPU block buffers of "
+            f"{in_features} columns and {out_features} rows in all"
+        )
+    if bias is not None and (
+        bias.dtype != torch.float32 or not bias.is_contiguous() or bias.shape != (out_features,)
+    ):
+        raise ValueError(f"a bias must be float32 [{out_features}], contiguous")
+    row = [0 if bias is None else bias.data_ptr(), len(parts)]
+    for part in parts:
+        row += [part.format.ggml_type, part.data.data_ptr(), part.rows]
+    row += [0, 0, 0] * (MAX_PARTS - len(parts))
+    return torch.tensor(row, dtype=torch.int64)  # [PROJECTION_FIELDS]
 
 
 @dataclass(frozen=True)
@@ -308,36 +338,24 @@ class LayerProgram:
             ]
         elif isinstance(op, DeltaNet):
             fields += self._deltanet(op)
+        elif isinstance(op, MoE):
+            if self.dtype != torch.float32:
+                raise ValueError("a mixture-of-experts layer takes float32 activations")
+            hidden = self.hidden_size
+            if self.widths[op.src] != hidden or self.widths[op.dst] != hidden or op.src == op.dst:
+                raise ValueError("a mixture-of-experts layer reads and writes whole hidden rows")
+            if op.table.dtype != torch.int64 or op.table.shape != (MOE_FIELDS,):
+                raise ValueError(f"a mixture-of-experts table must be int64 [{MOE_FIELDS}]")
+            self._keep += [op.table, op.keep]
+            fields += [self._buffer(op.src), self._buffer(op.dst), op.table.data_ptr()]
         else:
             raise ValueError(f"not a layer op: {op!r}")
         return fields + [0] * (OP_FIELDS - len(fields))
 
     def _projection(self, op: Linear) -> torch.Tensor:
-        parts = op.parts
-        if (
-            not 1 <= len(parts) <= MAX_PARTS
-            or not all(isinstance(p, QuantWeight) and p.data.device.type == "cpu" for p in parts)
-            or any(p.cols != op.in_features for p in parts)
-            or sum(p.rows for p in parts) != op.out_features
-        ):
-            raise ValueError(
-                f"projection parts must be 1 to {MAX_PARTS} CPU block buffers of "
-                f"{op.in_features} columns and {op.out_features} rows in all"
-            )
-        bias = op.bias
-        if bias is not None and (
-            bias.dtype != torch.float32
-            or not bias.is_contiguous()
-            or bias.shape != (op.out_features,)
-        ):
-            raise ValueError(f"a bias must be float32 [{op.out_features}], contiguous")
-        row = [0 if bias is None else bias.data_ptr(), len(parts)]
-        for part in parts:
-            row += [part.format.ggml_type, part.data.data_ptr(), part.rows]
-        row += [0, 0, 0] * (MAX_PARTS - len(parts))
-        table = torch.tensor(row, dtype=torch.int64)  # [PROJECTION_FIELDS]
+        table = projection_table(op.parts, op.bias, op.in_features, op.out_features)
         self._projections.append(table)
-        self._keep += [*parts, bias]
+        self._keep += [*op.parts, op.bias]
         return table
 
     def _deltanet(self, op: DeltaNet) -> list[int]:

@@ -177,7 +177,7 @@ def moe_configs():
             num_experts=6,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
+            shared_expert_intermediate_size=64,
             norm_topk_prob=False,
             tie_word_embeddings=False,
         ),

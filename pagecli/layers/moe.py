@@ -12,6 +12,11 @@ as any projection does: quantized at load, or, from a GGUF file, as row ranges o
 3-D expert tensors (views of its map: loader/gguf_weights.py). The step runs each expert that
 some token chose once, over all of its tokens, in ascending expert order, and adds each
 token's weighted outputs in that order (transformers' order).
+
+On the CPU with float32 activations the whole block is one native call
+(csrc/layer_program_cpu.c: `pagecli_moe`, and OP_MOE of the layer program, the same code):
+the router, the softmax and top k, each chosen expert's projections over its gathered rows
+with the quantized kernels, the weighted sums, the shared expert. Elsewhere torch runs it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli_kernels import fused_cpu
+from pagecli_kernels import layer_ops as ops
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,60 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
 
+    def native_table(self) -> tuple[torch.Tensor, tuple] | None:
+        """The MOE_FIELDS table the native MoE reads (router, each expert's projections, the
+        shared expert's), with the tensors it points into; None when some projection is not
+        one the native kernels take (a float part, a bias). Built once, after loading."""
+        if getattr(self, "_table", None) is None:
+            self._table = (self._build_table(),)
+        return self._table[0]
+
+    def _build_table(self) -> tuple[torch.Tensor, tuple] | None:
+        from pagecli.models.blocks import _projection
+        from pagecli_kernels import layers_cpu
+
+        keep: list = []
+
+        def table(module: nn.Module) -> int | None:
+            found = _projection(module)
+            if found is None or found[1] is not None:  # no biases here
+                return None
+            try:
+                t = layers_cpu.projection_table(*found)
+            except ValueError:
+                return None
+            keep.extend([t, *found[0]])
+            return t.data_ptr()
+
+        s = self.spec
+        router = table(self.gate)
+        experts = [table(m) for e in self.experts for m in (e.gate_up_proj, e.down_proj)]
+        shared = [0, 0, 0]
+        if self.shared_expert is not None:
+            e = self.shared_expert
+            shared = [table(e.gate_up_proj), table(e.down_proj), table(self.shared_expert_gate)]
+        if router is None or None in experts or None in shared:
+            return None
+        pairs = torch.tensor(experts, dtype=torch.int64)  # [E, 2] projection tables
+        keep.append(pairs)
+        acts = {"silu": 0, "gelu_tanh": 1}
+        if s.activation not in acts:
+            return None
+        fields = [s.num_experts, s.top_k, int(s.norm_topk_prob), s.intermediate_size]
+        fields += [acts[s.activation], router, pairs.data_ptr()]
+        fields += [s.shared_intermediate_size or 0, *shared]
+        return torch.tensor(fields, dtype=torch.int64), tuple(keep)  # [MOE_FIELDS]
+
+    def program(self, src: str, dst: str) -> list[ops.Op] | None:
+        """This MoE as a layer-program op; None when its projections cannot take one."""
+        found = self.native_table()
+        return None if found is None else [ops.MoE(src, dst, found[0], found[1])]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and x.dim() == 2 and fused_cpu.available(x):
+            found = self.native_table()
+            if found is not None:  # the layer program's kernel, over the same tables
+                return fused_cpu.moe(x, found[0])
         weights, chosen = self.route(x)
         out = torch.zeros_like(x)  # [T, H]
         for expert in chosen.unique().tolist():  # ascending
@@ -98,7 +157,3 @@ class SparseMoE(nn.Module):
             gate = torch.sigmoid(self.shared_expert_gate(x))
             out = out + gate * self.shared_expert(x)
         return out
-
-    def program(self, src: str, dst: str) -> None:
-        """No layer-program ops yet: a model with MoE layers runs the Python loop."""
-        return None

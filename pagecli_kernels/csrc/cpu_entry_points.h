@@ -68,6 +68,10 @@ void pagecli_add_scaled(void *x, const void *y, int64_t num_rows, int64_t width,
                         int64_t stride_x, int64_t stride_y, float scale, int has_scale,
                         int dtype, int num_threads);
 
+/* layer_program_cpu.c: a sparse MoE MLP as the layer program's OP_MOE computes it */
+int pagecli_moe(const int64_t *table, const float *x, int64_t T, int64_t H, float *out,
+                int num_threads);
+
 /* gated_delta_cpu.c: 0, or -1 a slot outside the stores, -2 no memory */
 int pagecli_gated_delta(const float *mixed, int64_t ld_mixed, int64_t T, const float *conv_w,
                         int K, const float *A, const float *dt_bias, const float *norm_w,

@@ -36,6 +36,11 @@
  *   OP_SPLIT_HEADS per row, heads pairs of `width` values from col, [x0 y0 x1 y1 ...] ->
  *                 [x0 x1 ... y0 y1 ...] (gated attention's query and gate of each head)
  *   OP_GATE_MUL   x[dst] *= sigmoid(x[src] from col) over width values (float32)
+ *   OP_MOE        a sparse mixture-of-experts MLP from x[src] into x[dst] (float32): the
+ *                 router, softmax and top k per token, then each chosen expert once over
+ *                 all its tokens (gathered), its outputs times their routing weights added
+ *                 per token in ascending expert order, and a gated shared expert; its table
+ *                 of MOE_FIELDS gives the projections (pagecli_moe runs the same for the loop)
  *   OP_DELTANET   a Gated DeltaNet layer's step from its input projection x[src] into
  *                 x[dst] (gated_delta_cpu.c; float32): its table of DELTA_FIELDS gives the
  *                 weights, the state stores and the shape; each sequence's state slot and
@@ -96,7 +101,7 @@ enum {
 };
 enum {
     OP_NORM = 1, OP_LINEAR, OP_ROTARY, OP_ATTENTION, OP_ACT_MUL, OP_ADD, OP_ALL_REDUCE,
-    OP_SPLIT_HEADS, OP_GATE_MUL, OP_DELTANET
+    OP_SPLIT_HEADS, OP_GATE_MUL, OP_DELTANET, OP_MOE
 };
 #define OP_FIELDS 16
 enum { /* OP_NORM */
@@ -116,7 +121,15 @@ enum { D_DST = 1, D_SRC, D_WIDTH, D_HAS_SCALE, D_SCALE }; /* OP_ADD */
 enum { U_BUF = 1, U_WIDTH };                              /* OP_ALL_REDUCE */
 enum { H_BUF = 1, H_COL, H_HEADS, H_WIDTH };              /* OP_SPLIT_HEADS */
 enum { Y_DST = 1, Y_SRC, Y_SRC_COL, Y_WIDTH };            /* OP_GATE_MUL */
-enum { X_SRC = 1, X_DST, X_TABLE };                       /* OP_DELTANET */
+enum { X_SRC = 1, X_DST, X_TABLE };                       /* OP_DELTANET, OP_MOE */
+/* an OP_MOE table: the expert count, top k, renormalize (0/1), each expert's width, the
+ * activation (0 silu, 1 gelu-tanh), the router's projection table, a pointer to [E, 2]
+ * projection tables (each expert's gate_up and down), the shared expert's width (0: none)
+ * and its gate_up, down and gate projection tables */
+enum {
+    MOE_EXPERTS, MOE_TOP_K, MOE_NORM, MOE_INTER, MOE_ACT, MOE_ROUTER, MOE_TABLES,
+    MOE_SHARED_INTER, MOE_SHARED_GATE_UP, MOE_SHARED_DOWN, MOE_SHARED_GATE, MOE_FIELDS
+};
 /* an OP_DELTANET table: float32 pointers (conv kernel [C, K], A and dt_bias [Hv], the gated
  * norm's weight [dv], conv states [slots, C, K - 1], recurrent states [slots, Hv, dk, dv]),
  * then sizes; the norm's eps as float32 bits */
@@ -410,6 +423,127 @@ static int op_deltanet(const Step *s, const int64_t *op) {
     return status == 0 ? 0 : status == -2 ? LAYERS_E_MEMORY : LAYERS_E_STATE;
 }
 
+/* The gated MLP of one expert over n gathered rows x [n, H] into y [n, H] (float32), with
+ * scratch gate_up [n, 2I] and act [n, I]. */
+static int expert_mlp(const int64_t *gate_up, const int64_t *down, const float *x, int64_t n,
+                      int64_t H, int64_t inter, int act, float *gu, float *a, float *y,
+                      int num_threads, double *timings) {
+    int status = linear(gate_up, x, n, H, gu, 2 * inter, 0, NULL, NULL, num_threads, timings);
+    if (status) return status;
+    pagecli_act_mul(gu, a, n, inter, 2 * inter, inter, 0, act, num_threads);
+    return linear(down, a, n, inter, y, H, 0, NULL, NULL, num_threads, timings);
+}
+
+/* The sparse MoE MLP (OP_MOE) of x [T, H] (rows ldx apart) into out [T, ldo] (float32). */
+static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t H,
+               float *out, int64_t ldo, int num_threads, double *timings) {
+    const int64_t E = m[MOE_EXPERTS], k = m[MOE_TOP_K], inter = m[MOE_INTER];
+    const int64_t shared = m[MOE_SHARED_INTER], wide = inter > shared ? inter : shared;
+    const int act_kind = (int)m[MOE_ACT];
+    if (E < 1 || k < 1 || k > E || inter < 1 || shared < 0 || (act_kind != 0 && act_kind != 1))
+        return LAYERS_E_PROGRAM;
+    const int64_t *tables = PTR(m[MOE_TABLES]);
+    /* scratch: the unit-stride input [T, H], logits [T, E], routing weights [T, k], an
+     * expert's rows' weights [T], its gathered rows [T, H], gate_up [T, 2 wide], act
+     * [T, wide], its outputs [T, H], the sums [T, H], the shared expert's gate [T] */
+    const int64_t floats = T * H + T * E + T * k + T + T * H + 3 * T * wide + 2 * T * H + T;
+    float *buf = malloc(sizeof(float) * (size_t)floats);
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(T * k + T));
+    if (!buf || !ids) {
+        free(buf);
+        free(ids);
+        return LAYERS_E_MEMORY;
+    }
+    float *xin = buf, *logits = xin + T * H, *weights = logits + T * E, *rw = weights + T * k;
+    float *xg = rw + T, *gu = xg + T * H, *act = gu + 2 * T * wide, *yo = act + T * wide;
+    float *sums = yo + T * H, *shared_gate = sums + T * H;
+    int64_t *choice = ids, *rows = choice + T * k;
+    for (int64_t t = 0; t < T; ++t) memcpy(xin + t * H, x + t * ldx, sizeof(float) * (size_t)H);
+    int status = linear(PTR(m[MOE_ROUTER]), xin, T, H, logits, E, 0, NULL, NULL, num_threads,
+                        timings);
+    /* softmax over the experts in float32, the top k (the first of equals), renormalized */
+    for (int64_t t = 0; t < T && status == 0; ++t) {
+        float *p = logits + t * E, top = p[0], total = 0.0f, picked = 0.0f;
+        for (int64_t e = 1; e < E; ++e) top = p[e] > top ? p[e] : top;
+        for (int64_t e = 0; e < E; ++e) total += (p[e] = expf(p[e] - top));
+        for (int64_t e = 0; e < E; ++e) p[e] /= total;
+        for (int64_t j = 0; j < k; ++j) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; ++e) {
+                int taken = 0;
+                for (int64_t i = 0; i < j; ++i) taken |= choice[t * k + i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            choice[t * k + j] = best;
+            weights[t * k + j] = p[best];
+            picked += p[best];
+        }
+        if (m[MOE_NORM])
+            for (int64_t j = 0; j < k; ++j) weights[t * k + j] /= picked;
+    }
+    memset(sums, 0, sizeof(float) * (size_t)(T * H));
+    /* each chosen expert once over all its tokens, in ascending expert order */
+    for (int64_t e = 0; e < E && status == 0; ++e) {
+        int64_t n = 0;
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = 0; j < k; ++j)
+                if (choice[t * k + j] == e) {
+                    rows[n] = t;
+                    rw[n++] = weights[t * k + j];
+                }
+        if (n == 0) continue;
+        for (int64_t i = 0; i < n; ++i)
+            memcpy(xg + i * H, xin + rows[i] * H, sizeof(float) * (size_t)H);
+        status = expert_mlp(PTR(tables[2 * e]), PTR(tables[2 * e + 1]), xg, n, H, inter,
+                            act_kind, gu, act, yo, num_threads, timings);
+        for (int64_t i = 0; i < n && status == 0; ++i) {
+            float *sum = sums + rows[i] * H;
+            const float *y = yo + i * H, w = rw[i];
+            for (int64_t h = 0; h < H; ++h) {
+                const float scaled = y[h] * w;
+                sum[h] += scaled;
+            }
+        }
+    }
+    if (status == 0 && shared) { /* sigmoid(gate(x)) * shared(x), added to every token */
+        status = linear(PTR(m[MOE_SHARED_GATE]), xin, T, H, shared_gate, 1, 0, NULL, NULL,
+                        num_threads, timings);
+        if (status == 0)
+            status = expert_mlp(PTR(m[MOE_SHARED_GATE_UP]), PTR(m[MOE_SHARED_DOWN]), xin, T, H,
+                                shared, act_kind, gu, act, yo, num_threads, timings);
+        for (int64_t t = 0; t < T && status == 0; ++t) {
+            const float g = 1.0f / (1.0f + expf(-shared_gate[t]));
+            for (int64_t h = 0; h < H; ++h) {
+                const float scaled = g * yo[t * H + h];
+                sums[t * H + h] += scaled;
+            }
+        }
+    }
+    for (int64_t t = 0; t < T && status == 0; ++t)
+        memcpy(out + t * ldo, sums + t * H, sizeof(float) * (size_t)H);
+    free(buf);
+    free(ids);
+    return status;
+}
+
+/* The Python loop's entry to the same MoE (layers/moe.py): x [T, H] -> out [T, H] float32.
+ * Returns 0 or a LAYERS_E_* status. */
+int pagecli_moe(const int64_t *table, const float *x, int64_t T, int64_t H, float *out,
+                int num_threads) {
+    return moe(table, x, H, T, H, out, H, num_threads, NULL);
+}
+
+static int op_moe(const Step *s, const int64_t *op) {
+    const int64_t H = s->width[BUF_HIDDEN];
+    if (s->dtype != 0) return LAYERS_E_FORMAT;
+    if (!in_buffer(s, op[X_SRC], 0, H) || !in_buffer(s, op[X_DST], 0, H) ||
+        op[X_SRC] == op[X_DST])
+        return LAYERS_E_PROGRAM;
+    return moe(PTR(op[X_TABLE]), (const float *)s->buf[op[X_SRC]], s->width[op[X_SRC]], s->T,
+               H, (float *)s->buf[op[X_DST]], s->width[op[X_DST]], s->num_threads,
+               s->timings);
+}
+
 int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden, int64_t T,
                           const int64_t *widths, const int64_t *ropes, int num_ropes,
                           const int64_t *slot_mapping, int64_t slot_stride, int num_kv_groups,
@@ -488,6 +622,7 @@ int pagecli_layer_program(const int64_t *program, int64_t num_ops, void *hidden,
         case OP_SPLIT_HEADS: status = op_split_heads(&s, op); break;
         case OP_GATE_MUL: status = op_gate_mul(&s, op); break;
         case OP_DELTANET: status = op_deltanet(&s, op); break;
+        case OP_MOE: status = op_moe(&s, op); break;
         default: status = LAYERS_E_PROGRAM;
         }
     }

@@ -122,6 +122,19 @@ def test_every_family_takes_the_program_bit_for_bit(family_models, name, monkeyp
     assert native_run == loop_run
 
 
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"])
+def test_moe_families_take_the_program_bit_for_bit(moe_models, name, monkeypatch):
+    # the MoE op (router, top k, each chosen expert once over its gathered rows, a shared
+    # expert) in the program against the loop, which runs the same native MoE per layer
+    calls = _counting(monkeypatch)
+    llm, native_run = _run(moe_models[name], True)
+    used = calls[0]
+    assert llm.engine.stats().preemptions_recompute > 0
+    _, loop_run = _run(moe_models[name], False)
+    assert used > 0 and calls[0] == used
+    assert native_run == loop_run
+
+
 @pytest.mark.parametrize("gemm", ["tiles", "pairs", "off"])
 @pytest.mark.parametrize("name", ["llama3", "qwen2"])
 def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, monkeypatch):
