@@ -2,7 +2,9 @@
 
 Writes GGUF files at the shapes of Llama-3.2-1B and Llama-3-8B (llama architecture),
 Gemma-3-1B (gemma3: sandwich norms, per-head q/k norms, head_dim 256, 5 sliding layers of 512
-to 1 global) and Phi-4-mini (phi3: fused q/k/v and gate/up, partial rotary, LongRoPE factors),
+to 1 global), Phi-4-mini (phi3: fused q/k/v and gate/up, partial rotary, LongRoPE factors),
+Qwen3.5-2B (qwen35: Gated DeltaNet layers, gated attention) and Qwen3-30B-A3B (qwen3moe: 3-D
+expert stacks; the decode floor and the prefill's FLOPs count the experts a token uses),
 all with the default model's tokenizer and its 49,152-token vocabulary (the real Gemma and Phi
 vocabularies are 262k and 200k: both engines pay the same larger output projection there), in
 five quantization mixes (q4_0, q8_0, q4_k_m, q5_k_m, q6_k), with random but valid blocks:
@@ -74,6 +76,8 @@ class Shape:
     # their width, the conv kernel
     linear: tuple[int, int, int, int] | None = None
     interval: int = 4
+    # qwen3moe's experts in every layer: how many, how many a token uses, each one's width
+    experts: tuple[int, int, int] | None = None
 
     def is_linear(self, layer: int) -> bool:
         return self.linear is not None and (layer + 1) % self.interval != 0
@@ -137,6 +141,32 @@ SHAPES = {
         head_dim=64,
         rotary_dim=16,
         linear=(2, 4, 32, 4),
+    ),  # fmt: skip
+    # Qwen3-30B-A3B (qwen3moe): 48 layers, 32 heads of 128 over 4 KV heads, per-head q/k
+    # norms, 128 experts of 768 in every layer, 8 per token; the real vocabulary is 152k
+    "qwen3-30b-a3b": Shape(
+        2048,
+        48,
+        32,
+        4,
+        6144,
+        1000000.0,
+        tied=False,
+        arch="qwen3moe",
+        head_dim=128,
+        experts=(128, 8, 768),
+    ),  # fmt: skip
+    "qwen3moe-smoke": Shape(
+        256,
+        2,
+        4,
+        2,
+        512,
+        1000000.0,
+        tied=False,
+        arch="qwen3moe",
+        head_dim=64,
+        experts=(8, 2, 128),
     ),  # fmt: skip
     "8b": Shape(4096, 32, 32, 8, 14336, 500000.0, tied=False),  # Llama-3-8B
     "7b": Shape(4096, 32, 32, 32, 11008, 10000.0, tied=False),  # Llama-2-7B (MHA)
@@ -216,8 +246,10 @@ def mix_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
     - output.weight, and token_embd.weight when there is no output.weight (tied), take Q6_K
       (`new_type != GGML_TYPE_Q8_0` -> Q6_K); an untied token_embd keeps the base type;
     - attn_v (and a fused attn_qkv: llama.cpp counts it as attn_v) takes Q6_K when
-      use_more_bits(i_attention_wv, n_attention_wv), ffn_down when use_more_bits(i_layer,
-      n_layer): the first and last eighths of the layers and every third layer in between;
+      use_more_bits(i_attention_wv, n_attention_wv), ffn_down (and an MoE's ffn_down_exps:
+      llama.cpp matches the name's start) when use_more_bits(i_layer, n_layer): the first
+      and last eighths of the layers and every third layer in between;
+    - an MoE's router (ffn_gate_inp) stays F32;
     - everything else the base type (llama_ftype_get_default_type: Q4_K_M -> Q4_K,
       Q5_K_M -> Q5_K).
     """
@@ -226,7 +258,10 @@ def mix_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
         return base
     if name == "output.weight" or (name == "token_embd.weight" and shape.tied):
         return Q.Q6_K
-    if layer is not None and name.split(".")[-2] in ("attn_v", "attn_qkv", "ffn_down"):
+    if name.endswith("ffn_gate_inp.weight"):
+        return Q.F32  # llama-quantize leaves the router in float
+    part = name.split(".")[-2]
+    if layer is not None and (part in ("attn_v", "attn_qkv") or part.startswith("ffn_down")):
         return Q.Q6_K if use_more_bits(layer, shape.layers) else base
     return base
 
@@ -237,15 +272,19 @@ class Tensor:
     rows: int  # 0 for a 1-D tensor (a norm: F32)
     cols: int
     type: Q
+    experts: int = 0  # a 3-D expert stack of this many [rows, cols] matrices
 
     @property
     def nbytes(self) -> int:
         block_values, block_bytes = gguf.constants.GGML_QUANT_SIZES[self.type]
-        return max(self.rows, 1) * self.cols // block_values * block_bytes
+        stacked = max(self.experts, 1)
+        return stacked * max(self.rows, 1) * self.cols // block_values * block_bytes
 
     @property
     def gguf_shape(self) -> tuple[int, ...]:
         """numpy order (rows first), as GGUFReader reports it reversed."""
+        if self.experts:
+            return (self.experts, self.rows, self.cols)
         return (self.cols,) if self.rows == 0 else (self.rows, self.cols)
 
 
@@ -258,6 +297,14 @@ def layer_parts(shape: Shape, layer: int = 0) -> list[tuple[str, int, int]]:
     name with a suffix is the whole tensor name)."""
     h, d = shape.hidden, shape.head_size
     q, kv = shape.heads * d, shape.kv_heads * d
+    if shape.arch == "qwen3moe":
+        count, _, width = shape.experts
+        return [
+            ("attn_norm", 0, h), ("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h),
+            ("attn_q_norm", 0, d), ("attn_k_norm", 0, d), ("attn_output", h, q),
+            ("ffn_norm", 0, h), ("ffn_gate_inp", count, h), ("ffn_gate_exps", width, h),
+            ("ffn_up_exps", width, h), ("ffn_down_exps", h, width),
+        ]  # fmt: skip
     if shape.arch == "qwen35":
         ffn = [
             ("post_attention_norm", 0, h), ("ffn_gate", shape.ffn, h), ("ffn_up", shape.ffn, h),
@@ -307,10 +354,12 @@ def tensor_plan(shape: Shape, mix: str) -> list[Tensor]:
     for i in range(shape.layers):
         for part, rows, cols in layer_parts(shape, i):
             name = f"blk.{i}.{part}" + ("" if part in ("ssm_a", "ssm_dt.bias") else ".weight")
+            experts = shape.experts[0] if part.endswith("_exps") else 0
             if rows == 0 or part in F32_PARTS:
                 plan.append(Tensor(name, rows, cols, Q.F32))
             else:
-                plan.append(Tensor(name, rows, cols, tensor_type(name, i, shape, mix, cols)))
+                kind = tensor_type(name, i, shape, mix, cols)
+                plan.append(Tensor(name, rows, cols, kind, experts))
     plan.append(Tensor("output_norm.weight", 0, h, Q.F32))
     if not shape.tied:
         out_type = tensor_type("output.weight", None, shape, mix, h)
@@ -330,7 +379,8 @@ def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
             return rng.normal(0, 0.2, size=(t.rows, t.cols))
         return np.ones(t.cols, dtype=np.float32)  # norm weights, rope factors
     block_values, block_bytes = gguf.constants.GGML_QUANT_SIZES[t.type]
-    n_blocks = t.rows * t.cols // block_values
+    rows = t.rows * max(t.experts, 1)
+    n_blocks = rows * t.cols // block_values
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
     spec = BLOCKS[t.type]
     if t.type == Q.Q8_0:  # ggml's quantizer writes -127..127, never -128
@@ -343,7 +393,7 @@ def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
     if spec.dmin_offset is not None:  # Q5_1's m is added: negative to centre its blocks
         dmin = (d * spec.q_mean).astype(np.float16)
         blocks[:, spec.dmin_offset : spec.dmin_offset + 2] = dmin.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(t.rows, -1)
+    return blocks.reshape(rows, -1) if not t.experts else blocks.reshape(t.experts, t.rows, -1)
 
 
 def tokenizer_fields() -> list[tuple[str, object, gguf.GGUFValueType, object]]:
@@ -424,6 +474,11 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, value, kind, sub_type in tokenizer_fields():
         writer.add_key_value(name, value, kind, sub_type=sub_type)
+    if shape.experts is not None:  # Qwen3MoeModel.set_gguf_parameters
+        count, used, width = shape.experts
+        writer.add_expert_count(count)
+        writer.add_expert_used_count(used)
+        writer.add_expert_feed_forward_length(width)
     if shape.linear is not None:  # Qwen3NextModel.set_gguf_parameters
         k_heads, v_heads, width, kernel = shape.linear
         writer.add_ssm_conv_kernel(kernel)
@@ -437,10 +492,9 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
         if t.type == Q.F32:
             writer.add_tensor_info(t.name, t.gguf_shape, np.dtype(np.float32), t.nbytes)
         else:  # a byte shape: the writer turns it into values
-            row_bytes = t.nbytes // t.rows
-            writer.add_tensor_info(
-                t.name, (t.rows, row_bytes), np.dtype(np.uint8), t.nbytes, t.type
-            )
+            row_bytes = t.nbytes // t.rows // max(t.experts, 1)
+            byte_shape = (t.experts, t.rows, row_bytes) if t.experts else (t.rows, row_bytes)
+            writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), t.nbytes, t.type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -487,8 +541,8 @@ def output_projection(reader):
 
 
 def layer_matrices(reader) -> list:
-    """The layers' 2-D tensors: the projections (norms are 1-D)."""
-    return [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    """The layers' projections: 2-D tensors and 3-D expert stacks (norms are 1-D)."""
+    return [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) >= 2]
 
 
 def state_bytes(path: Path) -> int:
@@ -504,22 +558,37 @@ def state_bytes(path: Path) -> int:
     return layers * int(rank) * width * width * 4
 
 
+def active_share(reader, t) -> float:
+    """The share of a layer tensor one token reads: expert_used_count / expert_count of a
+    3-D expert stack (only the chosen experts' rows), all of anything else."""
+    if len(t.shape) != 3:
+        return 1.0
+    arch = reader.get("general.architecture")
+    return int(reader.get(f"{arch}.expert_used_count")) / int(reader.get(f"{arch}.expert_count"))
+
+
 def bytes_per_token(path: Path) -> int:
-    """Bytes one decode token moves: every layer tensor, the output projection (the whole
-    token embedding when tied), one row of the embedding, and the recurrent states read and
-    written back (state_bytes, twice)."""
+    """Bytes one decode token moves: every layer tensor (of an expert stack, the chosen
+    experts' share: the active bytes), the output projection (the whole token embedding when
+    tied), one row of the embedding, and the recurrent states read and written back
+    (state_bytes, twice)."""
     reader = read_tensors(path)
-    total = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk."))
+    total = sum(
+        int(t.n_bytes) * active_share(reader, t)
+        for t in reader.tensors
+        if t.name.startswith("blk.")
+    )
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
     total += int(output_projection(reader).n_bytes) + int(embed.n_bytes) // VOCAB
-    return total + 2 * state_bytes(path)
+    return int(total + 2 * state_bytes(path))
 
 
 def decode_macs(path: Path) -> int:
     """Multiply-adds of one token through the layer matrices and the output projection."""
     reader = read_tensors(path)
-    return sum(int(t.n_elements) for t in layer_matrices(reader)) + int(
-        output_projection(reader).n_elements
+    return int(
+        sum(int(t.n_elements) * active_share(reader, t) for t in layer_matrices(reader))
+        + int(output_projection(reader).n_elements)
     )
 
 
@@ -530,7 +599,7 @@ def prefill_flops(path: Path, pp: int) -> float:
     reader = read_tensors(path)
     matrices = layer_matrices(reader)
     outputs = [t for t in matrices if t.name.endswith(".attn_output.weight")]
-    macs = pp * sum(int(t.n_elements) for t in matrices)  # gguf lists shapes [in, out]
+    macs = pp * sum(int(t.n_elements) * active_share(reader, t) for t in matrices)
     macs += sum(int(t.shape[0]) for t in outputs) * pp * (pp + 1)  # q width, each layer
     macs += int(output_projection(reader).n_elements)
     arch = reader.get("general.architecture")

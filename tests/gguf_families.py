@@ -281,17 +281,27 @@ def _tile_v(name: str, values: np.ndarray, hp: dict, inverse: bool) -> np.ndarra
 
 
 MOE_ARCHS = {"qwen3moe", "olmoe"}
-EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+# an expert's tensor: transformers' names, or Mixtral's (block_sparse_moe, w1/w3/w2)
+EXPERT = re.compile(
+    r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+    r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight"
+)
+EXPERT_KINDS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+EXPERT_KINDS.update(w1="gate", w3="up", w2="down")
+
+
+def _has_experts(hp: dict) -> bool:
+    return bool(hp.get("num_experts") or hp.get("num_local_experts"))
 
 
 def _moe_keys(writer, hp: dict, arch: str) -> None:
-    """Qwen2MoeModel / Qwen3MoeModel and OlmoeModel.set_gguf_parameters: the expert counts,
-    and each expert's width where the arch has a key for it (qwen3moe)."""
+    """TextModel.set_gguf_parameters' expert counts (num_local_experts or num_experts,
+    num_experts_per_tok), and each expert's width where the arch has a key for it
+    (Qwen3MoeModel: qwen3moe)."""
     writer.add_expert_count(hp.get("num_experts") or hp["num_local_experts"])
     writer.add_expert_used_count(hp["num_experts_per_tok"])
     if arch == "qwen3moe":
         writer.add_expert_feed_forward_length(hp["moe_intermediate_size"])
-    writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
 
 
 def _expert_stacks(writer, state: dict, fmt: str, reference: dict) -> None:
@@ -301,21 +311,21 @@ def _expert_stacks(writer, state: dict, fmt: str, reference: dict) -> None:
     import gguf
 
     qtype = gguf.GGMLQuantizationType[fmt.upper()]
-    stacks: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    stacks: dict[tuple[int, str], dict[int, tuple[str, torch.Tensor]]] = {}
     for name, tensor in state.items():
         found = EXPERT.fullmatch(name)
         if found:
-            layer, expert, kind = int(found[1]), int(found[2]), found[3]
-            stacks.setdefault((layer, kind), {})[expert] = tensor
+            layer, expert, kind = int(found[1]), int(found[2]), EXPERT_KINDS[found[3]]
+            stacks.setdefault((layer, kind), {})[expert] = (name, tensor)
     for (layer, kind), experts in sorted(stacks.items()):
-        values = torch.stack([experts[e] for e in range(len(experts))]).numpy()  # [E, r, c]
+        values = torch.stack([experts[e][1] for e in range(len(experts))]).numpy()  # [E, r, c]
         count, rows, cols = values.shape
         blocks = quantize(values.reshape(count * rows, cols), fmt)  # [E r, row bytes]
         writer.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight",
                           blocks.reshape(count, rows, -1), raw_dtype=qtype)  # fmt: skip
         stored = gguf.quants.dequantize(blocks, qtype).reshape(count, rows, cols)
-        for e in range(count):
-            name = f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight"
+        for e in range(count):  # under the checkpoint's own names
+            name = experts[e][0]
             reference[name] = torch.from_numpy(np.ascontiguousarray(stored[e], np.float32))
 
 
@@ -325,7 +335,10 @@ def _write_metadata(writer, arch: str, hp: dict, fmt: str) -> None:
     if arch in MOE_ARCHS:
         _text_model_keys(writer, hp, rope, fmt)
         _moe_keys(writer, hp, arch)
+        writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
         return
+    if _has_experts(hp):  # Mixtral as a llama file (LlamaModel: TextModel's expert keys)
+        _moe_keys(writer, hp, arch)
     if arch == "qwen35":
         _qwen35_keys(writer, hp, rope, fmt)
         return
@@ -406,7 +419,7 @@ def write_family_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     _write_metadata(writer, arch, hp, fmt)
     reference: dict[str, torch.Tensor] = {}
-    if arch in MOE_ARCHS:
+    if _has_experts(hp):
         _expert_stacks(writer, state, fmt, reference)
     for hf_name, tensor in state.items():
         if hf_name == "lm_head.weight" and bool(hp.get("tie_word_embeddings")):
@@ -459,7 +472,7 @@ def write_family_gguf(
 
     ref_config = _reference_config(config, arch)
     ref_dir = out_dir / f"{model_dir.name}-{fmt}-reference"
-    if arch in MOE_ARCHS:  # per-expert names: transformers' loader fuses them
+    if _has_experts(hp):  # per-expert names: transformers' loader fuses them
         from safetensors.torch import save_file
 
         ref_config.save_pretrained(str(ref_dir))

@@ -36,7 +36,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
         config = _transformers_config(reader, gguf_path, arch)
     except ValueError as exc:  # a key the family needs, missing or malformed
         raise GGUFError(f"{gguf_path}: {str(exc).splitlines()[0]}") from None
-    config.architectures = [arch.hf_architecture]
+    # the family's config map may name another architecture (a llama file with experts)
+    config.architectures = list(getattr(config, "architectures", None) or [arch.hf_architecture])
     config.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
     config.save_pretrained(out_dir)
     (out_dir / FULL_CONFIG_FILE).write_text(config.to_json_string(use_diff=False))

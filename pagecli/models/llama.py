@@ -4,7 +4,8 @@ embeddings. Pre-norm blocks of RMSNorm, RoPE attention and a SiLU-gated MLP."""
 
 from __future__ import annotations
 
-from pagecli.models.base import GGUFArch
+from pagecli.loader.gguf_config import get, require
+from pagecli.models.base import GGUF_EXPERT_NAMES, GGUF_ROUTER_NAMES, GGUFArch
 from pagecli.models.blocks import (
     AttentionSpec,
     DecoderModel,
@@ -17,6 +18,17 @@ from pagecli.models.blocks import (
     layer_windows,
     num_kv_heads,
 )
+
+
+def _fix_llama_config(reader, arch: str, values: dict) -> None:
+    """A `llama` file with experts is Mixtral (llama.cpp converts Mixtral to its llama arch):
+    its expert counts, and the architecture that runs it."""
+    experts = get(reader, f"{arch}.expert_count")
+    if experts:
+        values["model_type"] = "mixtral"
+        values["num_local_experts"] = int(experts)
+        values["num_experts_per_tok"] = int(require(reader, f"{arch}.expert_used_count"))
+        values["architectures"] = ["MixtralForCausalLM"]
 
 
 def llama_layers(config, *, qk_norm: bool = False, nope: list[bool] | None = None):
@@ -58,7 +70,14 @@ class LlamaForCausalLM(DecoderModel):
     model_types = ("llama", "mistral", "ministral", "qwen2", "qwen3")
     gguf = (
         # llama.cpp's converter interleaves the Q/K rows of its NORM-rope archs
-        GGUFArch("llama", "LlamaForCausalLM", qk_permuted=True),
+        GGUFArch(
+            "llama",
+            "LlamaForCausalLM",
+            qk_permuted=True,
+            layer_names=GGUF_ROUTER_NAMES,  # Mixtral's, in a llama file with experts
+            expert_names=GGUF_EXPERT_NAMES,
+            fix_config=_fix_llama_config,
+        ),
         GGUFArch("mistral", "MistralForCausalLM"),
         GGUFArch("qwen2", "Qwen2ForCausalLM"),
         GGUFArch("qwen3", "Qwen3ForCausalLM"),

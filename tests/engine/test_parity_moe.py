@@ -2,9 +2,10 @@
 
 Qwen3-MoE (top 2 of 8 renormalized, a dense layer among the sparse ones), Qwen2-MoE (a gated
 shared expert, q/k/v bias), Mixtral (its own tensor names) and OLMoE (top 3 of 8, q/k norm over
-the whole projection) from safetensors; Qwen3-MoE and OLMoE from GGUF files as llama.cpp's
-converter writes them (tests/gguf_families.py: 3-D expert stacks of Q8_0 blocks, read as each
-expert's rows of the file's map). Mixed batches with chunked prefills (rows of one step route
+the whole projection) from safetensors; Qwen3-MoE, OLMoE and Mixtral (a llama file with
+experts, its Q/K rows permuted) from GGUF files as llama.cpp's converter writes them
+(tests/gguf_families.py: 3-D expert stacks of Q8_0 blocks, read as each expert's rows of the
+file's map). Mixed batches with chunked prefills (rows of one step route
 to different experts), preemption (recompute and swap) with prefix hits, and the refusals: an
 expert count the tensors contradict, a router pagecli does not know, tensor parallelism.
 """
@@ -24,7 +25,7 @@ from tests.tiny_models import VOCAB
 NEW_TOKENS = 12
 TOP = 5
 FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
-GGUF_ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe"}
+GGUF_ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "mixtral": "llama"}
 
 
 def prompts_of(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -35,7 +36,7 @@ def prompts_of(seed: int, lengths: list[int]) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def moe_ggufs(moe_models, tmp_path_factory):
     """family -> (GGUF path, reference folder): Qwen3-MoE without its dense layer (a qwen3moe
-    file says nothing of mlp_only_layers: every layer is sparse) and OLMoE."""
+    file says nothing of mlp_only_layers: every layer is sparse), OLMoE and Mixtral."""
     from tests.gguf_families import write_family_gguf
     from tests.tiny_models import build_tiny_models, moe_configs
 
