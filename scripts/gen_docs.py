@@ -37,7 +37,11 @@ def families() -> str:
         module = cls.__module__.replace(".", "/") + ".py"
         archs = ", ".join(f"`{a}`" for a in cls.hf_architectures)
         archs += "".join(f", `{a}` (its language model)" for a in cls.multimodal_architectures)
-        gguf = ", ".join(f"`{a.name}`" for a in cls.gguf) or "(safetensors only)"
+        gguf = ", ".join(
+            [f"`{a.name}`" for a in cls.gguf]
+            + [f"`{name}` (with experts)" for name in cls.gguf_shared]
+        )
+        gguf = gguf or "(safetensors only)"
         rows.append(f"| `{module}` | {archs} | {gguf} |")
     return "\n".join(rows)
 

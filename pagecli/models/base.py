@@ -174,6 +174,9 @@ class CausalLM(nn.Module):
     hf_architectures: ClassVar[tuple[str, ...]] = ()
     model_types: ClassVar[tuple[str, ...]] = ()
     gguf: ClassVar[tuple[GGUFArch, ...]] = ()
+    # GGUF architectures another family reads whose files this class runs when their config
+    # says so (a `llama` file with experts is Mixtral's: llama.py's fix_config)
+    gguf_shared: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def rename_tensor(cls, name: str) -> str:

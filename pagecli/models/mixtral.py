@@ -1,7 +1,8 @@
 """Mixtral (8x7B, 8x22B): Mistral's block with a top-2 MoE in every layer, each token's two
 routing weights renormalized (layers/moe.py). Its checkpoints name the MoE
 `block_sparse_moe` and each expert's projections w1 (gate), w3 (up), w2 (down): read under
-the shared names.
+the shared names. Its GGUF files are `llama` files with experts (llama.py maps their config
+here).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class MixtralForCausalLM(DecoderModel):
 
     hf_architectures = ("MixtralForCausalLM",)
     model_types = ("mixtral",)
+    gguf_shared = ("llama",)  # llama.cpp writes Mixtral as a llama file with experts
 
     @classmethod
     def rename_tensor(cls, name: str) -> str:
