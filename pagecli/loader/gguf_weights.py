@@ -84,8 +84,11 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
     unpermute = not keep_quantized and family.qk_permuted  # else keeps_qk_pairs
     for t, name in model_tensors(reader, family):
         if "{e}" in name:  # a 3-D expert stack: each expert's rows
-            for e, weight in enumerate(expert_weights(t, keep_quantized)):
+            weights = expert_weights(t, keep_quantized)
+            for e, weight in enumerate(weights):
                 yield name.format(e=e), weight
+            if not isinstance(weights[0], QuantWeight):
+                reader.release(t)  # dequantized: the file's pages of it are not needed again
             continue
         heads = None
         if unpermute and ".q_proj." in name:

@@ -59,9 +59,9 @@ def stored_tensors(folder: Path, name: str) -> list[StoredTensor]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{name}: no *.safetensors weights in {folder}")
-    from pagecli.loader.weights import text_model_names
+    from pagecli.loader.weights import checkpoint_names
 
-    rename = text_model_names(folder)
+    rename = checkpoint_names(folder)
     found = []
     for file in files:
         try:

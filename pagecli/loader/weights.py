@@ -174,7 +174,7 @@ def check_kv_fits(
             )
 
 
-def text_model_names(folder: Path) -> Callable[[str], str | None] | None:
+def checkpoint_names(folder: Path) -> Callable[[str], str | None] | None:
     """The map from a checkpoint's tensor names to the names its family's modules take, or
     None where they are the same: a multimodal checkpoint's language model
     ("model.language_model.x" -> "model.x", lm_head as it is; None for the rest: vision
@@ -219,7 +219,7 @@ def iter_safetensors(
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{name}: no *.safetensors weights in {folder}")
-    rename = text_model_names(folder)
+    rename = checkpoint_names(folder)
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:
@@ -244,7 +244,7 @@ def safetensors_shapes(folder: Path, name: str) -> Iterator[tuple[str, tuple[int
     """(name, shape) of every tensor in the folder's *.safetensors files, without reading them."""
     from safetensors import safe_open
 
-    rename = text_model_names(folder)
+    rename = checkpoint_names(folder)
     for file in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(file), framework="pt") as f:
