@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagecli.layers.attention import AttentionMetadata
+from pagecli.layers.linear import native_projection
 from pagecli_kernels import fused_cpu
 from pagecli_kernels import layer_ops as ops
 
@@ -251,10 +252,8 @@ class GatedDeltaNet(nn.Module):
     def program(self, src: str, dst: str) -> list[ops.Op] | None:
         """This layer as layer-program ops from `src` (normed hidden) into `dst` (out_proj's
         output); None when a weight or store is not one the ops take."""
-        from pagecli.models.blocks import _projection
-
         s = self.spec
-        in_proj, out_proj = _projection(self.in_proj), _projection(self.out_proj)
+        in_proj, out_proj = native_projection(self.in_proj), native_projection(self.out_proj)
         if in_proj is None or out_proj is None or self.slots is None:
             return None
         if self.impl not in ("auto", "cpu"):

@@ -154,3 +154,20 @@ def use_bf16_rows(module: nn.Module) -> None:
             setattr(module, name, BF16Linear(child.weight.data, child.bias))
         else:
             use_bf16_rows(child)
+
+
+def native_projection(module: nn.Module) -> tuple | None:
+    """A projection as the native ops take it (pagecli_kernels/layer_ops.Linear): (weight
+    parts, float32 bias or None, input and output sizes); None when they cannot (a float or
+    oneDNN-packed weight)."""
+    parts = getattr(module, "native_parts", None)
+    if parts is None:
+        single = getattr(module, "single_weight", None)
+        parts = None if single is None else (single,)
+    if parts is None:
+        return None
+    if isinstance(module, BF16Linear):
+        bias = module.float_bias
+    else:
+        bias = None if module.bias is None else module.bias.data
+    return parts, bias, module.in_features, module.out_features

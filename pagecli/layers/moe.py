@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagecli.layers.linear import native_projection
 from pagecli_kernels import fused_cpu
 from pagecli_kernels import layer_ops as ops
 
@@ -102,13 +103,12 @@ class SparseMoE(nn.Module):
         return self._table[0]
 
     def _build_table(self) -> tuple[torch.Tensor, tuple] | None:
-        from pagecli.models.blocks import _projection
         from pagecli_kernels import layers_cpu
 
         keep: list = []
 
         def table(module: nn.Module) -> int | None:
-            found = _projection(module)
+            found = native_projection(module)
             if found is None or found[1] is not None:  # no biases here
                 return None
             try:

@@ -26,7 +26,7 @@ from torch import nn
 
 from pagecli.layers.attention import AttentionMetadata, PagedAttention
 from pagecli.layers.gated_delta import DeltaNetSpec, GatedDeltaNet
-from pagecli.layers.linear import BF16Linear
+from pagecli.layers.linear import BF16Linear, native_projection
 from pagecli.layers.moe import MoESpec, SparseMoE
 from pagecli.layers.norm import NormStyle, RMSNorm
 from pagecli.layers.parallel import TensorParallel
@@ -270,8 +270,8 @@ class Attention(nn.Module):
     def program(self, src: str, dst: str, rope_index: int | None) -> list[ops.Op] | None:
         """This attention as native ops from buffer `src` (normed hidden) into `dst` (its
         output projection); None when a weight or cache is not one the ops take."""
-        qkv = _projection(self.qkv_proj)
-        o = _projection(self.o_proj)
+        qkv = native_projection(self.qkv_proj)
+        o = native_projection(self.o_proj)
         attn = self.attn
         if (
             qkv is None
@@ -360,7 +360,7 @@ class MLP(nn.Module):
         return out if self.tp is None else self.tp.all_reduce(out)
 
     def program(self, src: str, dst: str) -> list[ops.Op] | None:
-        gate_up, down = _projection(self.gate_up_proj), _projection(self.down_proj)
+        gate_up, down = native_projection(self.gate_up_proj), native_projection(self.down_proj)
         if gate_up is None or down is None:
             return None
         program: list[ops.Op] = [
@@ -767,22 +767,6 @@ def _rope_head_dim(spec: ModelSpec, key: str) -> int:
     if len(dims) != 1:
         raise ValueError(f"RoPE table {key!r} serves layers of head sizes {sorted(dims)}")
     return dims.pop()
-
-
-def _projection(module: nn.Module) -> tuple | None:
-    """A projection as the native ops take it: (weight parts, float32 bias or None, input
-    and output sizes); None when they cannot."""
-    parts = getattr(module, "native_parts", None)
-    if parts is None:
-        single = getattr(module, "single_weight", None)
-        parts = None if single is None else (single,)
-    if parts is None:
-        return None
-    if isinstance(module, BF16Linear):
-        bias = module.float_bias
-    else:
-        bias = None if module.bias is None else module.bias.data
-    return parts, bias, module.in_features, module.out_features
 
 
 def _row_cache(cache: torch.Tensor | None, head_dim: int) -> bool:
