@@ -23,41 +23,14 @@ import time
 import torch
 
 from pagecli import LLM, SamplingParams
-from pagecli.layers.linear import PackedLinear
-from pagecli.layers.quant_linear import QuantEmbedding, QuantLinear
-
-BANDWIDTH_BYTES = 1 << 30  # 1 GiB: far past any cache
-
-
-def read_bandwidth(num_threads: int, repeats: int = 5) -> float:
-    """Bytes per second of a streaming float32 sum over 1 GiB on `num_threads` threads."""
-    torch.set_num_threads(num_threads)
-    buf = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - start)
-    return BANDWIDTH_BYTES / best
+from pagecli.bench.floor import read_bandwidth
+from pagecli.models.weight_methods import decode_bytes
 
 
 def bytes_per_token(model: torch.nn.Module) -> int:
-    """Weight bytes one decode step reads: projections, and the output projection."""
-    total = 0
-    for module in model.modules():
-        if isinstance(module, QuantLinear):
-            total += module.nbytes
-        elif isinstance(module, PackedLinear):
-            total += module.in_features * module.out_features * 4
-        elif isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
-    if model.lm_head is None:  # tied: the embedding table is the output projection
-        embed = model.embed_tokens
-        if isinstance(embed, QuantEmbedding):
-            total += embed.nbytes
-        elif model.packed_head is None:
-            total += embed.weight.numel() * embed.weight.element_size()
-    return total
+    """Weight bytes one decode step reads (pagecli's own count: every projection, a mixture
+    of experts' chosen share, the output projection, an embedding row)."""
+    return decode_bytes(model)[1]
 
 
 def decode_ms_per_token(llm: LLM, first_id: int, num_tokens: int = 128) -> float:

@@ -131,6 +131,11 @@ def print_report(report: dict, json_out: bool, csv_out: bool) -> None:
         console.print(f"tensor parallel: {report['tensor_parallel_size']} ranks")
     if report.get("memory_line"):
         console.print(f"memory: {report['memory_line']}")
+    from pagecli.bench.floor import floor_line
+
+    floor = floor_line(report)
+    if floor:
+        console.print(f"decode floor: {floor}")
     for row in rows:
         for turn in row.get("turns", []):
             cached = (

@@ -233,6 +233,8 @@ def bench(
         from pagecli.config import SpeculativeConfig
 
         engine_config = dataclasses.replace(engine_config, speculative_config=SpeculativeConfig())
+    from pagecli.layers.moe import SparseMoE
+
     llm = load_llm(engine_config)
     engine = llm.engine
     vocab = engine.hf_config.vocab_size
@@ -258,8 +260,17 @@ def bench(
         "version": __version__,
         "scenario": scenario.value,
         "weight_formats": formats,
+        "weight_bytes": engine.runner.weight_bytes,
+        "active_weight_bytes": engine.runner.active_weight_bytes,
+        "moe": any(isinstance(m, SparseMoE) for m in engine.runner.model.modules()),
     }
     if engine.device.type == "cpu":
+        from pagecli.bench.floor import read_bandwidth
+
+        # the decode floor's denominator, on the engine's threads (a second on 1 GiB)
+        bandwidth = read_bandwidth(engine.runner.thread_choice.num_threads)
+        info["read_bandwidth_gb_s"] = bandwidth / 1e9
+        info["decode_floor_ms"] = 1000 * engine.runner.active_weight_bytes / bandwidth
         from pagecli_kernels import native, quant_cpu
 
         reason = native.unavailable_reason()

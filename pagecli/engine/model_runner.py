@@ -204,6 +204,8 @@ class ModelRunner:
         self.num_blocks = self._num_blocks() if device.type == "cpu" else 0
         self.memory: MemoryPlan | None = None  # set by _load_model
         self.model = self._load_model(model, source)
+        # the weights' bytes and those one decode token reads (a MoE's chosen experts only)
+        self.weight_bytes, self.active_weight_bytes = weight_methods.decode_bytes(self.model)
         self._set_attention_impl(config.attention_impl)
         if device.type != "cpu":  # after the weights: the cache takes what they leave free
             self.num_blocks = self._num_blocks()

@@ -105,6 +105,10 @@ class EngineStats:
     state_snapshots: int = 0
     state_snapshots_held: int = 0
     state_snapshots_saved: int = 0
+    # the weights' bytes, and the bytes one decode token reads of them (a mixture of experts:
+    # its chosen experts' share; the bandwidth floor of a token is these over the bandwidth)
+    weight_bytes: int = 0
+    active_weight_bytes: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -196,4 +200,6 @@ class EngineStats:
             state_snapshots=bm.num_snapshots,
             state_snapshots_held=bm.num_snapshots_held,
             state_snapshots_saved=bm.counters.snapshots_saved,
+            weight_bytes=getattr(engine.runner, "weight_bytes", 0),
+            active_weight_bytes=getattr(engine.runner, "active_weight_bytes", 0),
         )

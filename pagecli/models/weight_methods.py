@@ -328,3 +328,45 @@ def weight_formats(model: CausalLM) -> dict[str, list[str]]:
             found[key] = sorted({f for m in modules for f in formats(m)})
     found["lm_head"] = ["tied"] if model.lm_head is None else formats(model.lm_head)
     return found
+
+
+PROJECTION_TYPES = (nn.Linear, QuantLinear, PackedLinear, BF16Linear)
+
+
+def _module_bytes(module: nn.Module) -> int:
+    """Bytes of a projection's (or an embedding's) weight as held: blocks, float rows,
+    oneDNN-packed float32."""
+    if isinstance(module, (QuantLinear, QuantEmbedding)):
+        return module.nbytes
+    if isinstance(module, PackedLinear):
+        return module.in_features * module.out_features * 4
+    weight = getattr(module, "weight", None)
+    return 0 if weight is None else weight.numel() * weight.element_size()
+
+
+def decode_bytes(model: CausalLM) -> tuple[int, int]:
+    """(the weights' bytes, the bytes one decode token reads of them): every projection, each
+    expert of a mixture of experts at its share (top_k / experts: only the chosen experts'
+    rows are read), one embedding row, and the output projection (the whole embedding table
+    when tied). Norms and biases are left out (a few KB)."""
+    from pagecli.layers.moe import SparseMoE
+
+    shares: dict[int, float] = {}
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            share = module.spec.top_k / module.spec.num_experts
+            for part in module.experts.modules():
+                shares[id(part)] = share
+    total = active = 0.0
+    for module in model.modules():
+        if isinstance(module, PROJECTION_TYPES):
+            size = _module_bytes(module)
+            total += size
+            active += size * shares.get(id(module), 1.0)
+    embed = model.embed_tokens
+    table = _module_bytes(embed)
+    total += table
+    active += table / embed.num_embeddings  # one row looked up
+    if model.lm_head is None and getattr(model, "packed_head", None) is None:
+        active += table  # tied: the table is the output projection too (else its packed copy)
+    return int(total), int(active)

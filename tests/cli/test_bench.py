@@ -107,6 +107,14 @@ def test_throughput_json_schema(capsys, tmp_path):
     assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
     assert 0.95 < memory["mapped"] / gguf_tensor_bytes(default_gguf_path()) <= 1
     assert memory["kv"] > 0 and memory["workspace"] > 0
+    # the decode floor: the bytes one token reads (the projections, the tied Q8_0 table as
+    # the output projection, one row of it) over the measured read bandwidth
+    assert report["moe"] is False
+    assert report["weight_bytes"] <= report["active_weight_bytes"] < 1.3 * report["weight_bytes"]
+    assert report["read_bandwidth_gb_s"] > 0
+    floor = report["active_weight_bytes"] / report["read_bandwidth_gb_s"] / 1e6
+    assert report["decode_floor_ms"] == pytest.approx(floor)
+    assert "decode floor" not in out  # JSON only on stdout
     # CI machines have a C compiler; the kernel names the instruction-set path it runs
     assert report["cpu_attention"].startswith("native C kernel (")
     assert report["dtype_reason"] == "float32, as asked (--dtype)"

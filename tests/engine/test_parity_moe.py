@@ -160,3 +160,31 @@ def test_bad_moe_inputs_are_one_line(moe_models, moe_ggufs, tmp_path):
         LLM(str(fewer), quantization="none")
     with pytest.raises(ModelLoadError, match="tensor parallelism over mixture-of-experts"):
         LLM(str(moe_models["mixtral"]), tensor_parallel_size=2)
+
+
+def test_active_bytes_count_the_chosen_experts(moe_models):
+    """`/stats` and bench report the weights' bytes and the bytes one decode token reads:
+    every projection, each expert at top_k / experts (only the chosen experts' rows are read),
+    one embedding row; counted here from the checkpoint's own tensors (float32)."""
+    from safetensors import safe_open
+
+    path = moe_models["olmoe"]
+    llm = LLM(str(path), dtype="float32", quantization="none")
+    config = llm.engine.hf_config
+    share = config.num_experts_per_tok / config.num_experts
+    total = active = 0.0
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            shape = f.get_slice(name).get_shape()
+            if len(shape) != 2:
+                continue  # norms
+            size = 4 * shape[0] * shape[1]
+            total += size
+            if name == "model.embed_tokens.weight":
+                active += size / shape[0]  # one row
+            else:
+                active += size * (share if ".experts." in name else 1.0)
+    stats = llm.engine.stats()
+    assert stats.weight_bytes == int(total)
+    assert stats.active_weight_bytes == int(active)
+    assert stats.active_weight_bytes < 0.6 * stats.weight_bytes  # 3 of 8 experts
