@@ -51,6 +51,9 @@ F32 = QuantFormat("float32", 0, 32, 128)
 # products on the CPU. Not in FORMATS either.
 BF16 = QuantFormat("bfloat16", 30, 32, 64)
 _ROW_FORMATS = {torch.float32: F32, torch.bfloat16: BF16}
+# the GGUF tensor types kept as they are in the file's map: the block formats, and BF16
+# tensors as bfloat16 rows (ggml's type 30 is BF16's id; rows of whole 32-value blocks)
+GGUF_KEPT = {**BY_GGML_TYPE, BF16.ggml_type: BF16}
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,9 @@ def block_formats() -> str:
 
     names = ", ".join(f.upper() for f in FORMATS)
     return (
-        f"GGUF block formats kept in the file's map and multiplied there: {names}. A file's "
-        "other tensor types that the `gguf` package reads (F16, BF16, F32, the other K- and "
+        f"GGUF block formats kept in the file's map and multiplied there: {names}; BF16 "
+        "tensors stay there too, as bfloat16 rows (rows of whole 32-value blocks). A file's "
+        "other tensor types that the `gguf` package reads (F16, F32, the other K- and "
         "I-quants) are dequantized to float32 at load."
     )
 

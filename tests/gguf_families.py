@@ -75,6 +75,7 @@ FILE_TYPES = {
     "q4_k": "MOSTLY_Q4_K_M",
     "q5_k": "MOSTLY_Q5_K_M",
     "q6_k": "MOSTLY_Q6_K",
+    "bf16": "MOSTLY_BF16",
 }
 
 

@@ -33,6 +33,7 @@ def floor_line(report: dict) -> str | None:
     active, total = report.get("active_weight_bytes"), report.get("weight_bytes")
     if not active or not total:
         return None
+
     def size(n: float) -> str:
         return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 

@@ -22,7 +22,7 @@ import torch
 
 from pagecli.errors import GGUFError
 from pagecli.loader.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, open_gguf_file
-from pagecli_kernels.quant_formats import BY_GGML_TYPE, QuantWeight
+from pagecli_kernels.quant_formats import GGUF_KEPT, QuantWeight
 
 Weight = QuantWeight | torch.Tensor
 
@@ -125,6 +125,15 @@ def model_tensors(reader: GGUFFile, family) -> Iterator[tuple[GGUFTensor, str]]:
         yield t, name
 
 
+def kept_format(t: GGUFTensor):
+    """The format a tensor keeps in the map (a block format, or BF16 rows of whole 32-value
+    blocks), or None: it loads as float32."""
+    fmt = GGUF_KEPT.get(int(t.tensor_type))
+    if fmt is not None and int(t.shape[0]) % fmt.block_values:
+        return None  # rows the format's kernels cannot cut (bfloat16 of odd widths)
+    return fmt
+
+
 def expert_count(t: GGUFTensor) -> int:
     """The experts of a 3-D expert stack (ggml lists the experts' axis last)."""
     return int(t.shape[-1]) if len(t.shape) == 3 else 0
@@ -138,7 +147,7 @@ def expert_weights(t: GGUFTensor, keep_quantized: bool) -> list[Weight]:
     if len(t.shape) != 3:
         raise GGUFError(f"{t.name}: an expert tensor of {len(t.shape)} dimensions, not 3")
     experts, rows, cols = (int(d) for d in reversed(t.shape))
-    fmt = BY_GGML_TYPE.get(int(t.tensor_type))
+    fmt = kept_format(t)
     if keep_quantized and fmt is not None:
         data = torch.from_numpy(t.data.reshape(experts * rows, -1))  # a view
         return [QuantWeight(fmt, data[e * rows : (e + 1) * rows], cols) for e in range(experts)]
@@ -167,7 +176,7 @@ def tensor_weight(
     `heads` heads when given; 1 subtracted with `offset`)."""
 
     shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dims fastest first
-    fmt = BY_GGML_TYPE.get(int(t.tensor_type))
+    fmt = kept_format(t)
     if keep_quantized and fmt is not None and len(shape) == 2:
         rows, cols = shape
         return QuantWeight(fmt, torch.from_numpy(t.data.reshape(rows, -1)), cols)  # a view

@@ -26,7 +26,7 @@ import torch
 
 from pagecli.loader.resolve import ModelLoadError, ModelSource
 from pagecli.loader.shards import RankShard
-from pagecli_kernels.quant_formats import BY_GGML_TYPE, FORMATS, QuantWeight
+from pagecli_kernels.quant_formats import FORMATS, QuantWeight
 
 Weight = QuantWeight | torch.Tensor
 CutOf = Callable[[str], object]  # checkpoint name -> loader/shards.py's cut of it
@@ -139,6 +139,7 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
         file_arch,
         iter_gguf_weights,
         keeps_qk_pairs,
+        kept_format,
         model_tensors,
         open_gguf,
     )
@@ -155,10 +156,11 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     for t, name in model_tensors(reader, family):
         experts = [name.format(e=e) for e in range(expert_count(t))] if "{e}" in name else [name]
         dims = 3 if "{e}" in name else 2  # a 3-D expert stack: its experts' blocks
-        if keep and int(t.tensor_type) in BY_GGML_TYPE and len(t.shape) == dims:
+        fmt = kept_format(t)
+        if keep and fmt is not None and len(t.shape) == dims:
             for expert in experts:
                 names.add(expert)
-                blocks[expert] = BY_GGML_TYPE[int(t.tensor_type)].block_values
+                blocks[expert] = fmt.block_values
             mapped += int(t.n_bytes)
         else:
             resident += int(t.n_elements) * size
