@@ -35,6 +35,7 @@ FORMATS = {
         QuantFormat("q8_0", 8, 32, 34),
         QuantFormat("q4_0", 2, 32, 18),
         QuantFormat("q4_1", 3, 32, 20),
+        QuantFormat("iq4_nl", 20, 32, 18),
         QuantFormat("q5_0", 6, 32, 22),
         QuantFormat("q5_1", 7, 32, 24),
         QuantFormat("q4_k", 12, 256, 144),

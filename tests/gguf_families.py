@@ -76,6 +76,7 @@ FILE_TYPES = {
     "q5_k": "MOSTLY_Q5_K_M",
     "q6_k": "MOSTLY_Q6_K",
     "bf16": "MOSTLY_BF16",
+    "iq4_nl": "MOSTLY_IQ4_NL",
 }
 
 

@@ -93,7 +93,31 @@ def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
         return _quantize_q5_k(x).reshape(rows, -1)
     if fmt == "q6_k":
         return _quantize_q6_k(x).reshape(rows, -1)
+    if fmt == "iq4_nl":
+        return _quantize_iq4_nl(x).reshape(rows, -1)
     return gguf.quants.quantize(x, gguf.GGMLQuantizationType[fmt.upper()])
+
+
+IQ4_NL_VALUES = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32
+)
+
+
+def _quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] -> IQ4_NL blocks (gguf has no quantizer for it): per 32 values
+    an f16 scale putting the largest magnitude on the table's -127, each value the nearest
+    table entry's index; nibbles packed as Q4_0's (value j low, j + 16 high)."""
+    blocks = x.reshape(-1, 32)
+    peak = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(1)]
+    d = (peak / -127.0).astype(np.float16)
+    scale = d.astype(np.float32)
+    safe = np.where(scale == 0, 1.0, scale)[:, None, None]
+    q = np.abs(blocks[:, :, None] / safe - IQ4_NL_VALUES).argmin(-1).astype(np.uint8)
+    packed = q[:, :16] | (q[:, 16:] << 4)
+    out = np.empty((len(blocks), 18), np.uint8)
+    out[:, :2] = d.view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = packed
+    return out
 
 
 def _formats(kind: str) -> dict[str, str]:

@@ -45,6 +45,15 @@ typedef struct __attribute__((packed)) {
     uint8_t qs[QK4_1 / 2];
 } block_q4_1;              /* 20 bytes */
 
+/* IQ4_NL: Q4_0's layout, each 4-bit index into a fixed non-linear table (ggml's
+ * kvalues_iq4nl): value j: d * IQ4_NL_VALUES[qs[j] & 15]; j + 16: [qs[j] >> 4] */
+typedef struct __attribute__((packed)) {
+    f16_bits d;
+    uint8_t qs[QK4_0 / 2];
+} block_iq4_nl; /* 18 bytes */
+static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1,    13,   25,  38,  53,  69,  89,  113};
+
 /* The 5-bit formats: value j's low 4 bits as in Q4_0/Q4_1 (qs[j] & 15 for j < 16, else
  * qs[j - 16] >> 4), its fifth bit bit j of qh (a little-endian uint32). */
 typedef struct __attribute__((packed)) {
@@ -90,6 +99,7 @@ enum quant_type {
     QT_Q4_K = 12,
     QT_Q5_K = 13,
     QT_Q6_K = 14,
+    QT_IQ4_NL = 20,
     QT_BF16 = 30, /* bfloat16 rows taken as 32-value blocks (quant_bf16.c) */
 };
 
@@ -249,7 +259,7 @@ struct quant_format {
         const int phase, const int M)
 
 /* Defined in quant_q4_q8.c, quant_q5.c and quant_k.c. */
-extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1;
+extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_IQ4_NL;
 extern const struct quant_format FORMAT_Q5_0, FORMAT_Q5_1;
 extern const struct quant_format FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K;
 extern const struct quant_format FORMAT_F32;  /* quant_f32.c */

@@ -1,5 +1,5 @@
 /*
- * The 32-value block formats Q8_0, Q4_0 and Q4_1: dequantization into float32.
+ * The 32-value block formats Q8_0, Q4_0, Q4_1 and IQ4_NL: dequantization into float32.
  *
  * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2 and
  * AVX-512 versions that give the same bits, then the fused decode kernels (rows, wide). Q4_1's
@@ -49,7 +49,29 @@ static void dequant_q4_1_portable(const void *blocks, float *out, int64_t num_bl
     }
 }
 
+/* ---- IQ4_NL: d * IQ4_NL_VALUES[q] (the product of an f16 and a 7-bit integer: exact) ---- */
+
+static void dequant_iq4_nl_portable(const void *blocks, float *out, int64_t num_blocks) {
+    const block_iq4_nl *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_0) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            out[j] = d * (float)IQ4_NL_VALUES[b[i].qs[j] & 0xF];
+            out[j + QK4_0 / 2] = d * (float)IQ4_NL_VALUES[b[i].qs[j] >> 4];
+        }
+    }
+}
+
 #if QUANT_X86
+
+/* IQ4_NL's dequantization on the wide paths: the portable loop's bits (its products are
+ * exact), the decode kernels below carry the vector work */
+TARGET_AVX2 static void dequant_iq4_nl_avx2(const void *blocks, float *out, int64_t n) {
+    dequant_iq4_nl_portable(blocks, out, n);
+}
+TARGET_AVX512 static void dequant_iq4_nl_avx512(const void *blocks, float *out, int64_t n) {
+    dequant_iq4_nl_portable(blocks, out, n);
+}
 
 /* 8 or 16 bytes as int32 lanes, float. */
 TARGET_AVX2 static inline __m256 u8x8_ps(__m128i v) {
@@ -243,9 +265,20 @@ weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
         WIDE_END                                                                               \
     }
 
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+weights_iq4_nl(const block_iq4_nl *b, __m512 *w0, __m512 *w1) {
+    const __m512 levels = _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38,
+                                         53, 69, 89, 113);
+    const __m512 table = _mm512_mul_ps(SCALE(b->d), levels);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+    *w0 = _mm512_permutexvar_ps(q, table); /* low nibbles: index bits */
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+}
+
 BLOCK_KERNELS(q8_0)
 BLOCK_KERNELS(q4_0)
 BLOCK_KERNELS(q4_1)
+BLOCK_KERNELS(iq4_nl)
 
 /* ---- one block's 32 weights in registers (AVX2), and its rows and wide kernels -----------
  * No 16-entry permute on AVX2: each 8 weights are widened, converted and scaled, fma(q, d, m)
@@ -285,9 +318,24 @@ avx2_weights_q4_1(const block_q4_1 *b, __m256 w[4]) {
                  _mm256_set1_ps(pagecli_f16_table[b->m]), w);
 }
 
+/* IQ4_NL: each nibble looked up in the table's 16 bytes (a byte shuffle), widened, scaled */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+avx2_weights_iq4_nl(const block_iq4_nl *b, __m256 w[4]) {
+    const __m128i low = _mm_set1_epi8(0xF);
+    const __m128i values = _mm_loadu_si128((const __m128i *)IQ4_NL_VALUES);
+    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m128i lo = _mm_shuffle_epi8(values, _mm_and_si128(q, low));
+    const __m128i hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), low));
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]), zero = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d, zero);
+}
+
 AVX2_BLOCK32_KERNELS(q8_0)
 AVX2_BLOCK32_KERNELS(q4_0)
 AVX2_BLOCK32_KERNELS(q4_1)
+AVX2_BLOCK32_KERNELS(iq4_nl)
 
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
@@ -303,5 +351,7 @@ const struct quant_format FORMAT_Q8_0 = {QT_Q8_0, QK8_0, sizeof(block_q8_0),
                                          PATHS(q8_0) WIDE(q8_0)};
 const struct quant_format FORMAT_Q4_0 = {QT_Q4_0, QK4_0, sizeof(block_q4_0),
                                          PATHS(q4_0) WIDE(q4_0)};
+const struct quant_format FORMAT_IQ4_NL = {QT_IQ4_NL, QK4_0, sizeof(block_iq4_nl),
+                                           PATHS(iq4_nl) WIDE(iq4_nl)};
 const struct quant_format FORMAT_Q4_1 = {QT_Q4_1, QK4_1, sizeof(block_q4_1),
                                          PATHS(q4_1) WIDE(q4_1)};

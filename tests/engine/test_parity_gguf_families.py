@@ -41,6 +41,7 @@ CASES = {
     "smollm3_q4_0": ("smollm3", "smollm3", "q4_0"),
     "gemma3_linear": ("gemma3_linear", "gemma3", "q8_0"),
     "smollm3_bf16": ("smollm3", "smollm3", "bf16"),  # BF16 tensors kept as bfloat16 rows
+    "olmo2_iq4_nl": ("olmo2", "olmo2", "iq4_nl"),  # the non-linear 4-bit table
 }
 FORMAT_NAMES = {"bf16": "bfloat16"}  # the file's type -> pagecli's format name
 
