@@ -54,6 +54,22 @@ typedef struct __attribute__((packed)) {
 static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1,    13,   25,  38,  53,  69,  89,  113};
 
+/* MXFP4 (gpt-oss's experts): an E8M0 exponent and 32 FP4 (E2M1) values as Q4_0's nibbles;
+ * value j: d * MXFP4_VALUES[q] with d = e8m0_half(e), a power of two (exact products) */
+typedef struct __attribute__((packed)) {
+    uint8_t e;
+    uint8_t qs[QK4_0 / 2];
+} block_mxfp4; /* 17 bytes */
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ggml's ggml_e8m0_to_fp32_half: 2^(e - 128) (the E2M1 values above are doubled) */
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* The 5-bit formats: value j's low 4 bits as in Q4_0/Q4_1 (qs[j] & 15 for j < 16, else
  * qs[j - 16] >> 4), its fifth bit bit j of qh (a little-endian uint32). */
 typedef struct __attribute__((packed)) {
@@ -100,6 +116,7 @@ enum quant_type {
     QT_Q5_K = 13,
     QT_Q6_K = 14,
     QT_IQ4_NL = 20,
+    QT_MXFP4 = 39,
     QT_BF16 = 30, /* bfloat16 rows taken as 32-value blocks (quant_bf16.c) */
 };
 
@@ -260,6 +277,7 @@ struct quant_format {
 
 /* Defined in quant_q4_q8.c, quant_q5.c and quant_k.c. */
 extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_IQ4_NL;
+extern const struct quant_format FORMAT_MXFP4;
 extern const struct quant_format FORMAT_Q5_0, FORMAT_Q5_1;
 extern const struct quant_format FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K;
 extern const struct quant_format FORMAT_F32;  /* quant_f32.c */

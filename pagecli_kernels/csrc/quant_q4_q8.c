@@ -1,5 +1,6 @@
 /*
- * The 32-value block formats Q8_0, Q4_0, Q4_1 and IQ4_NL: dequantization into float32.
+ * The 32-value block formats Q8_0, Q4_0, Q4_1, IQ4_NL and MXFP4: dequantization into
+ * float32.
  *
  * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2 and
  * AVX-512 versions that give the same bits, then the fused decode kernels (rows, wide). Q4_1's
@@ -62,7 +63,27 @@ static void dequant_iq4_nl_portable(const void *blocks, float *out, int64_t num_
     }
 }
 
+/* ---- MXFP4: e8m0_half(e) * MXFP4_VALUES[q] (a power of two times a small integer) ------- */
+
+static void dequant_mxfp4_portable(const void *blocks, float *out, int64_t num_blocks) {
+    const block_mxfp4 *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++, out += QK4_0) {
+        const float d = e8m0_half(b[i].e);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            out[j] = d * (float)MXFP4_VALUES[b[i].qs[j] & 0xF];
+            out[j + QK4_0 / 2] = d * (float)MXFP4_VALUES[b[i].qs[j] >> 4];
+        }
+    }
+}
+
 #if QUANT_X86
+
+TARGET_AVX2 static void dequant_mxfp4_avx2(const void *blocks, float *out, int64_t n) {
+    dequant_mxfp4_portable(blocks, out, n);
+}
+TARGET_AVX512 static void dequant_mxfp4_avx512(const void *blocks, float *out, int64_t n) {
+    dequant_mxfp4_portable(blocks, out, n);
+}
 
 /* IQ4_NL's dequantization on the wide paths: the portable loop's bits (its products are
  * exact), the decode kernels below carry the vector work */
@@ -275,10 +296,21 @@ weights_iq4_nl(const block_iq4_nl *b, __m512 *w0, __m512 *w1) {
     *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
 }
 
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+weights_mxfp4(const block_mxfp4 *b, __m512 *w0, __m512 *w1) {
+    const __m512 levels =
+        _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m512 table = _mm512_mul_ps(_mm512_set1_ps(e8m0_half(b->e)), levels);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+    *w0 = _mm512_permutexvar_ps(q, table); /* low nibbles: index bits */
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+}
+
 BLOCK_KERNELS(q8_0)
 BLOCK_KERNELS(q4_0)
 BLOCK_KERNELS(q4_1)
 BLOCK_KERNELS(iq4_nl)
+BLOCK_KERNELS(mxfp4)
 
 /* ---- one block's 32 weights in registers (AVX2), and its rows and wide kernels -----------
  * No 16-entry permute on AVX2: each 8 weights are widened, converted and scaled, fma(q, d, m)
@@ -332,10 +364,25 @@ avx2_weights_iq4_nl(const block_iq4_nl *b, __m256 w[4]) {
         w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d, zero);
 }
 
+/* MXFP4: IQ4_NL's byte-shuffle lookup over its own table, scaled by the block's power of two */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+avx2_weights_mxfp4(const block_mxfp4 *b, __m256 w[4]) {
+    const __m128i low = _mm_set1_epi8(0xF);
+    const __m128i values = _mm_loadu_si128((const __m128i *)MXFP4_VALUES);
+    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m128i lo = _mm_shuffle_epi8(values, _mm_and_si128(q, low));
+    const __m128i hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), low));
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const __m256 d = _mm256_set1_ps(e8m0_half(b->e)), zero = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d, zero);
+}
+
 AVX2_BLOCK32_KERNELS(q8_0)
 AVX2_BLOCK32_KERNELS(q4_0)
 AVX2_BLOCK32_KERNELS(q4_1)
 AVX2_BLOCK32_KERNELS(iq4_nl)
+AVX2_BLOCK32_KERNELS(mxfp4)
 
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
@@ -353,5 +400,7 @@ const struct quant_format FORMAT_Q4_0 = {QT_Q4_0, QK4_0, sizeof(block_q4_0),
                                          PATHS(q4_0) WIDE(q4_0)};
 const struct quant_format FORMAT_IQ4_NL = {QT_IQ4_NL, QK4_0, sizeof(block_iq4_nl),
                                            PATHS(iq4_nl) WIDE(iq4_nl)};
+const struct quant_format FORMAT_MXFP4 = {QT_MXFP4, QK4_0, sizeof(block_mxfp4),
+                                          PATHS(mxfp4) WIDE(mxfp4)};
 const struct quant_format FORMAT_Q4_1 = {QT_Q4_1, QK4_1, sizeof(block_q4_1),
                                          PATHS(q4_1) WIDE(q4_1)};

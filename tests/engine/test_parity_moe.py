@@ -106,16 +106,19 @@ def test_moe_gguf_parity_with_experts_in_the_files_map(moe_ggufs, name):
         assert starts == sorted(starts) and len(set(starts)) == len(parts)
 
 
-def test_bf16_expert_stacks_stay_bfloat16(moe_models, tmp_path):
-    """A GGUF whose tensors are BF16 (as many MoE uploads keep their experts): every expert
-    stays bfloat16 rows of the file's map, not float32, and the output is transformers' on the
-    same values."""
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "iq4_nl"])
+def test_expert_stacks_stay_in_their_format(moe_models, fmt, tmp_path):
+    """GGUFs whose experts are BF16 (kept as many MoE uploads keep them), MXFP4 (gpt-oss's
+    experts) or IQ4_NL (the "dynamic" quants'): every expert stays in that format, rows of the
+    file's map, not float32, and the output is transformers' on the same values."""
     from tests.gguf_families import write_family_gguf
 
-    path, reference = write_family_gguf(moe_models["olmoe"], tmp_path, "olmoe", "bf16")
+    path, reference = write_family_gguf(moe_models["olmoe"], tmp_path, "olmoe", fmt)
     llm = _run_and_check(path, _hf(reference))
+    name = {"bf16": "bfloat16"}.get(fmt, fmt)
     experts = llm.engine.runner.model.layers[0].mlp.experts
-    assert all(e.gate_up_proj.formats == ["bfloat16", "bfloat16"] for e in experts)
+    assert all(e.gate_up_proj.formats == [name, name] for e in experts)
+    assert all(e.down_proj.formats == [name] for e in experts)
     assert llm.engine.runner.memory.mapped > 0.9 * llm.engine.runner.weight_bytes
 
 

@@ -35,6 +35,7 @@ SCALE_OFFSETS = {
     "q4_0": [0],
     "q4_1": [0, 2],
     "iq4_nl": [0],
+    "mxfp4": [],  # its scale is one E8M0 byte: random_weight keeps it finite and moderate
     "q5_0": [0],
     "q5_1": [0, 2],
     "q4_k": [0, 2],
@@ -54,6 +55,9 @@ def random_weight(fmt: str, rows: int, cols: int, seed: int = 0) -> QuantWeight:
     for offset in SCALE_OFFSETS[fmt]:
         scales = (rng.standard_normal((rows, num_blocks)) * 0.02).astype(np.float16)
         data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, num_blocks, 2)
+    if fmt == "mxfp4":  # exponents 2^-10 .. 2^-3, and the two subnormal codes now and then
+        data[:, :, 0] = rng.integers(118, 126, size=(rows, num_blocks), dtype=np.uint8)
+        data[:, 0, 0] = rng.integers(0, 2, size=rows, dtype=np.uint8)
     return QuantWeight(f, torch.from_numpy(data.reshape(rows, -1)), cols)
 
 
