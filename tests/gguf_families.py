@@ -153,7 +153,8 @@ def _text_model_keys(writer, hp: dict, rope: dict, fmt: str) -> None:
     writer.add_block_count(hp["num_hidden_layers"])
     writer.add_context_length(hp["max_position_embeddings"])
     writer.add_embedding_length(hp["hidden_size"])
-    writer.add_feed_forward_length(hp["intermediate_size"])
+    if hp.get("intermediate_size") is not None:  # a MoE-only model has none (find_hparam)
+        writer.add_feed_forward_length(hp["intermediate_size"])
     writer.add_head_count(hp["num_attention_heads"])
     writer.add_head_count_kv(hp["num_key_value_heads"])
     full = rope.get("full_attention", rope)
@@ -284,6 +285,7 @@ def _tile_v(name: str, values: np.ndarray, hp: dict, inverse: bool) -> np.ndarra
 
 
 MOE_ARCHS = {"qwen3moe", "olmoe"}
+QWEN35_ARCHS = {"qwen35", "qwen35moe"}
 # an expert's tensor: transformers' names, or Mixtral's (block_sparse_moe, w1/w3/w2)
 EXPERT = re.compile(
     r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
@@ -339,6 +341,11 @@ def _write_metadata(writer, arch: str, hp: dict, fmt: str) -> None:
         _text_model_keys(writer, hp, rope, fmt)
         _moe_keys(writer, hp, arch)
         writer.add_vocab_size(hp["vocab_size"])  # stands in for the tokenizer
+        return
+    if arch == "qwen35moe":  # Qwen3_5MoeTextModel: qwen35's keys and the experts'
+        _qwen35_keys(writer, hp, rope, fmt)
+        _moe_keys(writer, hp, "qwen3moe")  # with expert_feed_forward_length
+        writer.add_expert_shared_feed_forward_length(hp["shared_expert_intermediate_size"])
         return
     if _has_experts(hp):  # Mixtral as a llama file (LlamaModel: TextModel's expert keys)
         _moe_keys(writer, hp, arch)
@@ -433,7 +440,7 @@ def write_family_gguf(
         name = names.get_name(converted, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"{arch}: no GGUF name for {hf_name}"
         values = tensor.numpy().astype(np.float32)  # [out, in] or [n]
-        if arch == "qwen35":
+        if arch in QWEN35_ARCHS:
             values = _qwen35_stored(hf_name, values, hp)
         perm_heads = None
         if arch in PERMUTED_ARCHS and ".attn_q." in f".{name}":
@@ -459,7 +466,7 @@ def write_family_gguf(
             stored = _unpermute(stored, perm_heads)
         if plus_one:
             stored = stored - np.float32(1.0)
-        if arch == "qwen35":
+        if arch in QWEN35_ARCHS:
             stored = _qwen35_read(hf_name, stored, hp)
         reference[hf_name] = torch.from_numpy(np.ascontiguousarray(stored))
     if arch == "phi3":

@@ -158,7 +158,13 @@ def moe_configs():
     """The mixture-of-experts families: routers that pick different experts for different
     tokens (the checkpoints' spread makes the router logits decisive), a dense layer among the
     sparse ones (Qwen3-MoE's mlp_only_layers), a gated shared expert (Qwen2-MoE)."""
-    from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import (
+        MixtralConfig,
+        OlmoeConfig,
+        Qwen2MoeConfig,
+        Qwen3_5MoeTextConfig,
+        Qwen3MoeConfig,
+    )
 
     common = {**COMMON, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     return {
@@ -190,6 +196,22 @@ def moe_configs():
             num_experts_per_tok=3,
             norm_topk_prob=False,
             tie_word_embeddings=False,
+        ),
+        # Qwen3.5's layers (3 Gated DeltaNet, 2 key heads to 4 value heads, to 1 gated
+        # attention) with a MoE and a shared expert in each
+        "qwen3_5_moe": Qwen3_5MoeTextConfig(
+            **{k: v for k, v in common.items() if k != "intermediate_size"}
+            | {"num_hidden_layers": 4},
+            head_dim=32,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            tie_word_embeddings=True,
         ),
     }
 

@@ -31,14 +31,15 @@ def require(reader, key: str) -> Any:
     return value
 
 
-def common_values(reader, arch: str, model_type: str) -> dict[str, Any]:
-    """The config values every decoder shares, from `{arch}.*` and the tokenizer's ids."""
+def common_values(reader, arch: str, model_type: str, ffn: bool = True) -> dict[str, Any]:
+    """The config values every decoder shares, from `{arch}.*` and the tokenizer's ids
+    (`ffn` False: a model whose every MLP is a mixture of experts, whose file may give no
+    dense width)."""
     heads = int(require(reader, f"{arch}.attention.head_count"))
     values: dict[str, Any] = {
         "model_type": model_type,
         "hidden_size": int(require(reader, f"{arch}.embedding_length")),
         "num_hidden_layers": int(require(reader, f"{arch}.block_count")),
-        "intermediate_size": int(require(reader, f"{arch}.feed_forward_length")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get(reader, f"{arch}.attention.head_count_kv", heads)),
         "max_position_embeddings": int(get(reader, f"{arch}.context_length", 4096)),
@@ -46,6 +47,10 @@ def common_values(reader, arch: str, model_type: str) -> dict[str, Any]:
         "rope_theta": float(get(reader, f"{arch}.rope.freq_base", 10000.0)),
         "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
     }
+    width = get(reader, f"{arch}.feed_forward_length")
+    if ffn or width is not None:
+        values["intermediate_size"] = int(width if width is not None else require(
+            reader, f"{arch}.feed_forward_length"))  # fmt: skip
     head_dim = get(reader, f"{arch}.attention.key_length")
     if head_dim is not None:
         values["head_dim"] = int(head_dim)

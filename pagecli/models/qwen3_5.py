@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from pagecli.layers.gated_delta import DeltaNetSpec
+from pagecli.layers.moe import MoESpec
 from pagecli.loader.gguf_config import common_values, get, require
 from pagecli.models.base import GGUFArch
 from pagecli.models.blocks import (
@@ -47,7 +48,8 @@ def _gguf_config(reader, arch: str) -> dict:
     Qwen3_5TextModel): the DeltaNet shape from the ssm.* keys, the layer pattern from
     full_attention_interval (layer i is full attention when (i + 1) % interval == 0), the
     partial rotary from rope.dimension_count over the head size."""
-    values = common_values(reader, arch, "qwen3_5_text")
+    experts = get(reader, f"{arch}.expert_count")  # qwen35moe: no dense MLP width
+    values = common_values(reader, arch, "qwen3_5_text", ffn=not experts)
     values["num_hidden_layers"] -= int(get(reader, f"{arch}.nextn_predict_layers", 0))
     head = values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
     k_heads = int(require(reader, f"{arch}.ssm.group_count"))
@@ -154,6 +156,11 @@ class Qwen3_5ForCausalLM(DecoderModel):
     }
 
     @classmethod
+    def mlp_spec(cls, config) -> MLPSpec | MoESpec:
+        """Every layer's MLP: a dense gated MLP (the MoE variant: a sparse one)."""
+        return MLPSpec(config.intermediate_size, activation(config))
+
+    @classmethod
     def model_spec(cls, config) -> ModelSpec:
         types = list(config.layer_types)
         unknown = sorted(set(types) - KNOWN_LAYERS)
@@ -190,7 +197,7 @@ class Qwen3_5ForCausalLM(DecoderModel):
                 f"{linear.num_v_heads} DeltaNet value heads over {linear.num_k_heads} key "
                 f"heads, conv kernel {linear.conv_kernel}"
             )
-        mlp = MLPSpec(config.intermediate_size, activation(config))
+        mlp = cls.mlp_spec(config)
         layers = tuple(
             LayerSpec(attention, mlp)
             if kind == "full_attention"

@@ -13,6 +13,7 @@ from pagecli.models.olmo3 import Olmo3ForCausalLM
 from pagecli.models.olmoe import OlmoeForCausalLM
 from pagecli.models.phi3 import Phi3ForCausalLM
 from pagecli.models.qwen3_5 import Qwen3_5ForCausalLM
+from pagecli.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from pagecli.models.qwen3_moe import Qwen3MoeForCausalLM
 from pagecli.models.smollm3 import SmolLM3ForCausalLM
 
@@ -25,6 +26,7 @@ FAMILIES: tuple[type[CausalLM], ...] = (
     GraniteForCausalLM,
     Olmo3ForCausalLM,
     Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
     Qwen3MoeForCausalLM,
     MixtralForCausalLM,
     OlmoeForCausalLM,

@@ -24,8 +24,9 @@ from tests.tiny_models import VOCAB
 
 NEW_TOKENS = 12
 TOP = 5
-FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
-GGUF_ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "mixtral": "llama"}
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe"]
+GGUF_ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "mixtral": "llama",
+              "qwen3_5_moe": "qwen35moe"}  # fmt: skip
 
 
 def prompts_of(seed: int, lengths: list[int]) -> list[list[int]]:
