@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
-from quant_vs_llamacpp import cpu_name  # benchmarks/ is on sys.path when a script here runs
+from _timing import median_ms  # benchmarks/ is on sys.path when a script here runs
+from quant_vs_llamacpp import cpu_name
 
 from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.gated_delta import (
@@ -34,16 +33,6 @@ from pagecli.layers.gated_delta import (
 )
 from pagecli.models.blocks import Attention, AttentionSpec
 from pagecli_kernels import fused_cpu
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def deltanet_parts(layer: GatedDeltaNet, hidden: torch.Tensor, meta, reps: int) -> dict:

@@ -217,6 +217,7 @@ class GatedDeltaNet(nn.Module):
         self.snapshots: StateStore | None = None
         self.host: StateStore | None = None
         self.impl = "auto"  # the recurrence's kernels, as PagedAttention.impl (model runner)
+        self._native: tuple[torch.Tensor, ...] | None = None  # native_weights(), made once
 
     @property
     def part_sizes(self) -> dict[str, list[int]]:
@@ -227,7 +228,7 @@ class GatedDeltaNet(nn.Module):
     def native_weights(self) -> tuple[torch.Tensor, ...]:
         """The conv kernel [C, K], A = -exp(A_log) and dt_bias [Hv], the norm's weight [dv],
         as the native step takes them (float32, contiguous; made once, after loading)."""
-        if getattr(self, "_native", None) is None:
+        if self._native is None:
             with torch.no_grad():
                 self._native = (
                     self.conv1d.weight[:, 0].float().contiguous(),

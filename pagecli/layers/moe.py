@@ -84,6 +84,7 @@ class SparseMoE(nn.Module):
         if spec.shared_intermediate_size:
             self.shared_expert = Expert(hidden_size, spec.shared_intermediate_size, spec.activation)
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+        self._table: tuple | None = None  # (native_table(),), made once after loading
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] of x's dtype, experts [T, k] int64) for tokens x [T, H]."""
@@ -98,7 +99,7 @@ class SparseMoE(nn.Module):
         """The MOE_FIELDS table the native MoE reads (router, each expert's projections, the
         shared expert's), with the tensors it points into; None when some projection is not
         one the native kernels take (a float part, a bias). Built once, after loading."""
-        if getattr(self, "_table", None) is None:
+        if self._table is None:
             self._table = (self._build_table(),)
         return self._table[0]
 

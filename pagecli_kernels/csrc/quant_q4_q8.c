@@ -286,24 +286,27 @@ weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
         WIDE_END                                                                               \
     }
 
+/* The 32 nibbles at qs through a 16-entry table of floats: values 0..15, then 16..31 (the
+ * non-linear formats, whose table is the block's scale times fixed levels) */
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+table_weights(const uint8_t *qs, __m512 table, __m512 *w0, __m512 *w1) {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    *w0 = _mm512_permutexvar_ps(q, table); /* low nibbles: index bits */
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+}
+
 TARGET_AVX512 static inline __attribute__((always_inline)) void
 weights_iq4_nl(const block_iq4_nl *b, __m512 *w0, __m512 *w1) {
     const __m512 levels = _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38,
                                          53, 69, 89, 113);
-    const __m512 table = _mm512_mul_ps(SCALE(b->d), levels);
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
-    *w0 = _mm512_permutexvar_ps(q, table); /* low nibbles: index bits */
-    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+    table_weights(b->qs, _mm512_mul_ps(SCALE(b->d), levels), w0, w1);
 }
 
 TARGET_AVX512 static inline __attribute__((always_inline)) void
 weights_mxfp4(const block_mxfp4 *b, __m512 *w0, __m512 *w1) {
     const __m512 levels =
         _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m512 table = _mm512_mul_ps(_mm512_set1_ps(e8m0_half(b->e)), levels);
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
-    *w0 = _mm512_permutexvar_ps(q, table); /* low nibbles: index bits */
-    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+    table_weights(b->qs, _mm512_mul_ps(_mm512_set1_ps(e8m0_half(b->e)), levels), w0, w1);
 }
 
 BLOCK_KERNELS(q8_0)
@@ -350,32 +353,29 @@ avx2_weights_q4_1(const block_q4_1 *b, __m256 w[4]) {
                  _mm256_set1_ps(pagecli_f16_table[b->m]), w);
 }
 
-/* IQ4_NL: each nibble looked up in the table's 16 bytes (a byte shuffle), widened, scaled */
+/* The non-linear 4-bit formats: each of the 32 nibbles at qs looked up in the 16 int8
+ * `levels` (a byte shuffle), widened and times d (exact: small integers times a scale) */
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-avx2_weights_iq4_nl(const block_iq4_nl *b, __m256 w[4]) {
+avx2_table_nibbles(const uint8_t *qs, const int8_t *levels, __m256 d, __m256 w[4]) {
     const __m128i low = _mm_set1_epi8(0xF);
-    const __m128i values = _mm_loadu_si128((const __m128i *)IQ4_NL_VALUES);
-    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m128i values = _mm_loadu_si128((const __m128i *)levels);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
     const __m128i lo = _mm_shuffle_epi8(values, _mm_and_si128(q, low));
     const __m128i hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), low));
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    const __m256 d = _mm256_set1_ps(pagecli_f16_table[b->d]), zero = _mm256_setzero_ps();
+    const __m256 zero = _mm256_setzero_ps();
     for (int k = 0; k < 4; k++)
         w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d, zero);
 }
 
-/* MXFP4: IQ4_NL's byte-shuffle lookup over its own table, scaled by the block's power of two */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+avx2_weights_iq4_nl(const block_iq4_nl *b, __m256 w[4]) {
+    avx2_table_nibbles(b->qs, IQ4_NL_VALUES, _mm256_set1_ps(pagecli_f16_table[b->d]), w);
+}
+
 TARGET_AVX2 static inline __attribute__((always_inline)) void
 avx2_weights_mxfp4(const block_mxfp4 *b, __m256 w[4]) {
-    const __m128i low = _mm_set1_epi8(0xF);
-    const __m128i values = _mm_loadu_si128((const __m128i *)MXFP4_VALUES);
-    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
-    const __m128i lo = _mm_shuffle_epi8(values, _mm_and_si128(q, low));
-    const __m128i hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), low));
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    const __m256 d = _mm256_set1_ps(e8m0_half(b->e)), zero = _mm256_setzero_ps();
-    for (int k = 0; k < 4; k++)
-        w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d, zero);
+    avx2_table_nibbles(b->qs, MXFP4_VALUES, _mm256_set1_ps(e8m0_half(b->e)), w);
 }
 
 AVX2_BLOCK32_KERNELS(q8_0)
