@@ -76,7 +76,8 @@ class Shape:
     # their width, the conv kernel
     linear: tuple[int, int, int, int] | None = None
     interval: int = 4
-    # qwen3moe's experts in every layer: how many, how many a token uses, each one's width
+    # qwen3moe's and gpt-oss's experts in every layer: how many, how many a token uses,
+    # each one's width
     experts: tuple[int, int, int] | None = None
 
     def is_linear(self, layer: int) -> bool:
@@ -168,6 +169,35 @@ SHAPES = {
         head_dim=64,
         experts=(8, 2, 128),
     ),  # fmt: skip
+    # gpt-oss-20b (gpt-oss): 24 layers, 64 heads of 64 over 8 KV heads with biases and
+    # sinks, a window of 128 on every other layer, YaRN (32 over 4096), 32 experts of 2880
+    # in every layer, 4 per token, with biases; the real vocabulary is 201k
+    "gpt-oss-20b": Shape(
+        2880,
+        24,
+        64,
+        8,
+        2880,
+        150000.0,
+        tied=False,
+        arch="gpt-oss",
+        head_dim=64,
+        window=128,
+        experts=(32, 4, 2880),
+    ),  # fmt: skip
+    "gpt-oss-smoke": Shape(
+        256,
+        2,
+        4,
+        2,
+        256,
+        150000.0,
+        tied=False,
+        arch="gpt-oss",
+        head_dim=64,
+        window=128,
+        experts=(8, 2, 256),
+    ),  # fmt: skip
     "8b": Shape(4096, 32, 32, 8, 14336, 500000.0, tied=False),  # Llama-3-8B
     "7b": Shape(4096, 32, 32, 32, 11008, 10000.0, tied=False),  # Llama-2-7B (MHA)
     "smoke": Shape(256, 2, 4, 2, 512, 500000.0, tied=True),  # for testing this script
@@ -178,6 +208,8 @@ MIXES = {  # name: (the base block type, gguf file type)
     "q4_k_m": (Q.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
     "q5_k_m": (Q.Q5_K, gguf.LlamaFileType.MOSTLY_Q5_K_M),
     "q6_k": (Q.Q6_K, gguf.LlamaFileType.MOSTLY_Q6_K),
+    # gpt-oss's released GGUFs: the experts in MXFP4 as trained, the other matrices Q8_0
+    "mxfp4": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_MXFP4_MOE),
 }
 WEIGHT_STD = 0.02
 
@@ -254,12 +286,14 @@ def mix_type(name: str, layer: int | None, shape: Shape, mix: str) -> Q:
       Q5_K_M -> Q5_K).
     """
     base = MIXES[mix][0]
+    if name.endswith("ffn_gate_inp.weight") and mix in ("q4_k_m", "q5_k_m", "mxfp4"):
+        return Q.F32  # llama-quantize leaves the router in float
+    if mix == "mxfp4":
+        return Q.MXFP4 if "_exps." in name else base
     if mix not in ("q4_k_m", "q5_k_m"):
         return base
     if name == "output.weight" or (name == "token_embd.weight" and shape.tied):
         return Q.Q6_K
-    if name.endswith("ffn_gate_inp.weight"):
-        return Q.F32  # llama-quantize leaves the router in float
     part = name.split(".")[-2]
     if layer is not None and (part in ("attn_v", "attn_qkv") or part.startswith("ffn_down")):
         return Q.Q6_K if use_more_bits(layer, shape.layers) else base
@@ -297,6 +331,18 @@ def layer_parts(shape: Shape, layer: int = 0) -> list[tuple[str, int, int]]:
     name with a suffix is the whole tensor name)."""
     h, d = shape.hidden, shape.head_size
     q, kv = shape.heads * d, shape.kv_heads * d
+    if shape.arch == "gpt-oss":  # GptOssModel: biases everywhere, sinks, expert biases
+        count, _, width = shape.experts
+        return [
+            ("attn_norm", 0, h), ("attn_q", q, h), ("attn_q.bias", 0, q), ("attn_k", kv, h),
+            ("attn_k.bias", 0, kv), ("attn_v", kv, h), ("attn_v.bias", 0, kv),
+            ("attn_output", h, q), ("attn_output.bias", 0, h), ("attn_sinks.weight", 0, shape.heads),
+            ("post_attention_norm", 0, h), ("ffn_gate_inp", count, h),
+            ("ffn_gate_inp.bias", 0, count), ("ffn_gate_exps", width, h),
+            ("ffn_gate_exps.bias", count, width), ("ffn_up_exps", width, h),
+            ("ffn_up_exps.bias", count, width), ("ffn_down_exps", h, width),
+            ("ffn_down_exps.bias", count, h),
+        ]  # fmt: skip
     if shape.arch == "qwen3moe":
         count, _, width = shape.experts
         return [
@@ -353,9 +399,9 @@ def tensor_plan(shape: Shape, mix: str) -> list[Tensor]:
             plan.append(Tensor(f"rope_factors_{which}.weight", 0, shape.rotary_dim // 2, Q.F32))
     for i in range(shape.layers):
         for part, rows, cols in layer_parts(shape, i):
-            name = f"blk.{i}.{part}" + ("" if part in ("ssm_a", "ssm_dt.bias") else ".weight")
+            name = f"blk.{i}.{part}" + ("" if part == "ssm_a" or "." in part else ".weight")
             experts = shape.experts[0] if part.endswith("_exps") else 0
-            if rows == 0 or part in F32_PARTS:
+            if rows == 0 or part in F32_PARTS or part.endswith(".bias"):
                 plan.append(Tensor(name, rows, cols, Q.F32))
             else:
                 kind = tensor_type(name, i, shape, mix, cols)
@@ -371,6 +417,10 @@ def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
     """`t`'s data as [rows, row bytes] uint8: random quant values and sub-scales, positive
     f16 scales giving weights of about WEIGHT_STD."""
     if t.type == Q.F32:
+        if t.name.endswith(".bias") and "ssm_dt" not in t.name:  # gpt-oss's biases
+            return rng.normal(0, 0.02, size=(t.rows, t.cols) if t.rows else t.cols)
+        if t.name.endswith("attn_sinks.weight"):
+            return rng.normal(0, 1.0, size=t.cols)
         if t.name.endswith("ssm_a"):  # A = -exp(A_log) < 0: the state decays
             return -rng.uniform(0.5, 1.5, size=t.cols).astype(np.float32)
         if t.name.endswith("ssm_dt.bias"):
@@ -382,6 +432,9 @@ def random_blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
     rows = t.rows * max(t.experts, 1)
     n_blocks = rows * t.cols // block_values
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    if t.type == Q.MXFP4:  # {e8m0 scale, qs[16]}: FP4 values (up to 6) times 2^(e - 127)
+        blocks[:, 0] = rng.integers(119, 122, size=n_blocks, dtype=np.uint8)
+        return blocks.reshape(t.experts, t.rows, -1) if t.experts else blocks.reshape(rows, -1)
     spec = BLOCKS[t.type]
     if t.type == Q.Q8_0:  # ggml's quantizer writes -127..127, never -128
         qs = blocks[:, 2:].view(np.int8)
@@ -467,6 +520,10 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
         writer.add_value_length(shape.head_dim)
     if shape.window is not None:
         writer.add_sliding_window(shape.window)
+    if shape.arch == "gpt-oss":  # GptOssModel.set_gguf_parameters: YaRN as released
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(32.0)
+        writer.add_rope_scaling_orig_ctx_len(4096)
     if shape.original_context is not None:
         writer.add_rope_scaling_orig_ctx_len(shape.original_context)
         writer.add_rope_scaling_attn_factors(1.19)
@@ -474,7 +531,7 @@ def write_gguf(path: Path, shape: Shape, mix: str, seed: int = 0) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, value, kind, sub_type in tokenizer_fields():
         writer.add_key_value(name, value, kind, sub_type=sub_type)
-    if shape.experts is not None:  # Qwen3MoeModel.set_gguf_parameters
+    if shape.experts is not None:  # Qwen3MoeModel's and GptOssModel's set_gguf_parameters
         count, used, width = shape.experts
         writer.add_expert_count(count)
         writer.add_expert_used_count(used)

@@ -41,6 +41,8 @@ def _lib() -> ctypes.CDLL:
         lib.pagecli_rotary.restype = None
         lib.pagecli_act_mul.argtypes = [ptr, ptr, i64, i64, i64, i64, i32, i32, i32]
         lib.pagecli_act_mul.restype = None
+        lib.pagecli_swiglu_oai.argtypes = [ptr, ptr, i64, i64, i64, i64, i32, f32, f32, i32]
+        lib.pagecli_swiglu_oai.restype = None
         lib.pagecli_add_scaled.argtypes = [ptr, ptr, i64, i64, i64, i64, f32, i32, i32, i32]
         lib.pagecli_add_scaled.restype = None
         lib.pagecli_apply_token_bitmask_f32.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64]
@@ -219,6 +221,18 @@ def act_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
         ACTIVATIONS[activation],
         torch.get_num_threads(),
     )
+    return out
+
+
+def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU for gate_up `[N, 2 * I]` (gate first) -> `[N, I]`:
+    (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit)."""
+    num_rows, width = gate_up.shape
+    out = torch.empty(num_rows, width // 2, dtype=gate_up.dtype)  # [N, I]
+    _lib().pagecli_swiglu_oai(
+        gate_up.data_ptr(), out.data_ptr(), num_rows, width // 2, gate_up.stride(0),
+        out.stride(0), _DTYPES[gate_up.dtype], alpha, limit, torch.get_num_threads(),
+    )  # fmt: skip
     return out
 
 

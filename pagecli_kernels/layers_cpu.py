@@ -61,7 +61,7 @@ _OPCODES = {
     DeltaNet: 10,
     MoE: 11,
 }
-MOE_FIELDS = 11  # csrc/layer_program_cpu.c: MOE_* of an OP_MOE table
+MOE_FIELDS = 14  # csrc/layer_program_cpu.c: MOE_* of an OP_MOE table
 DELTA_FIELDS = 14  # csrc/layer_program_cpu.c: DN_* of an OP_DELTANET table
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _ERRORS = {
@@ -125,7 +125,7 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def _float_bits(value: float) -> int:
+def float_bits(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
@@ -255,7 +255,7 @@ class LayerProgram:
                 op.heads,
                 op.width,
                 op.weight.data_ptr(),
-                _float_bits(op.eps),
+                float_bits(op.eps),
                 op.weight_mode,
             ]
             self._keep.append(op.weight)
@@ -314,7 +314,7 @@ class LayerProgram:
                 self._buffer(op.src, 0, width),
                 width,
                 int(op.scale is not None),
-                _float_bits(0.0 if op.scale is None else op.scale),
+                float_bits(0.0 if op.scale is None else op.scale),
             ]
         elif isinstance(op, AllReduce):
             fields += [self._buffer(op.buf), self.widths[op.buf]]
@@ -393,7 +393,7 @@ class LayerProgram:
             raise ValueError("a Gated DeltaNet layer reads and writes whole rows")
         table = torch.tensor(
             [t.data_ptr() for t, _ in shapes]
-            + [slots, kernel, nk, nv, dk, dv, int(op.tiled), _float_bits(op.eps)],
+            + [slots, kernel, nk, nv, dk, dv, int(op.tiled), float_bits(op.eps)],
             dtype=torch.int64,
         )  # [DELTA_FIELDS]
         self._projections.append(table)
@@ -453,7 +453,7 @@ class LayerProgram:
             d,
             op.window or 0,
             0 if sinks is None else sinks.data_ptr(),
-            _float_bits(op.scale),
+            float_bits(op.scale),
             op.kv_group,
         ]
 

@@ -162,6 +162,10 @@ def _text_model_keys(writer, hp: dict, rope: dict, fmt: str) -> None:
     if rope_type == "linear" and full.get("factor") is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(full["factor"])
+    elif rope_type == "yarn":  # GptOssModel: the type, factor and original context
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(full["factor"])
+        writer.add_rope_scaling_orig_ctx_len(full.get("original_max_position_embeddings", 4096))
     elif rope_type != "default":
         raise NotImplementedError(f"rope_type {rope_type!r} in these tests")
     if full.get("rope_theta") is not None:
@@ -284,7 +288,7 @@ def _tile_v(name: str, values: np.ndarray, hp: dict, inverse: bool) -> np.ndarra
     return values
 
 
-MOE_ARCHS = {"qwen3moe", "olmoe"}
+MOE_ARCHS = {"qwen3moe", "olmoe", "gpt-oss"}
 QWEN35_ARCHS = {"qwen35", "qwen35moe"}
 # an expert's tensor: transformers' names, or Mixtral's (block_sparse_moe, w1/w3/w2)
 EXPERT = re.compile(
@@ -307,6 +311,55 @@ def _moe_keys(writer, hp: dict, arch: str) -> None:
     writer.add_expert_used_count(hp["num_experts_per_tok"])
     if arch == "qwen3moe":
         writer.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+    if arch == "gpt-oss":  # GptOssModel: each expert's width, the window
+        writer.add_expert_feed_forward_length(hp["intermediate_size"])
+        writer.add_sliding_window(hp["sliding_window"])
+
+
+def _unstack_gpt_oss(state: dict) -> tuple[dict, dict]:
+    """gpt-oss's stacked experts as GptOssModel.modify_tensors writes them: gate and up apart
+    (the stack's alternate columns), each expert's rows [out, in] under per-expert names for
+    _expert_stacks, the biases as blk.N.ffn_{gate,up,down}_exps.bias [E, rows] (F32)."""
+    out, biases = {}, {}
+    for name, tensor in state.items():
+        stem, _, leaf = name.rpartition(".")
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        if leaf == "gate_up_proj":  # [E, H, 2I]
+            for e in range(tensor.shape[0]):
+                w = tensor[e].t()
+                out[f"{stem}.{e}.gate_proj.weight"] = w[0::2].contiguous()
+                out[f"{stem}.{e}.up_proj.weight"] = w[1::2].contiguous()
+        elif leaf == "down_proj" and ".experts." in name:  # [E, I, H]
+            for e in range(tensor.shape[0]):
+                out[f"{stem}.{e}.down_proj.weight"] = tensor[e].t().contiguous()
+        elif leaf == "gate_up_proj_bias":
+            biases[f"blk.{layer}.ffn_gate_exps.bias"] = tensor[:, 0::2]
+            biases[f"blk.{layer}.ffn_up_exps.bias"] = tensor[:, 1::2]
+        elif leaf == "down_proj_bias":
+            biases[f"blk.{layer}.ffn_down_exps.bias"] = tensor
+        else:
+            out[name] = tensor
+    return out, biases
+
+
+def _restack_gpt_oss(reference: dict, hp: dict, biases: dict) -> None:
+    """The reference's per-expert rows (as the file holds them) back in transformers'
+    stacked gpt-oss layout, with the biases."""
+    n = hp["num_local_experts"]
+    for layer in range(hp["num_hidden_layers"]):
+        stem = f"model.layers.{layer}.mlp.experts"
+
+        def take(kind: str, stem: str = stem) -> torch.Tensor:
+            return torch.stack([reference.pop(f"{stem}.{e}.{kind}.weight") for e in range(n)])
+
+        gate, up = take("gate_proj"), take("up_proj")  # [E, I, H]
+        reference[f"{stem}.gate_up_proj"] = (
+            torch.stack([gate, up], dim=2).flatten(1, 2).transpose(1, 2).contiguous()
+        )
+        reference[f"{stem}.down_proj"] = take("down_proj").transpose(1, 2).contiguous()
+        g, u = (biases[f"blk.{layer}.ffn_{k}_exps.bias"] for k in ("gate", "up"))
+        reference[f"{stem}.gate_up_proj_bias"] = torch.stack([g, u], 2).flatten(1)
+        reference[f"{stem}.down_proj_bias"] = biases[f"blk.{layer}.ffn_down_exps.bias"]
 
 
 def _expert_stacks(writer, state: dict, fmt: str, reference: dict) -> None:
@@ -429,6 +482,11 @@ def write_family_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     _write_metadata(writer, arch, hp, fmt)
     reference: dict[str, torch.Tensor] = {}
+    expert_biases = {}
+    if arch == "gpt-oss":
+        state, expert_biases = _unstack_gpt_oss(state)
+        for name, bias in expert_biases.items():
+            writer.add_tensor(name, np.ascontiguousarray(bias.numpy(), np.float32))
     if _has_experts(hp):
         _expert_stacks(writer, state, fmt, reference)
     for hf_name, tensor in state.items():
@@ -439,6 +497,8 @@ def write_family_gguf(
         converted = hf_name.replace(".dt_bias", ".dt_proj.bias")  # Qwen3NextModel's rename
         name = names.get_name(converted, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"{arch}: no GGUF name for {hf_name}"
+        if name.endswith(".attn_sinks"):
+            name += ".weight"  # GptOssModel.modify_tensors
         values = tensor.numpy().astype(np.float32)  # [out, in] or [n]
         if arch in QWEN35_ARCHS:
             values = _qwen35_stored(hf_name, values, hp)
@@ -482,6 +542,8 @@ def write_family_gguf(
 
     ref_config = _reference_config(config, arch)
     ref_dir = out_dir / f"{model_dir.name}-{fmt}-reference"
+    if arch == "gpt-oss":
+        _restack_gpt_oss(reference, hp, expert_biases)
     if _has_experts(hp):  # per-expert names: transformers' loader fuses them
         from safetensors.torch import save_file
 

@@ -159,6 +159,7 @@ def moe_configs():
     tokens (the checkpoints' spread makes the router logits decisive), a dense layer among the
     sparse ones (Qwen3-MoE's mlp_only_layers), a gated shared expert (Qwen2-MoE)."""
     from transformers import (
+        GptOssConfig,
         MixtralConfig,
         OlmoeConfig,
         Qwen2MoeConfig,
@@ -195,6 +196,18 @@ def moe_configs():
             num_experts=8,
             num_experts_per_tok=3,
             norm_topk_prob=False,
+            tie_word_embeddings=False,
+        ),
+        # gpt-oss: sinks, a window of 128 on layers 0 and 2, YaRN as the released models
+        # have it (factor 32 over 4096), biased router and experts, the clamped SwiGLU
+        "gpt_oss": GptOssConfig(
+            **common
+            | {"num_hidden_layers": 3, "max_position_embeddings": 131072, "intermediate_size": 32},
+            head_dim=16,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=128,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             tie_word_embeddings=False,
         ),
         # Qwen3.5's layers (3 Gated DeltaNet, 2 key heads to 4 value heads, to 1 gated
@@ -241,6 +254,8 @@ def build_tiny_models(root: Path, configs=None) -> dict[str, Path]:
                     param.add_(torch.randn_like(param) * 0.2)
                 if param_name.endswith("bias"):
                     param.normal_(0.0, 0.5)
+                if param_name.endswith("sinks"):  # gpt-oss's: weights that matter
+                    param.normal_(0.0, 2.0)
         path = root / name
         model.save_pretrained(str(path))
         paths[name] = path

@@ -27,7 +27,6 @@ from pagecli.engine.structured import BitmaskFiller
 from pagecli.layers.attention import AttentionMetadata
 from pagecli.layers.gated_delta import StateStore
 from pagecli.layers.linear import bf16_rows_supported, packing_supported
-from pagecli.layers.moe import SparseMoE
 from pagecli.layers.parallel import TensorParallel
 from pagecli.layers.sampler import SamplingRow, compute_logprobs, sample
 from pagecli.loader.resolve import ModelLoadError, ModelSource
@@ -186,14 +185,6 @@ class ModelRunner:
             raise ModelLoadError(
                 f"{source.name}: tensor parallelism over recurrent (Gated DeltaNet) layers is "
                 "not supported yet"
-            )
-        if config.tensor_parallel_size > 1 and any(
-            isinstance(getattr(layer, "mlp", None), SparseMoE)
-            for layer in getattr(model, "layers", ())
-        ):
-            raise ModelLoadError(
-                f"{source.name}: tensor parallelism over mixture-of-experts layers is not "
-                "supported yet"
             )
         if self.state_specs and config.speculative_config is not None:
             raise ModelLoadError(

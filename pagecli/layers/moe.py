@@ -3,8 +3,12 @@ token and sums their outputs by the routing weights.
 
 The router is transformers' for Qwen3-MoE, Qwen2-MoE, Mixtral and OLMoE: logits = gate(x), a
 float32 softmax over all experts, the top k kept, and with `norm_topk_prob` renormalized to
-sum to 1 (Mixtral always), then cast back to the activations' dtype. Qwen2-MoE's shared
-expert adds sigmoid(shared_expert_gate(x)) * shared_expert(x) to every token.
+sum to 1 (Mixtral always), then cast back to the activations' dtype. gpt-oss's
+("topk_softmax") takes the top k of the logits (its router has a bias) and a softmax over
+those k in the activations' dtype; its experts have biases and the clamped SwiGLU
+("swiglu_oai": (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate,
+limit)). Qwen2-MoE's shared expert adds sigmoid(shared_expert_gate(x)) * shared_expert(x) to
+every token.
 
 Each expert is a gated MLP with transformers' per-expert names (`experts.{e}.gate_proj`,
 `up_proj`, `down_proj`, gate and up fused as in the dense MLP), so a checkpoint's experts load
@@ -22,12 +26,15 @@ with the quantized kernels, the weighted sums, the shared expert. Elsewhere torc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pagecli.layers.linear import native_projection
+from pagecli.layers.parallel import TensorParallel
+from pagecli.models.base import Split
 from pagecli_kernels import fused_cpu
 from pagecli_kernels import layer_ops as ops
 
@@ -39,28 +46,57 @@ class MoESpec:
     num_experts: int
     top_k: int
     intermediate_size: int  # each expert's
-    activation: str = "silu"
+    activation: str = "silu"  # "silu", "gelu_tanh" or "swiglu_oai" (gpt-oss)
     norm_topk_prob: bool = False
     shared_intermediate_size: int | None = None  # Qwen2-MoE's shared expert, gated
+    routing: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_alpha: float = 1.702  # "swiglu_oai"'s
+    swiglu_limit: float = 7.0
+    # the tensor-parallel axis of each expert's columns (loader/shards.py):
+    # "expert_intermediate" where the config gives moe_intermediate_size, else the MLP's
+    tp_axis: str = "intermediate"
 
 
 class Expert(nn.Module):
     """One gated MLP: down(act(gate(x)) * up(x)), gate and up in one projection."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, activation: str) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, spec: MoESpec, bias: bool = False
+    ) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.activation = activation
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.spec = spec
+        self.activation = spec.activation
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.axis = spec.tp_axis
 
     @property
     def part_sizes(self) -> dict[str, list[int]]:
         return {"gate_up_proj": [self.intermediate_size] * 2}
 
+    def tp_splits(self) -> dict[str, Split]:
+        """Every rank holds its share of this expert's columns (`axis`: the MoE's)."""
+        axis = self.axis
+        return {
+            "gate_up_proj": Split("column", ((axis, 1), (axis, 1))),
+            "down_proj": Split("row", ((axis, 1),)),
+        }
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [N, 2 I]
-        if fused_cpu.available(gate_up) and gate_up.stride(-1) == 1:
+        native = fused_cpu.available(gate_up) and gate_up.stride(-1) == 1
+        if self.activation == "swiglu_oai":
+            alpha, limit = self.spec.swiglu_alpha, self.spec.swiglu_limit
+            if native:
+                act = fused_cpu.swiglu_oai(gate_up, alpha, limit)
+            else:
+                gate, up = gate_up.split(self.intermediate_size, dim=-1)
+                gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+                act = (up + 1) * (gate * torch.sigmoid(gate * alpha))
+        elif native:
             act = fused_cpu.act_mul(gate_up, self.activation)
         else:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
@@ -75,20 +111,27 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.spec = spec
         self.intermediate_size = spec.intermediate_size
-        self.gate = nn.Linear(hidden_size, spec.num_experts, bias=False)
+        self.gate = nn.Linear(hidden_size, spec.num_experts, bias=spec.router_bias)
         self.experts = nn.ModuleList(
-            Expert(hidden_size, spec.intermediate_size, spec.activation)
+            Expert(hidden_size, spec.intermediate_size, spec, spec.expert_bias)
             for _ in range(spec.num_experts)
         )
         self.shared_expert = self.shared_expert_gate = None
         if spec.shared_intermediate_size:
-            self.shared_expert = Expert(hidden_size, spec.shared_intermediate_size, spec.activation)
+            self.shared_expert = Expert(hidden_size, spec.shared_intermediate_size, spec)
+            self.shared_expert.axis = "shared_intermediate"
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
         self._table: tuple | None = None  # (native_table(),), made once after loading
+        # tensor parallelism: each expert holds this rank's columns, and the MoE's output
+        # (every expert's and the shared expert's partial sums) is all-reduced once
+        self.tp: TensorParallel | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] of x's dtype, experts [T, k] int64) for tokens x [T, H]."""
         logits = self.gate(x)  # [T, E]
+        if self.spec.routing == "topk_softmax":
+            top, experts = torch.topk(logits, self.spec.top_k, dim=-1)
+            return torch.softmax(top, dim=-1, dtype=top.dtype).to(x.dtype), experts
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probs, self.spec.top_k, dim=-1)
         if self.spec.norm_topk_prob:
@@ -110,7 +153,7 @@ class SparseMoE(nn.Module):
 
         def table(module: nn.Module) -> int | None:
             found = native_projection(module)
-            if found is None or found[1] is not None:  # no biases here
+            if found is None:
                 return None
             try:
                 t = layers_cpu.projection_table(*found)
@@ -130,24 +173,32 @@ class SparseMoE(nn.Module):
             return None
         pairs = torch.tensor(experts, dtype=torch.int64)  # [E, 2] projection tables
         keep.append(pairs)
-        acts = {"silu": 0, "gelu_tanh": 1}
+        acts = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
         if s.activation not in acts:
             return None
         fields = [s.num_experts, s.top_k, int(s.norm_topk_prob), s.intermediate_size]
         fields += [acts[s.activation], router, pairs.data_ptr()]
         fields += [s.shared_intermediate_size or 0, *shared]
+        fields += [int(s.routing == "topk_softmax")]
+        fields += [layers_cpu.float_bits(s.swiglu_alpha), layers_cpu.float_bits(s.swiglu_limit)]
         return torch.tensor(fields, dtype=torch.int64), tuple(keep)  # [MOE_FIELDS]
 
     def program(self, src: str, dst: str) -> list[ops.Op] | None:
         """This MoE as a layer-program op; None when its projections cannot take one."""
         found = self.native_table()
-        return None if found is None else [ops.MoE(src, dst, found[0], found[1])]
+        if found is None:
+            return None
+        program: list[ops.Op] = [ops.MoE(src, dst, found[0], found[1])]
+        if self.tp is not None:
+            program.append(ops.AllReduce(dst))
+        return program
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and x.dim() == 2 and fused_cpu.available(x):
             found = self.native_table()
             if found is not None:  # the layer program's kernel, over the same tables
-                return fused_cpu.moe(x, found[0])
+                out = fused_cpu.moe(x, found[0])
+                return out if self.tp is None else self.tp.all_reduce(out)
         weights, chosen = self.route(x)
         out = torch.zeros_like(x)  # [T, H]
         for expert in chosen.unique().tolist():  # ascending
@@ -157,4 +208,4 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             gate = torch.sigmoid(self.shared_expert_gate(x))
             out = out + gate * self.shared_expert(x)
-        return out
+        return out if self.tp is None else self.tp.all_reduce(out)

@@ -83,6 +83,12 @@ def iter_gguf_weights(reader: GGUFFile, keep_quantized: bool) -> Iterator[tuple[
     num_kv_heads = int(reader.get(f"{arch}.attention.head_count_kv", num_heads))
     unpermute = not keep_quantized and family.qk_permuted  # else keeps_qk_pairs
     for t, name in model_tensors(reader, family):
+        if "{e}" in name and name.endswith(".bias"):  # [E, rows] biases: each expert's row
+            stack = tensor_weight(t, keep_quantized=False)
+            for e in range(stack.shape[0]):
+                yield name.format(e=e), stack[e].clone()
+            reader.release(t)
+            continue
         if "{e}" in name:  # a 3-D expert stack: each expert's rows
             weights = expert_weights(t, keep_quantized)
             for e, weight in enumerate(weights):

@@ -120,19 +120,26 @@ def cache_path(source: ModelSource, mode: str) -> Path:
     return cache_root() / "quantized" / f"{stem}.{mode}.{digest}.gguf"
 
 
-def _plan(tensors: list[StoredTensor], mode: str) -> list[tuple[StoredTensor, str | None]]:
-    """Each tensor with the block format it takes, or None (stored as float32)."""
-    from pagecli.loader.quantize import wants_quantization, weight_format
+@dataclass(frozen=True)
+class Piece:
+    """One tensor of the cache: a stored tensor, or one of those its family cuts it into
+    (loader/weights.checkpoint_split), and the block format it takes (None: float32)."""
 
-    return [
-        (
-            t,
-            weight_format(t.name, t.shape[1], mode)
-            if wants_quantization(t.name, len(t.shape))
-            else None,
-        )
-        for t in tensors
-    ]
+    name: str
+    shape: tuple[int, ...]
+    fmt: str | None
+
+
+def _plan(tensors: list[StoredTensor], mode: str, split) -> list[tuple[StoredTensor, list[Piece]]]:
+    """Each stored tensor with the cache's tensors made of it."""
+    from pagecli.loader.quantize import wants_quantization, weight_format
+    from pagecli.loader.weights import split_shape
+
+    def piece(name: str, shape: tuple[int, ...]) -> Piece:
+        quantize = wants_quantization(name, len(shape))
+        return Piece(name, shape, weight_format(name, shape[1], mode) if quantize else None)
+
+    return [(t, [piece(*p) for p in split_shape(split, t.name, t.shape)]) for t in tensors]
 
 
 def write_cache(source: ModelSource, mode: str, path: Path) -> None:
@@ -140,28 +147,30 @@ def write_cache(source: ModelSource, mode: str, path: Path) -> None:
     import gguf
 
     from pagecli.loader.quantize import quantize_weight
+    from pagecli.loader.weights import checkpoint_split
     from pagecli_kernels.quant_formats import FORMATS
 
-    plan = _plan(stored_tensors(source.path, source.name), mode)
+    split = checkpoint_split(source.path)
+    plan = _plan(stored_tensors(source.path, source.name), mode, split)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     writer = gguf.GGUFWriter(str(partial), "pagecli-quantized")
     writer.add_string("pagecli.source", str(source.path))
     writer.add_string("pagecli.quantization", mode)
     writer.add_uint32("pagecli.cache_version", CACHE_VERSION)
-    for t, fmt in plan:
-        numel = int(np.prod(t.shape)) if t.shape else 1
-        if fmt is None:
-            writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), numel * 4)
+    for p in (p for _, pieces in plan for p in pieces):
+        numel = int(np.prod(p.shape)) if p.shape else 1
+        if p.fmt is None:
+            writer.add_tensor_info(p.name, p.shape, np.dtype(np.float32), numel * 4)
             continue
-        f = FORMATS[fmt]
-        rows, cols = t.shape
+        f = FORMATS[p.fmt]
+        rows, cols = p.shape
         if cols % f.block_values:
-            raise ModelLoadError(f"{t.name}: {cols} columns are not whole {fmt} blocks")
+            raise ModelLoadError(f"{p.name}: {cols} columns are not whole {p.fmt} blocks")
         row_bytes = cols // f.block_values * f.block_bytes
         qtype = gguf.GGMLQuantizationType(f.ggml_type)
         writer.add_tensor_info(
-            t.name, (rows, row_bytes), np.dtype(np.uint8), rows * row_bytes, qtype
+            p.name, (rows, row_bytes), np.dtype(np.uint8), rows * row_bytes, qtype
         )
     total = sum(t.end - t.start for t, _ in plan)
     try:
@@ -169,14 +178,16 @@ def write_cache(source: ModelSource, mode: str, path: Path) -> None:
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         with _progress(f"quantizing {source.name} to {mode}", total) as advance:
-            for t, fmt in plan:
+            for t, pieces in plan:
                 tensor = read_tensor(t)
-                if fmt is None:
-                    data = tensor.float().numpy()
-                else:
-                    data = quantize_weight(t.name, tensor, mode).data.numpy()
-                del tensor
-                writer.write_tensor_data(data)
+                cut = [(t.name, tensor)] if split is None or not split.takes(t.name) else None
+                for p, (_, part) in zip(pieces, cut or split.cut(t.name, tensor), strict=True):
+                    if p.fmt is None:
+                        data = part.float().contiguous().numpy()
+                    else:
+                        data = quantize_weight(p.name, part.contiguous(), mode).data.numpy()
+                    writer.write_tensor_data(data)
+                del tensor, cut
                 advance(t.end - t.start)
         writer.close()
         os.replace(partial, path)

@@ -6,6 +6,13 @@ and gate/up by output rows (column-parallel), o_proj and down_proj by input colu
 output projection by vocabulary rows (vocab-parallel); norms are whole on every rank. A fused
 checkpoint tensor (Phi-3's qkv_proj) keeps the rank's rows of each of its segments.
 
+A mixture of experts is split the same way inside every expert (vLLM's tensor parallelism
+without expert parallelism): each rank holds every expert's share of its columns (gate/up
+by rows, down by columns) and the router whole, and one all-reduce sums the MoE's output.
+The experts' width is its own axis where the config gives one (`moe_intermediate_size`,
+and `shared_expert_intermediate_size` for a shared expert); Mixtral, OLMoE and gpt-oss
+give theirs as `intermediate_size`, the MLP's axis.
+
 Attention is split by whole KV-head groups, so that each rank's query heads share its own
 KV heads the way the whole model's do (`q head i -> kv head i // group`). With more ranks
 than KV heads, each KV head is replicated over `size / num_kv_heads` ranks that split its
@@ -46,8 +53,11 @@ class RankShard:
     intermediate: Range
     vocab: Range
     vocab_rows: int  # the largest share of any rank (gathered logits are padded to it)
-    # the whole model's counts of each axis: q_heads, kv_heads, intermediate, vocab
+    # the whole model's counts of each axis: q_heads, kv_heads, intermediate, vocab and the
+    # experts' axes where the config has them
     totals: tuple[tuple[str, int], ...] = ()
+    expert_intermediate: Range = (0, 0)  # moe_intermediate_size's columns
+    shared_intermediate: Range = (0, 0)  # shared_expert_intermediate_size's
 
     @property
     def num_heads(self) -> int:
@@ -65,6 +75,11 @@ class RankShard:
         local.num_key_value_heads = self.num_kv_heads
         local.head_dim = self.head_dim
         local.intermediate_size = self.intermediate[1] - self.intermediate[0]
+        if getattr(local, "moe_intermediate_size", None):
+            local.moe_intermediate_size = self.expert_intermediate[1] - self.expert_intermediate[0]
+        if getattr(local, "shared_expert_intermediate_size", None):
+            start, stop = self.shared_intermediate
+            local.shared_expert_intermediate_size = stop - start
         return local
 
     def axis(self, name: str) -> tuple[Range, int]:
@@ -75,8 +90,10 @@ class RankShard:
             "kv_heads": self.kv_heads,
             "intermediate": self.intermediate,
             "vocab": self.vocab,
+            "expert_intermediate": self.expert_intermediate,
+            "shared_intermediate": self.shared_intermediate,
         }
-        if name not in ranges:
+        if name not in ranges or name not in dict(self.totals):
             raise SplitError(f"unknown tensor-parallel axis {name!r}")
         return ranges[name], dict(self.totals)[name]
 
@@ -132,7 +149,23 @@ def _counts(hf_config) -> tuple[int, int, int, int, int]:
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    return heads, kv_heads, head_dim, hf_config.intermediate_size, hf_config.vocab_size
+    inter = getattr(hf_config, "intermediate_size", None) or 0
+    return heads, kv_heads, head_dim, inter, hf_config.vocab_size
+
+
+def _widths(hf_config) -> dict[str, int]:
+    """The MLP widths the config gives: the dense MLP's (intermediate_size, where the model
+    has one), each expert's (moe_intermediate_size) and the shared expert's."""
+    widths = {}
+    for axis, key in (
+        ("intermediate", "intermediate_size"),
+        ("expert_intermediate", "moe_intermediate_size"),
+        ("shared_intermediate", "shared_expert_intermediate_size"),
+    ):
+        value = getattr(hf_config, key, None)
+        if value:
+            widths[axis] = int(value)
+    return widths
 
 
 def even_share(total: int, parts: int, index: int) -> Range:
@@ -158,12 +191,17 @@ def _split_problem(hf_config, size: int, row_blocks: Mapping[str, int]) -> str |
                 f"each KV head's {heads // kv_heads} query heads cannot be split over "
                 f"{size // kv_heads} ranks"
             )
-    mlp_block = row_blocks.get("intermediate", 1)
-    if intermediate % mlp_block or intermediate // mlp_block < size:
-        return (
-            f"its MLP's {intermediate} columns in {mlp_block}-value blocks cannot be shared "
-            f"by {size} ranks"
-        )
+    for axis, what in (
+        ("intermediate", "its MLP's"),
+        ("expert_intermediate", "each expert's"),
+        ("shared_intermediate", "its shared expert's"),
+    ):
+        width = _widths(hf_config).get(axis)
+        block = row_blocks.get(axis, 1)
+        if width is not None and (width % block or width // block < size):
+            return (
+                f"{what} {width} columns in {block}-value blocks cannot be shared by {size} ranks"
+            )
     o_block = row_blocks.get("q_heads", 1)
     for rank in range(size):
         start, stop = _q_kv_heads(heads, kv_heads, size, rank)[0]
@@ -195,6 +233,13 @@ def _shard(hf_config, size: int, rank: int, row_blocks: Mapping[str, int]) -> Ra
     q, kv = _q_kv_heads(heads, kv_heads, size, rank)
     block = row_blocks.get("intermediate", 1)
     units = even_share(intermediate // block, size, rank)
+    widths = _widths(hf_config)
+    experts = {}
+    for axis in ("expert_intermediate", "shared_intermediate"):
+        if axis in widths:
+            axis_block = row_blocks.get(axis, 1)
+            share = even_share(widths[axis] // axis_block, size, rank)
+            experts[axis] = (share[0] * axis_block, share[1] * axis_block)
     return RankShard(
         rank=rank,
         size=size,
@@ -209,7 +254,9 @@ def _shard(hf_config, size: int, rank: int, row_blocks: Mapping[str, int]) -> Ra
             ("kv_heads", kv_heads),
             ("intermediate", intermediate),
             ("vocab", vocab),
+            *((axis, widths[axis]) for axis in experts),
         ),
+        **experts,
     )
 
 

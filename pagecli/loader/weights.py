@@ -206,6 +206,42 @@ def checkpoint_names(folder: Path) -> Callable[[str], str | None] | None:
     return rename
 
 
+def checkpoint_split(folder: Path) -> Unstack | None:
+    """The family's cut of checkpoint tensors that hold several of its tensors
+    (CausalLM.split_tensor, for the names ending in its split_names), or None where it has
+    none."""
+    try:
+        architectures = json.loads((folder / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    from pagecli.models.registry import checkpoint_class
+
+    cls = checkpoint_class(architectures or ())
+    if cls is None or not cls.split_names:
+        return None
+    return Unstack(tuple(cls.split_names), cls.split_tensor)
+
+
+@dataclass(frozen=True)
+class Unstack:
+    """Which checkpoint tensors a family cuts (names ending in `ends`) and how (`cut`)."""
+
+    ends: tuple[str, ...]
+    cut: Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]]
+
+    def takes(self, name: str) -> bool:
+        return name.endswith(self.ends)
+
+
+def split_shape(
+    split: Unstack | None, name: str, shape: tuple[int, ...]
+) -> list[tuple[str, tuple[int, ...]]]:
+    """The names and shapes `split` cuts a tensor of `shape` into (itself when none)."""
+    if split is None or not split.takes(name):
+        return [(name, shape)]
+    return [(n, tuple(t.shape)) for n, t in split.cut(name, torch.empty(shape, device="meta"))]
+
+
 def iter_safetensors(
     folder: Path, name: str, shard: RankShard | None = None, cut_of=None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -220,6 +256,7 @@ def iter_safetensors(
     if not files:
         raise ModelLoadError(f"{name}: no *.safetensors weights in {folder}")
     rename = checkpoint_names(folder)
+    split = checkpoint_split(folder)
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:
@@ -227,7 +264,12 @@ def iter_safetensors(
                     key = stored if rename is None else rename(stored)
                     if key is None:
                         continue
-                    if shard is None:
+                    if split is not None and split.takes(key):  # read whole, then cut
+                        for piece, tensor in split.cut(key, f.get_tensor(stored)):
+                            if shard is not None:
+                                tensor = read_slice(shard, cut_of(piece), tensor)
+                            yield piece, tensor
+                    elif shard is None:
                         yield key, f.get_tensor(stored)
                     else:
                         yield key, read_slice(shard, cut_of(key), f.get_slice(stored))
@@ -245,13 +287,15 @@ def safetensors_shapes(folder: Path, name: str) -> Iterator[tuple[str, tuple[int
     from safetensors import safe_open
 
     rename = checkpoint_names(folder)
+    split = checkpoint_split(folder)
     for file in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for stored in f.keys():
                     key = stored if rename is None else rename(stored)
                     if key is not None:
-                        yield key, tuple(f.get_slice(stored).get_shape())
+                        shape = tuple(f.get_slice(stored).get_shape())
+                        yield from split_shape(split, key, shape)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ModelLoadError(

@@ -116,16 +116,17 @@ class GGUFArch:
     fix_config: Callable[[GGUFFile, str, dict], None] | None = None
 
     def expert_template(self, gguf_name: str) -> str | None:
-        """For a 3-D expert stack ("blk.3.ffn_up_exps.weight"): its experts' transformers
-        name with "{e}" for the expert ("model.layers.3.mlp.experts.{e}.up_proj.weight");
-        None for any other tensor."""
+        """For a 3-D expert stack ("blk.3.ffn_up_exps.weight") or a 2-D stack of the experts'
+        biases (gpt-oss's "blk.3.ffn_up_exps.bias"): its experts' transformers name with "{e}"
+        for the expert ("model.layers.3.mlp.experts.{e}.up_proj.weight"); None for any other
+        tensor."""
         parts = gguf_name.split(".")
         if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit():
             return None
         target = self.expert_names.get(parts[2])
-        if target is None or parts[3] != "weight":
+        if target is None or parts[3] not in ("weight", "bias"):
             return None
-        return f"model.layers.{parts[1]}.{target}.weight"
+        return f"model.layers.{parts[1]}.{target}.{parts[3]}"
 
     def hf_name(self, gguf_name: str) -> str | None:
         """The transformers name of a tensor of this arch, or None (no counterpart)."""
@@ -184,6 +185,17 @@ class CausalLM(nn.Module):
         block_sparse_moe.experts.{e}.w1 -> mlp.experts.{e}.gate_proj); the name itself for
         most families."""
         return name
+
+    # checkpoint tensors (after rename_tensor) that hold several of this class's tensors:
+    # their names; split_tensor cuts them (gpt-oss's experts stacked in one tensor)
+    split_names: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def split_tensor(cls, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """A checkpoint tensor as the tensors this class's modules take ((name, tensor)
+        pairs in transformers' per-module names); itself for most. Called on meta tensors
+        too, for the shapes alone."""
+        return [(name, tensor)]
 
     # multimodal checkpoints whose language model this class runs: their architecture -> the
     # prefix of the language model's tensor names ("model.language_model."); the config's

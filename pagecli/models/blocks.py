@@ -126,6 +126,9 @@ def moe_spec(config, norm_topk_prob: bool) -> MoESpec:
         activation=activation(config),
         norm_topk_prob=norm_topk_prob,
         shared_intermediate_size=getattr(config, "shared_expert_intermediate_size", None),
+        tp_axis="expert_intermediate"
+        if getattr(config, "moe_intermediate_size", None)
+        else ("intermediate"),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pagecli.errors import UnsupportedModelError
 from pagecli.models.base import CausalLM, GGUFArch
 from pagecli.models.gemma3 import Gemma3ForCausalLM
+from pagecli.models.gpt_oss import GptOssForCausalLM
 from pagecli.models.granite import GraniteForCausalLM
 from pagecli.models.llama import LlamaForCausalLM
 from pagecli.models.mixtral import MixtralForCausalLM
@@ -30,6 +31,7 @@ FAMILIES: tuple[type[CausalLM], ...] = (
     Qwen3MoeForCausalLM,
     MixtralForCausalLM,
     OlmoeForCausalLM,
+    GptOssForCausalLM,
 )
 ARCHITECTURES = {arch: cls for cls in FAMILIES for arch in cls.hf_architectures}
 MODEL_TYPES = {model_type: cls for cls in FAMILIES for model_type in cls.model_types}

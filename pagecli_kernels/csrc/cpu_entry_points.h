@@ -64,6 +64,9 @@ void pagecli_rotary(void *q, void *k, const void *cos, const void *sin, int64_t 
 void pagecli_act_mul(const void *gate_up, void *out, int64_t num_rows, int64_t inter,
                      int64_t stride_in, int64_t stride_out, int dtype, int act,
                      int num_threads);
+void pagecli_swiglu_oai(const void *gate_up, void *out, int64_t num_rows, int64_t inter,
+                        int64_t stride_in, int64_t stride_out, int dtype, float alpha,
+                        float limit, int num_threads);
 void pagecli_add_scaled(void *x, const void *y, int64_t num_rows, int64_t width,
                         int64_t stride_x, int64_t stride_y, float scale, int has_scale,
                         int dtype, int num_threads);

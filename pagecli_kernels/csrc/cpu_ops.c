@@ -12,6 +12,8 @@
  *                         each head or its first rotary_dim values (partial rotary)
  *   pagecli_act_mul       y = act(gate) * up over a [T, 2 * I] gate/up row, act silu or
  *                         gelu with the tanh approximation
+ *   pagecli_swiglu_oai    gpt-oss's clamped SwiGLU over a [T, 2 * I] gate/up row:
+ *                         (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
  *   pagecli_add_scaled    x += y, or x += y * scale (Granite's residual multiplier)
  *   pagecli_apply_token_bitmask_f32
  *                         structured outputs: -inf, in place, for every token a grammar's
@@ -295,6 +297,37 @@ CLONES EXACT void pagecli_act_mul(const void *gate_up, void *out, int64_t num_ro
             silu_row(in, o, inter, 1);
         else
             silu_row(in, o, inter, 0);
+    }
+}
+
+/* gpt-oss's clamped SwiGLU as transformers writes it: gate clamped above at `limit`, up to
+ * [-limit, limit], then (up + 1) * (gate * sigmoid(gate * alpha)), each op rounded to dtype */
+ROW void swiglu_oai_row(const void *gate_up, void *out, int64_t inter, float alpha, float limit,
+                        const int dtype) {
+    for (int64_t i = 0; i < inter; ++i) {
+        float g = load(gate_up, i, dtype), u = load(gate_up, inter + i, dtype);
+        g = g > limit ? limit : g;
+        u = u > limit ? limit : u < -limit ? -limit : u;
+        const float a = as_dtype(g * alpha, dtype);
+        const float e = exp_nonpositive(a < 0.0f ? a : -a);
+        const float sig = as_dtype(a < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e), dtype);
+        const float glu = as_dtype(g * sig, dtype);
+        store(out, i, as_dtype(u + 1.0f, dtype) * glu, dtype);
+    }
+}
+
+CLONES EXACT void pagecli_swiglu_oai(const void *gate_up, void *out, int64_t num_rows,
+                                     int64_t inter, int64_t stride_in, int64_t stride_out,
+                                     int dtype, float alpha, float limit, int num_threads) {
+    const int64_t es = dtype ? 2 : 4;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_rows >= 16)
+    for (int64_t r = 0; r < num_rows; ++r) {
+        const char *in = (const char *)gate_up + r * stride_in * es;
+        char *o = (char *)out + r * stride_out * es;
+        if (dtype)
+            swiglu_oai_row(in, o, inter, alpha, limit, 1);
+        else
+            swiglu_oai_row(in, o, inter, alpha, limit, 0);
     }
 }
 

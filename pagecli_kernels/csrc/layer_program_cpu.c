@@ -37,7 +37,8 @@
  *                 [x0 x1 ... y0 y1 ...] (gated attention's query and gate of each head)
  *   OP_GATE_MUL   x[dst] *= sigmoid(x[src] from col) over width values (float32)
  *   OP_MOE        a sparse mixture-of-experts MLP from x[src] into x[dst] (float32): the
- *                 router, softmax and top k per token, then each chosen expert once over
+ *                 router, softmax and top k per token (or gpt-oss's top k of the logits,
+ *                 then their softmax), then each chosen expert once over
  *                 all its tokens (gathered), its outputs times their routing weights added
  *                 per token in ascending expert order, and a gated shared expert; its table
  *                 of MOE_FIELDS gives the projections (pagecli_moe runs the same for the loop)
@@ -123,12 +124,15 @@ enum { H_BUF = 1, H_COL, H_HEADS, H_WIDTH };              /* OP_SPLIT_HEADS */
 enum { Y_DST = 1, Y_SRC, Y_SRC_COL, Y_WIDTH };            /* OP_GATE_MUL */
 enum { X_SRC = 1, X_DST, X_TABLE };                       /* OP_DELTANET, OP_MOE */
 /* an OP_MOE table: the expert count, top k, renormalize (0/1), each expert's width, the
- * activation (0 silu, 1 gelu-tanh), the router's projection table, a pointer to [E, 2]
- * projection tables (each expert's gate_up and down), the shared expert's width (0: none)
- * and its gate_up, down and gate projection tables */
+ * activation (0 silu, 1 gelu-tanh, 2 gpt-oss's clamped SwiGLU), the router's projection
+ * table, a pointer to [E, 2] projection tables (each expert's gate_up and down), the shared
+ * expert's width (0: none) and its gate_up, down and gate projection tables, the routing
+ * (0 softmax then top k, 1 top k of the logits then their softmax), and the clamped
+ * SwiGLU's alpha and limit as float32 bits (projection tables carry the biases) */
 enum {
     MOE_EXPERTS, MOE_TOP_K, MOE_NORM, MOE_INTER, MOE_ACT, MOE_ROUTER, MOE_TABLES,
-    MOE_SHARED_INTER, MOE_SHARED_GATE_UP, MOE_SHARED_DOWN, MOE_SHARED_GATE, MOE_FIELDS
+    MOE_SHARED_INTER, MOE_SHARED_GATE_UP, MOE_SHARED_DOWN, MOE_SHARED_GATE, MOE_ROUTING,
+    MOE_ALPHA, MOE_LIMIT, MOE_FIELDS
 };
 /* an OP_DELTANET table: float32 pointers (conv kernel [C, K], A and dt_bias [Hv], the gated
  * norm's weight [dv], conv states [slots, C, K - 1], recurrent states [slots, Hv, dk, dv]),
@@ -424,13 +428,17 @@ static int op_deltanet(const Step *s, const int64_t *op) {
 }
 
 /* The gated MLP of one expert over n gathered rows x [n, H] into y [n, H] (float32), with
- * scratch gate_up [n, 2I] and act [n, I]. */
-static int expert_mlp(const int64_t *gate_up, const int64_t *down, const float *x, int64_t n,
-                      int64_t H, int64_t inter, int act, float *gu, float *a, float *y,
-                      int num_threads, double *timings) {
+ * scratch gate_up [n, 2I] and act [n, I]; act 2: the clamped SwiGLU of the table m. */
+static int expert_mlp(const int64_t *m, const int64_t *gate_up, const int64_t *down,
+                      const float *x, int64_t n, int64_t H, int64_t inter, int act, float *gu,
+                      float *a, float *y, int num_threads, double *timings) {
     int status = linear(gate_up, x, n, H, gu, 2 * inter, 0, NULL, NULL, num_threads, timings);
     if (status) return status;
-    pagecli_act_mul(gu, a, n, inter, 2 * inter, inter, 0, act, num_threads);
+    if (act == 2)
+        pagecli_swiglu_oai(gu, a, n, inter, 2 * inter, inter, 0, as_float(m[MOE_ALPHA]),
+                           as_float(m[MOE_LIMIT]), num_threads);
+    else
+        pagecli_act_mul(gu, a, n, inter, 2 * inter, inter, 0, act, num_threads);
     return linear(down, a, n, inter, y, H, 0, NULL, NULL, num_threads, timings);
 }
 
@@ -439,8 +447,9 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
                float *out, int64_t ldo, int num_threads, double *timings) {
     const int64_t E = m[MOE_EXPERTS], k = m[MOE_TOP_K], inter = m[MOE_INTER];
     const int64_t shared = m[MOE_SHARED_INTER], wide = inter > shared ? inter : shared;
-    const int act_kind = (int)m[MOE_ACT];
-    if (E < 1 || k < 1 || k > E || inter < 1 || shared < 0 || (act_kind != 0 && act_kind != 1))
+    const int act_kind = (int)m[MOE_ACT], routing = (int)m[MOE_ROUTING];
+    if (E < 1 || k < 1 || k > E || inter < 1 || shared < 0 || act_kind < 0 || act_kind > 2 ||
+        routing < 0 || routing > 1)
         return LAYERS_E_PROGRAM;
     const int64_t *tables = PTR(m[MOE_TABLES]);
     /* scratch: the unit-stride input [T, H], logits [T, E], routing weights [T, k], an
@@ -449,9 +458,11 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
     const int64_t floats = T * H + T * E + T * k + T + T * H + 3 * T * wide + 2 * T * H + T;
     float *buf = malloc(sizeof(float) * (size_t)floats);
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)(T * k + T));
-    if (!buf || !ids) {
+    char *taken = malloc((size_t)E);
+    if (!buf || !ids || !taken) {
         free(buf);
         free(ids);
+        free(taken);
         return LAYERS_E_MEMORY;
     }
     float *xin = buf, *logits = xin + T * H, *weights = logits + T * E, *rw = weights + T * k;
@@ -461,24 +472,31 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
     for (int64_t t = 0; t < T; ++t) memcpy(xin + t * H, x + t * ldx, sizeof(float) * (size_t)H);
     int status = linear(PTR(m[MOE_ROUTER]), xin, T, H, logits, E, 0, NULL, NULL, num_threads,
                         timings);
-    /* softmax over the experts in float32, the top k (the first of equals), renormalized */
+    /* routing 0: softmax over the experts in float32, the top k (the first of equals),
+     * renormalized; routing 1: the top k of the logits, a softmax over those k */
     for (int64_t t = 0; t < T && status == 0; ++t) {
         float *p = logits + t * E, top = p[0], total = 0.0f, picked = 0.0f;
-        for (int64_t e = 1; e < E; ++e) top = p[e] > top ? p[e] : top;
-        for (int64_t e = 0; e < E; ++e) total += (p[e] = expf(p[e] - top));
-        for (int64_t e = 0; e < E; ++e) p[e] /= total;
+        if (routing == 0) {
+            for (int64_t e = 1; e < E; ++e) top = p[e] > top ? p[e] : top;
+            for (int64_t e = 0; e < E; ++e) total += (p[e] = expf(p[e] - top));
+            for (int64_t e = 0; e < E; ++e) p[e] /= total;
+        }
+        memset(taken, 0, (size_t)E);
         for (int64_t j = 0; j < k; ++j) {
             int64_t best = -1;
-            for (int64_t e = 0; e < E; ++e) {
-                int taken = 0;
-                for (int64_t i = 0; i < j; ++i) taken |= choice[t * k + i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
+            for (int64_t e = 0; e < E; ++e)
+                if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+            taken[best] = 1;
             choice[t * k + j] = best;
             weights[t * k + j] = p[best];
             picked += p[best];
         }
-        if (m[MOE_NORM])
+        if (routing == 1) { /* the largest first: weights[t k] is the softmax's maximum */
+            float *w = weights + t * k;
+            top = w[0], picked = 0.0f;
+            for (int64_t j = 0; j < k; ++j) picked += (w[j] = expf(w[j] - top));
+            for (int64_t j = 0; j < k; ++j) w[j] /= picked;
+        } else if (m[MOE_NORM])
             for (int64_t j = 0; j < k; ++j) weights[t * k + j] /= picked;
     }
     memset(sums, 0, sizeof(float) * (size_t)(T * H));
@@ -494,7 +512,7 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
         if (n == 0) continue;
         for (int64_t i = 0; i < n; ++i)
             memcpy(xg + i * H, xin + rows[i] * H, sizeof(float) * (size_t)H);
-        status = expert_mlp(PTR(tables[2 * e]), PTR(tables[2 * e + 1]), xg, n, H, inter,
+        status = expert_mlp(m, PTR(tables[2 * e]), PTR(tables[2 * e + 1]), xg, n, H, inter,
                             act_kind, gu, act, yo, num_threads, timings);
         for (int64_t i = 0; i < n && status == 0; ++i) {
             float *sum = sums + rows[i] * H;
@@ -509,8 +527,8 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
         status = linear(PTR(m[MOE_SHARED_GATE]), xin, T, H, shared_gate, 1, 0, NULL, NULL,
                         num_threads, timings);
         if (status == 0)
-            status = expert_mlp(PTR(m[MOE_SHARED_GATE_UP]), PTR(m[MOE_SHARED_DOWN]), xin, T, H,
-                                shared, act_kind, gu, act, yo, num_threads, timings);
+            status = expert_mlp(m, PTR(m[MOE_SHARED_GATE_UP]), PTR(m[MOE_SHARED_DOWN]), xin, T,
+                                H, shared, act_kind, gu, act, yo, num_threads, timings);
         for (int64_t t = 0; t < T && status == 0; ++t) {
             const float g = 1.0f / (1.0f + expf(-shared_gate[t]));
             for (int64_t h = 0; h < H; ++h) {
@@ -523,6 +541,7 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
         memcpy(out + t * ldo, sums + t * H, sizeof(float) * (size_t)H);
     free(buf);
     free(ids);
+    free(taken);
     return status;
 }
 

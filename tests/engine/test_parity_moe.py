@@ -1,13 +1,17 @@
 """The mixture-of-experts families against transformers on the same random weights.
 
 Qwen3-MoE (top 2 of 8 renormalized, a dense layer among the sparse ones), Qwen2-MoE (a gated
-shared expert, q/k/v bias), Mixtral (its own tensor names) and OLMoE (top 3 of 8, q/k norm over
-the whole projection) from safetensors; Qwen3-MoE, OLMoE and Mixtral (a llama file with
-experts, its Q/K rows permuted) from GGUF files as llama.cpp's converter writes them
-(tests/gguf_families.py: 3-D expert stacks of Q8_0 blocks, read as each expert's rows of the
-file's map). Mixed batches with chunked prefills (rows of one step route
-to different experts), preemption (recompute and swap) with prefix hits, and the refusals: an
-expert count the tensors contradict, a router pagecli does not know, tensor parallelism.
+shared expert, q/k/v bias), Mixtral (its own tensor names), OLMoE (top 3 of 8, q/k norm over
+the whole projection), Qwen3.5-MoE and gpt-oss (the top 2 of its biased logits softmaxed,
+experts with biases and the clamped SwiGLU stacked in four tensors, attention sinks, a
+window of 128 on alternate layers, YaRN) from safetensors; Qwen3-MoE, OLMoE, Mixtral (a llama
+file with experts, its Q/K rows permuted), Qwen3.5-MoE and gpt-oss (gate and up apart, the
+expert biases as [E, rows] stacks, MXFP4 experts too) from GGUF files as llama.cpp's
+converter writes them (tests/gguf_families.py: 3-D expert stacks of Q8_0 blocks, read as each
+expert's rows of the file's map). Mixed batches with chunked prefills (rows of one step route
+to different experts; prompts of 150 tokens, past gpt-oss's window), preemption (recompute
+and swap) with prefix hits, tensor parallelism at 2 (each expert's columns split), and the
+refusals: an expert count the tensors contradict, a router pagecli does not know.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from tests.tiny_models import VOCAB
 
 NEW_TOKENS = 12
 TOP = 5
-FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe"]
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe", "gpt_oss"]
 GGUF_ARCHS = {"qwen3_moe": "qwen3moe", "olmoe": "olmoe", "mixtral": "llama",
-              "qwen3_5_moe": "qwen35moe"}  # fmt: skip
+              "qwen3_5_moe": "qwen35moe", "gpt_oss": "gpt-oss"}  # fmt: skip
 
 
 def prompts_of(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -107,20 +111,50 @@ def test_moe_gguf_parity_with_experts_in_the_files_map(moe_ggufs, name):
         assert starts == sorted(starts) and len(set(starts)) == len(parts)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "iq4_nl"])
-def test_expert_stacks_stay_in_their_format(moe_models, fmt, tmp_path):
+@pytest.mark.parametrize(
+    ("family", "fmt"),
+    [("olmoe", "bf16"), ("olmoe", "mxfp4"), ("olmoe", "iq4_nl"), ("gpt_oss", "mxfp4")],
+)
+def test_expert_stacks_stay_in_their_format(moe_models, family, fmt, tmp_path):
     """GGUFs whose experts are BF16 (kept as many MoE uploads keep them), MXFP4 (gpt-oss's
     experts) or IQ4_NL (the "dynamic" quants'): every expert stays in that format, rows of the
     file's map, not float32, and the output is transformers' on the same values."""
     from tests.gguf_families import write_family_gguf
 
-    path, reference = write_family_gguf(moe_models["olmoe"], tmp_path, "olmoe", fmt)
+    arch = GGUF_ARCHS[family]
+    path, reference = write_family_gguf(moe_models[family], tmp_path, arch, fmt)
     llm = _run_and_check(path, _hf(reference))
     name = {"bf16": "bfloat16"}.get(fmt, fmt)
     experts = llm.engine.runner.model.layers[0].mlp.experts
     assert all(e.gate_up_proj.formats == [name, name] for e in experts)
     assert all(e.down_proj.formats == [name] for e in experts)
     assert llm.engine.runner.memory.mapped > 0.9 * llm.engine.runner.weight_bytes
+
+
+def test_gpt_oss_prompts_reach_past_its_window_and_sinks(moe_models):
+    """The parity prompts exercise what gpt-oss adds: on the 150-token prompt transformers'
+    own logits change when the window of 128 or the sinks are taken away, so pagecli's match
+    with them (test_moe_family_parity) holds only if it applies both."""
+    from transformers import GptOssForCausalLM
+
+    path = moe_models["gpt_oss"]
+    prompt = torch.tensor([prompts_of(1, [1, 9, 31, 64, 100, 150])[-1]])
+
+    def last_logits(hf) -> torch.Tensor:
+        with torch.no_grad():
+            return hf(prompt).logits[0, -1]
+
+    hf = _hf(path)
+    assert hf.config.sliding_window == 128 and "sliding_attention" in hf.config.layer_types
+    base = last_logits(hf)
+    for layer in hf.model.layers:
+        layer.self_attn.sinks.data.fill_(-1e4)  # exp(-1e4) is 0: no sink
+    sinkless = last_logits(hf)
+    windowless = last_logits(
+        GptOssForCausalLM.from_pretrained(str(path), dtype=torch.float32, sliding_window=4096)
+    )
+    assert (base - sinkless).abs().max() > 1e-2
+    assert (base - windowless).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -175,8 +209,6 @@ def test_bad_moe_inputs_are_one_line(moe_models, moe_ggufs, tmp_path):
     (fewer / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="expert 6, but the config gives layer 0 6"):
         LLM(str(fewer), quantization="none")
-    with pytest.raises(ModelLoadError, match="tensor parallelism over mixture-of-experts"):
-        LLM(str(moe_models["mixtral"]), tensor_parallel_size=2)
 
 
 def test_active_bytes_count_the_chosen_experts(moe_models):
@@ -205,3 +237,46 @@ def test_active_bytes_count_the_chosen_experts(moe_models):
     assert stats.weight_bytes == int(total)
     assert stats.active_weight_bytes == int(active)
     assert stats.active_weight_bytes < 0.6 * stats.weight_bytes  # 3 of 8 experts
+
+
+@pytest.fixture(scope="module")
+def tp_moe_models(tmp_path_factory):
+    """Qwen2-MoE (the experts' own width, a shared expert) and gpt-oss (expert biases, the
+    width its config calls intermediate_size) with 64-column experts, so that each rank's
+    32 columns take the native kernels and the one-call layer program."""
+    from tests.tiny_models import build_tiny_models, moe_configs
+
+    configs = moe_configs()
+    configs["qwen2_moe"].moe_intermediate_size = 64
+    configs["gpt_oss"].intermediate_size = 64
+    chosen = {name: configs[name] for name in ("qwen2_moe", "gpt_oss")}
+    return build_tiny_models(tmp_path_factory.mktemp("tp_moe"), chosen)
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "gpt_oss"])
+def test_moe_tensor_parallel_splits_every_experts_columns(tp_moe_models, name):
+    """At 2 ranks each holds half of every expert's columns (and of the shared expert's),
+    the router whole; the MoE's output is all-reduced inside the layer program. Greedy
+    tokens are transformers'."""
+    path = tp_moe_models[name]
+    hf = _hf(path)
+    prompts = prompts_of(5, [1, 9, 31, 150])
+    llm = LLM(str(path), tensor_parallel_size=2, num_threads=1, dtype="float32",
+              block_size=4, max_num_batched_tokens=64)  # fmt: skip
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        llm.engine.check_invariants()
+        tp = llm.engine.runner.tp
+        assert tp.shm is not None and tp.shm.num_in_layers > 0  # the program's all-reduces
+        moe = llm.engine.runner.model.layers[0].mlp
+        assert all(e.gate_up_proj.out_features == 64 for e in moe.experts)  # 2 x 32
+        assert all(e.down_proj.in_features == 32 for e in moe.experts)
+        experts = getattr(hf.config, "num_experts", None) or hf.config.num_local_experts
+        assert moe.gate.out_features == len(moe.experts) == experts  # the router whole
+        if moe.shared_expert is not None:
+            assert moe.shared_expert.down_proj.in_features == 32  # 64 over 2 ranks
+    finally:
+        llm.engine.close()
+    for prompt, output in zip(prompts, outputs):
+        check_greedy(hf, prompt, output.token_ids)

@@ -119,6 +119,20 @@ def test_silu_mul(dtype, rows):
     _close(fused_cpu.silu_mul(gate_up), F.silu(gate) * up)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 17])
+def test_swiglu_oai_clamps_as_gpt_oss_does(dtype, rows):
+    # transformers' GptOssExperts._apply_gate on gate and up apart: values past the limit
+    # of 7 both ways, so each clamp is exercised
+    gen = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 150, generator=gen) * 8).to(dtype)
+    gate, up = gate_up.split(150, dim=-1)
+    assert (gate > 7).any() and (up < -7).any() and (up > 7).any()
+    gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    expected = (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+    _close(fused_cpu.swiglu_oai(gate_up, 1.702, 7.0), expected)
+
+
 def test_argmax_first_maximum_and_nan():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 49152, generator=gen)

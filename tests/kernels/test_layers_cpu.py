@@ -122,7 +122,9 @@ def test_every_family_takes_the_program_bit_for_bit(family_models, name, monkeyp
     assert native_run == loop_run
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe"])
+@pytest.mark.parametrize(
+    "name", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe", "gpt_oss"]
+)
 def test_moe_families_take_the_program_bit_for_bit(moe_models, name, monkeypatch):
     # the MoE op (router, top k, each chosen expert once over its gathered rows, a shared
     # expert) in the program against the loop, which runs the same native MoE per layer
