@@ -54,7 +54,9 @@ def _run(path, on: bool, **options) -> tuple[LLM, list[tuple]]:
     if getattr(config, "sliding_window", None):
         value_bytes = 2 if options.get("dtype") == "bfloat16" else 4
         defaults.pop("num_kv_blocks")
-        defaults["kv_cache_memory"] = kv_memory(config, 32, 4, value_bytes)
+        # gpt-oss's window of 128 spans most prompts here: its layers hold what full ones do
+        blocks = 32 if config.sliding_window < 128 else 48
+        defaults["kv_cache_memory"] = kv_memory(config, blocks, 4, value_bytes)
     options = {**defaults, **options}
     llm = LLM(str(path), **options)
     with kernel_settings(layers=on):
