@@ -336,8 +336,9 @@ def layer_parts(shape: Shape, layer: int = 0) -> list[tuple[str, int, int]]:
         return [
             ("attn_norm", 0, h), ("attn_q", q, h), ("attn_q.bias", 0, q), ("attn_k", kv, h),
             ("attn_k.bias", 0, kv), ("attn_v", kv, h), ("attn_v.bias", 0, kv),
-            ("attn_output", h, q), ("attn_output.bias", 0, h), ("attn_sinks.weight", 0, shape.heads),
-            ("post_attention_norm", 0, h), ("ffn_gate_inp", count, h),
+            ("attn_output", h, q), ("attn_output.bias", 0, h),
+            ("attn_sinks.weight", 0, shape.heads), ("post_attention_norm", 0, h),
+            ("ffn_gate_inp", count, h),
             ("ffn_gate_inp.bias", 0, count), ("ffn_gate_exps", width, h),
             ("ffn_gate_exps.bias", count, width), ("ffn_up_exps", width, h),
             ("ffn_up_exps.bias", count, width), ("ffn_down_exps", h, width),

@@ -37,6 +37,7 @@ FORMATS = {
         QuantFormat("q4_1", 3, 32, 20),
         QuantFormat("iq4_nl", 20, 32, 18),
         QuantFormat("mxfp4", 39, 32, 17),
+        QuantFormat("iq4_xs", 23, 256, 136),
         QuantFormat("q5_0", 6, 32, 22),
         QuantFormat("q5_1", 7, 32, 24),
         QuantFormat("q4_k", 12, 256, 144),

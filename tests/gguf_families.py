@@ -77,6 +77,7 @@ FILE_TYPES = {
     "q6_k": "MOSTLY_Q6_K",
     "bf16": "MOSTLY_BF16",
     "iq4_nl": "MOSTLY_IQ4_NL",
+    "iq4_xs": "MOSTLY_IQ4_XS",
     "mxfp4": "MOSTLY_MXFP4_MOE",
 }
 

@@ -95,6 +95,8 @@ def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
         return _quantize_q6_k(x).reshape(rows, -1)
     if fmt == "iq4_nl":
         return _quantize_iq4_nl(x).reshape(rows, -1)
+    if fmt == "iq4_xs":
+        return _quantize_iq4_xs(x).reshape(rows, -1)
     return gguf.quants.quantize(x, gguf.GGMLQuantizationType[fmt.upper()])
 
 
@@ -117,6 +119,33 @@ def _quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
     out = np.empty((len(blocks), 18), np.uint8)
     out[:, :2] = d.view(np.uint8).reshape(-1, 2)
     out[:, 2:] = packed
+    return out
+
+
+def _quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] -> IQ4_XS super-blocks (gguf has no quantizer for it): per 256
+    values an f16 d, per 32 a 6-bit scale ls with d * (ls - 32) near the scale that puts the
+    sub-block's largest magnitude on the table's -127, each value the nearest entry of the
+    table under it."""
+    sub = x.reshape(-1, 8, 32)  # [super-blocks, sub-blocks, values]
+    flat = sub.reshape(-1, 32)
+    peak = flat[np.arange(len(flat)), np.abs(flat).argmax(1)].reshape(-1, 8)
+    want = peak / -127.0  # each sub-block's scale
+    d = (np.abs(want).max(1) / 31.0).astype(np.float16)  # [super-blocks]
+    d32 = d.astype(np.float32)[:, None]
+    level = np.clip(np.rint(want / np.where(d32 == 0, 1.0, d32)), -32, 31).astype(np.int32)
+    dl = d32 * level.astype(np.float32)  # [super-blocks, 8]
+    safe = np.where(dl == 0, 1.0, dl)[:, :, None, None]
+    q = np.abs(sub[..., None] / safe - IQ4_NL_VALUES).argmin(-1).astype(np.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)  # [super-blocks, 8, 16]
+    ls = (level + 32).astype(np.uint32)  # 0..63
+    scales_l = (ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)  # [super-blocks, 4]
+    scales_h = ((ls >> 4) << (2 * np.arange(8))).sum(1).astype("<u2")
+    out = np.empty((len(sub), 136), np.uint8)
+    out[:, :2] = d.view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = scales_h.view(np.uint8).reshape(-1, 2)
+    out[:, 4:8] = scales_l.astype(np.uint8)
+    out[:, 8:] = packed.reshape(len(sub), 128)
     return out
 
 

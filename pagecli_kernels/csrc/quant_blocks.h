@@ -54,6 +54,26 @@ typedef struct __attribute__((packed)) {
 static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1,    13,   25,  38,  53,  69,  89,  113};
 
+/* IQ4_XS: super-blocks of 256 values, 8 sub-blocks of 32 as IQ4_NL's (the same table and
+ * nibble order) with a 6-bit scale each: sub-block s's value j is
+ * (d * (ls_s - 32)) * IQ4_NL_VALUES[q], ls_s = low nibble s of scales_l (s / 2's byte, high
+ * nibble for odd s) | bits 2s..2s+1 of scales_h << 4. d * (ls - 32) is exact in float32
+ * (an f16 times a 6-bit integer); its product with the level is rounded once, as ggml's
+ * and gguf's dequantization round it. */
+typedef struct __attribute__((packed)) {
+    f16_bits d;
+    uint16_t scales_h;
+    uint8_t scales_l[QK_K / 64];
+    uint8_t qs[QK_K / 2]; /* sub-block s: qs[16 s + j] low nibble value j, high j + 16 */
+} block_iq4_xs;           /* 136 bytes */
+
+/* sub-block s's scale of an IQ4_XS super-block: d * (ls - 32) */
+static inline float iq4_xs_scale(const block_iq4_xs *b, float d, int s) {
+    const int low = (b->scales_l[s / 2] >> (4 * (s % 2))) & 0xF;
+    const int high = (b->scales_h >> (2 * s)) & 3;
+    return d * (float)((low | high << 4) - 32);
+}
+
 /* MXFP4 (gpt-oss's experts): an E8M0 exponent and 32 FP4 (E2M1) values as Q4_0's nibbles;
  * value j: d * MXFP4_VALUES[q] with d = e8m0_half(e), a power of two (exact products) */
 typedef struct __attribute__((packed)) {
@@ -116,6 +136,7 @@ enum quant_type {
     QT_Q5_K = 13,
     QT_Q6_K = 14,
     QT_IQ4_NL = 20,
+    QT_IQ4_XS = 23,
     QT_MXFP4 = 39,
     QT_BF16 = 30, /* bfloat16 rows taken as 32-value blocks (quant_bf16.c) */
 };
@@ -277,7 +298,7 @@ struct quant_format {
 
 /* Defined in quant_q4_q8.c, quant_q5.c and quant_k.c. */
 extern const struct quant_format FORMAT_Q8_0, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_IQ4_NL;
-extern const struct quant_format FORMAT_MXFP4;
+extern const struct quant_format FORMAT_MXFP4, FORMAT_IQ4_XS;
 extern const struct quant_format FORMAT_Q5_0, FORMAT_Q5_1;
 extern const struct quant_format FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K;
 extern const struct quant_format FORMAT_F32;  /* quant_f32.c */

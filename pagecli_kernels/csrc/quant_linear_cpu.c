@@ -227,6 +227,7 @@ static const struct quant_format *format_of(int type) {
     case QT_Q4_1: return &FORMAT_Q4_1;
     case QT_IQ4_NL: return &FORMAT_IQ4_NL;
     case QT_MXFP4: return &FORMAT_MXFP4;
+    case QT_IQ4_XS: return &FORMAT_IQ4_XS;
     case QT_Q5_0: return &FORMAT_Q5_0;
     case QT_Q5_1: return &FORMAT_Q5_1;
     case QT_Q4_K: return &FORMAT_Q4_K;

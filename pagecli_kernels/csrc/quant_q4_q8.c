@@ -1,6 +1,6 @@
 /*
- * The 32-value block formats Q8_0, Q4_0, Q4_1, IQ4_NL and MXFP4: dequantization into
- * float32.
+ * The 32-value block formats Q8_0, Q4_0, Q4_1, IQ4_NL and MXFP4, and IQ4_XS (IQ4_NL's
+ * 32-value sub-blocks in super-blocks of 256): dequantization into float32.
  *
  * Per format: the portable loop (the readable spec, ggml's dequantize_row_*), then AVX2 and
  * AVX-512 versions that give the same bits, then the fused decode kernels (rows, wide). Q4_1's
@@ -63,6 +63,23 @@ static void dequant_iq4_nl_portable(const void *blocks, float *out, int64_t num_
     }
 }
 
+/* ---- IQ4_XS: (d * (ls - 32)) * IQ4_NL_VALUES[q] per 32-value sub-block ------------------ */
+
+static void dequant_iq4_xs_portable(const void *blocks, float *out, int64_t num_blocks) {
+    const block_iq4_xs *b = blocks;
+    for (int64_t i = 0; i < num_blocks; i++) {
+        const float d = f16_to_f32(b[i].d);
+        for (int s = 0; s < QK_K / 32; s++, out += 32) {
+            const float dl = iq4_xs_scale(&b[i], d, s);
+            const uint8_t *qs = b[i].qs + 16 * s;
+            for (int j = 0; j < 16; j++) {
+                out[j] = dl * (float)IQ4_NL_VALUES[qs[j] & 0xF];
+                out[j + 16] = dl * (float)IQ4_NL_VALUES[qs[j] >> 4];
+            }
+        }
+    }
+}
+
 /* ---- MXFP4: e8m0_half(e) * MXFP4_VALUES[q] (a power of two times a small integer) ------- */
 
 static void dequant_mxfp4_portable(const void *blocks, float *out, int64_t num_blocks) {
@@ -92,6 +109,12 @@ TARGET_AVX2 static void dequant_iq4_nl_avx2(const void *blocks, float *out, int6
 }
 TARGET_AVX512 static void dequant_iq4_nl_avx512(const void *blocks, float *out, int64_t n) {
     dequant_iq4_nl_portable(blocks, out, n);
+}
+TARGET_AVX2 static void dequant_iq4_xs_avx2(const void *blocks, float *out, int64_t n) {
+    dequant_iq4_xs_portable(blocks, out, n);
+}
+TARGET_AVX512 static void dequant_iq4_xs_avx512(const void *blocks, float *out, int64_t n) {
+    dequant_iq4_xs_portable(blocks, out, n);
 }
 
 /* 8 or 16 bytes as int32 lanes, float. */
@@ -309,6 +332,56 @@ weights_mxfp4(const block_mxfp4 *b, __m512 *w0, __m512 *w1) {
     table_weights(b->qs, _mm512_mul_ps(_mm512_set1_ps(e8m0_half(b->e)), levels), w0, w1);
 }
 
+/* IQ4_XS (AVX-512): each sub-block's table is its scale times IQ4_NL's levels; the rows and
+ * wide kernels add a row's sub-blocks in order into its two accumulators (the same bits in
+ * either). */
+#define IQ4_LEVELS                                                                             \
+    _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+ROWS_KERNEL(rows_iq4_xs_avx512) {
+    const block_iq4_xs *b = row;
+    const __m512 levels = IQ4_LEVELS;
+    ROWS_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        const float d = pagecli_f16_table[b[j].d];
+        for (int s = 0; s < QK_K / 32; s++) {
+            __m512 w0, w1;
+            const __m512 dl = _mm512_set1_ps(iq4_xs_scale(&b[j], d, s));
+            table_weights(b[j].qs + 16 * s, _mm512_mul_ps(dl, levels), &w0, &w1);
+            ROWS_FMA16(0, w0, QK_K * j + 32 * s)
+            ROWS_FMA16(1, w1, QK_K * j + 32 * s + 16)
+        }
+    }
+    ROWS_END
+}
+ROWS_DISPATCH(rows_iq4_xs_avx512)
+
+TARGET_AVX512 static void wide_iq4_xs_avx512(const void *w, int64_t row_bytes, int64_t nb,
+                                             const float *x, float *out) {
+    const __m512 levels = IQ4_LEVELS;
+    WIDE_BEGIN
+    for (int64_t j = 0; j < nb; j++) {
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const block_iq4_xs *b = (const block_iq4_xs *)((const uint8_t *)w + r * row_bytes) + j;
+            WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_iq4_xs))
+        }
+        for (int s = 0; s < QK_K / 32; s++) {
+            const __m512 x0 = _mm512_loadu_ps(x + QK_K * j + 32 * s);
+            const __m512 x1 = _mm512_loadu_ps(x + QK_K * j + 32 * s + 16);
+            for (int r = 0; r < WIDE_ROWS; r++) {
+                const block_iq4_xs *b =
+                    (const block_iq4_xs *)((const uint8_t *)w + r * row_bytes) + j;
+                const __m512 dl = _mm512_set1_ps(iq4_xs_scale(b, pagecli_f16_table[b->d], s));
+                __m512 w0, w1;
+                table_weights(b->qs + 16 * s, _mm512_mul_ps(dl, levels), &w0, &w1);
+                acc[r][0] = _mm512_fmadd_ps(w0, x0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(w1, x1, acc[r][1]);
+            }
+        }
+    }
+    WIDE_END
+}
+
 BLOCK_KERNELS(q8_0)
 BLOCK_KERNELS(q4_0)
 BLOCK_KERNELS(q4_1)
@@ -384,6 +457,19 @@ AVX2_BLOCK32_KERNELS(q4_1)
 AVX2_BLOCK32_KERNELS(iq4_nl)
 AVX2_BLOCK32_KERNELS(mxfp4)
 
+/* IQ4_XS (AVX2): each sub-block as an IQ4_NL block under its own scale */
+#define AVX2_WALK_IQ4_XS(name, b, base, EMIT)                                                  \
+    do {                                                                                       \
+        const float d_ = pagecli_f16_table[(b)->d];                                            \
+        for (int s_ = 0; s_ < QK_K / 32; s_++) {                                               \
+            __m256 w_[4];                                                                      \
+            const __m256 dl_ = _mm256_set1_ps(iq4_xs_scale((b), d_, s_));                      \
+            avx2_table_nibbles((b)->qs + 16 * s_, IQ4_NL_VALUES, dl_, w_);                     \
+            for (int k_ = 0; k_ < 4; k_++) EMIT(k_, w_[k_], (base) + 32 * s_ + 8 * k_)         \
+        }                                                                                      \
+    } while (0)
+AVX2_KERNELS(iq4_xs, QK_K, AVX2_WALK_IQ4_XS)
+
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, rows_##name##_avx2, rows_##name##_avx512}
@@ -402,5 +488,12 @@ const struct quant_format FORMAT_IQ4_NL = {QT_IQ4_NL, QK4_0, sizeof(block_iq4_nl
                                            PATHS(iq4_nl) WIDE(iq4_nl)};
 const struct quant_format FORMAT_MXFP4 = {QT_MXFP4, QK4_0, sizeof(block_mxfp4),
                                           PATHS(mxfp4) WIDE(mxfp4)};
+#if QUANT_X86
+const struct quant_format FORMAT_IQ4_XS = {QT_IQ4_XS, QK_K, sizeof(block_iq4_xs), PATHS(iq4_xs),
+                                           {NULL, wide_iq4_xs_avx2, wide_iq4_xs_avx512}};
+#else
+const struct quant_format FORMAT_IQ4_XS = {QT_IQ4_XS, QK_K, sizeof(block_iq4_xs),
+                                           PATHS(iq4_xs)};
+#endif
 const struct quant_format FORMAT_Q4_1 = {QT_Q4_1, QK4_1, sizeof(block_q4_1),
                                          PATHS(q4_1) WIDE(q4_1)};

@@ -113,16 +113,30 @@ def test_moe_gguf_parity_with_experts_in_the_files_map(moe_ggufs, name):
 
 @pytest.mark.parametrize(
     ("family", "fmt"),
-    [("olmoe", "bf16"), ("olmoe", "mxfp4"), ("olmoe", "iq4_nl"), ("gpt_oss", "mxfp4")],
+    [
+        ("olmoe", "bf16"),
+        ("olmoe", "mxfp4"),
+        ("olmoe", "iq4_nl"),
+        ("olmoe", "iq4_xs"),
+        ("gpt_oss", "mxfp4"),
+    ],
 )
 def test_expert_stacks_stay_in_their_format(moe_models, family, fmt, tmp_path):
     """GGUFs whose experts are BF16 (kept as many MoE uploads keep them), MXFP4 (gpt-oss's
-    experts) or IQ4_NL (the "dynamic" quants'): every expert stays in that format, rows of the
+    experts), IQ4_NL or IQ4_XS (the "dynamic" quants'): every expert stays in that format,
+    rows of the
     file's map, not float32, and the output is transformers' on the same values."""
     from tests.gguf_families import write_family_gguf
 
     arch = GGUF_ARCHS[family]
-    path, reference = write_family_gguf(moe_models[family], tmp_path, arch, fmt)
+    model = moe_models[family]
+    if fmt == "iq4_xs":  # super-blocks of 256: the experts' rows and columns that wide
+        from tests.tiny_models import build_tiny_models, moe_configs
+
+        config = moe_configs()[family]
+        config.hidden_size = config.intermediate_size = 256
+        model = build_tiny_models(tmp_path / "wide", {family: config})[family]
+    path, reference = write_family_gguf(model, tmp_path, arch, fmt)
     llm = _run_and_check(path, _hf(reference))
     name = {"bf16": "bfloat16"}.get(fmt, fmt)
     experts = llm.engine.runner.model.layers[0].mlp.experts

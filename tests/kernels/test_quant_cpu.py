@@ -35,6 +35,7 @@ SCALE_OFFSETS = {
     "q4_0": [0],
     "q4_1": [0, 2],
     "iq4_nl": [0],
+    "iq4_xs": [0],  # its 6-bit sub-block scales: any bytes are valid
     "mxfp4": [],  # its scale is one E8M0 byte: random_weight keeps it finite and moderate
     "q5_0": [0],
     "q5_1": [0, 2],
