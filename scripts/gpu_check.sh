@@ -35,7 +35,8 @@ end_section() { printf '```\n' >> "$RESULTS"; }
 
 section "Kernel tests on CUDA (compiled Triton against the reference)"
 PAGECLI_FULL_TESTS=1 PAGECLI_KERNEL_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
-  tests/kernels/test_ops_triton.py tests/kernels/test_gated_delta_triton.py 2>&1 \
+  tests/kernels/test_ops_triton.py tests/kernels/test_gated_delta_triton.py \
+  tests/kernels/test_fused_moe_triton.py 2>&1 \
   | tail -15 >> "$RESULTS"
 end_section
 

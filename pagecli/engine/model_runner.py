@@ -390,8 +390,8 @@ class ModelRunner:
         return model.eval()
 
     def _set_attention_impl(self, impl: str) -> None:
-        """Point every attention layer, and every recurrent layer's recurrence, at the kernels
-        of `attention_impl`."""
+        """Point every attention layer, every recurrent layer's recurrence and every MoE's
+        routed experts at the kernels of `attention_impl`."""
         import os
 
         if impl == "triton" and self.device.type == "cpu":
@@ -412,6 +412,8 @@ class ModelRunner:
         for layer in self.model.attention_layers:
             layer.impl = impl
         for layer in self.model.state_layers:  # the DeltaNet recurrence's kernels
+            layer.impl = impl
+        for layer in self.model.moe_layers:  # the routed experts' kernels
             layer.impl = impl
 
     def _plan_states(self, per_state: int) -> tuple[int, int]:

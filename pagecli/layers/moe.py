@@ -20,7 +20,10 @@ token's weighted outputs in that order (transformers' order).
 On the CPU with float32 activations the whole block is one native call
 (csrc/layer_program_cpu.c: `pagecli_moe`, and OP_MOE of the layer program, the same code):
 the router, the softmax and top k, each chosen expert's projections over its gathered rows
-with the quantized kernels, the weighted sums, the shared expert. Elsewhere torch runs it.
+with the quantized kernels, the weighted sums, the shared expert. On CUDA (`impl`, as the
+attention's) the routed experts run as two grouped Triton launches over the experts' weights
+stacked once (pagecli_kernels/fused_moe.py; each expert's projections become views of the
+stacks). Elsewhere torch runs the loop.
 """
 
 from __future__ import annotations
@@ -86,22 +89,24 @@ class Expert(nn.Module):
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [N, 2 I]
-        native = fused_cpu.available(gate_up) and gate_up.stride(-1) == 1
-        if self.activation == "swiglu_oai":
-            alpha, limit = self.spec.swiglu_alpha, self.spec.swiglu_limit
-            if native:
-                act = fused_cpu.swiglu_oai(gate_up, alpha, limit)
-            else:
-                gate, up = gate_up.split(self.intermediate_size, dim=-1)
-                gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-                act = (up + 1) * (gate * torch.sigmoid(gate * alpha))
-        elif native:
-            act = fused_cpu.act_mul(gate_up, self.activation)
-        else:
-            gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            act = (F.silu(gate) if self.activation == "silu" else F.gelu(gate, "tanh")) * up
-        return self.down_proj(act)
+        return self.down_proj(activate(self.gate_up_proj(x), self.spec))
+
+
+def activate(gate_up: torch.Tensor, spec: MoESpec) -> torch.Tensor:
+    """The experts' activation of gate_up rows [N, 2 I] (gate first) -> [N, I]."""
+    inter = gate_up.shape[-1] // 2
+    native = fused_cpu.available(gate_up) and gate_up.stride(-1) == 1
+    if spec.activation == "swiglu_oai":
+        alpha, limit = spec.swiglu_alpha, spec.swiglu_limit
+        if native:
+            return fused_cpu.swiglu_oai(gate_up, alpha, limit)
+        gate, up = gate_up.split(inter, dim=-1)
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    if native:
+        return fused_cpu.act_mul(gate_up, spec.activation)
+    gate, up = gate_up.split(inter, dim=-1)
+    return (F.silu(gate) if spec.activation == "silu" else F.gelu(gate, "tanh")) * up
 
 
 class SparseMoE(nn.Module):
@@ -125,6 +130,8 @@ class SparseMoE(nn.Module):
         # tensor parallelism: each expert holds this rank's columns, and the MoE's output
         # (every expert's and the shared expert's partial sums) is all-reduced once
         self.tp: TensorParallel | None = None
+        self.impl = "auto"  # the routed experts' kernels, as PagedAttention.impl (model runner)
+        self._stacks: tuple | None = None  # (stacked(),), made on the first Triton step
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] of x's dtype, experts [T, k] int64) for tokens x [T, H]."""
@@ -193,7 +200,45 @@ class SparseMoE(nn.Module):
             program.append(ops.AllReduce(dst))
         return program
 
+    def stacked(self) -> tuple | None:
+        """The experts' weights as the Triton kernels take them: (gate_up [E, 2I, H], down
+        [E, H, I], their biases [E, 2I] and [E, H] or None), made once. Float tensors (CUDA)
+        become views of the stacks, so they are held once; the CPU's float32 rows (a
+        QuantLinear's F32 parts: Triton's interpreter, for tests) are copied. None where an
+        expert's projections are in block formats."""
+        if self._stacks is None:
+            self._stacks = (self._stack(),)
+        return self._stacks[0]
+
+    def _stack(self) -> tuple | None:
+        experts = list(self.experts)
+        stacks = []
+        for kind in ("gate_up_proj", "down_proj"):
+            modules = [getattr(e, kind) for e in experts]
+            if all(type(m) is nn.Linear for m in modules):
+                for leaf in ("weight", "bias"):
+                    if getattr(modules[0], leaf) is None:
+                        stacks.append(None)
+                        continue
+                    stack = torch.stack([getattr(m, leaf).data for m in modules])
+                    for i, m in enumerate(modules):
+                        getattr(m, leaf).data = stack[i]  # a view: the stack holds it
+                    stacks.append(stack)
+            elif all(getattr(m, "formats", None) == ["float32"] * len(m.parts) for m in modules):
+                rows = [torch.cat([p.data.view(torch.float32) for p in m.parts]) for m in modules]
+                stacks.append(torch.stack(rows))
+                biases = [m.bias for m in modules]
+                stacks.append(None if biases[0] is None else torch.stack([b.data for b in biases]))
+            else:
+                return None
+        gate_up, gate_up_bias, down, down_bias = stacks
+        return gate_up, down, gate_up_bias, down_bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "triton" or (self.impl == "auto" and x.device.type == "cuda"):
+            stacks = self.stacked()
+            if stacks is not None and x.dim() == 2:
+                return self._triton(x, stacks)
         if x.dtype == torch.float32 and x.dim() == 2 and fused_cpu.available(x):
             found = self.native_table()
             if found is not None:  # the layer program's kernel, over the same tables
@@ -205,6 +250,22 @@ class SparseMoE(nn.Module):
             rows, slot = torch.where(chosen == expert)
             y = self.experts[expert](x[rows]) * weights[rows, slot, None]
             out.index_add_(0, rows, y.to(out.dtype))
+        return self._shared_and_sum(x, out)
+
+    def _triton(self, x: torch.Tensor, stacks: tuple) -> torch.Tensor:
+        from pagecli_kernels import fused_moe
+
+        weights, chosen = self.route(x)
+        gate_up, down, gate_up_bias, down_bias = stacks
+        out = fused_moe.fused_moe(
+            x, weights, chosen, gate_up, down, lambda rows: activate(rows, self.spec),
+            gate_up_bias, down_bias,
+        )  # fmt: skip
+        return self._shared_and_sum(x, out)
+
+    def _shared_and_sum(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The routed experts' sum `out` with the shared expert's gated output, all-reduced
+        under tensor parallelism."""
         if self.shared_expert is not None:
             gate = torch.sigmoid(self.shared_expert_gate(x))
             out = out + gate * self.shared_expert(x)

@@ -236,6 +236,12 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     @property
+    def moe_layers(self) -> list[nn.Module]:
+        """The layers' sparse mixture-of-experts MLPs (each with an `impl` the runner sets,
+        as the attention's), in order."""
+        return []
+
+    @property
     def state_layers(self) -> list[nn.Module]:
         """The layers that keep a fixed-size state per sequence instead of a KV cache (each
         with `spec.state_bytes(dtype)` and the `slots`, `snapshots` and `host` StateStores

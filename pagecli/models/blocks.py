@@ -581,6 +581,11 @@ class DecoderModel(CausalLM):
         return [layer.self_attn.attn for layer in self.layers if layer.spec.attention]
 
     @property
+    def moe_layers(self) -> list[SparseMoE]:
+        """Each layer's sparse MoE MLP, in order (none for a dense model)."""
+        return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
+
+    @property
     def state_layers(self) -> list[GatedDeltaNet]:
         """The layers that keep a state per sequence instead of a KV cache, in order."""
         return [layer.linear_attn for layer in self.layers if layer.spec.linear is not None]

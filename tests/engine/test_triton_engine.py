@@ -119,3 +119,40 @@ def test_qwen35_through_triton_kernels_matches_transformers(tmp_path, monkeypatc
     assert warm.num_cached_tokens > 0  # resumed from a snapshot of turn one's state
     llm.engine.check_invariants()
     check_greedy(hf, second, warm.token_ids)
+
+
+def test_moe_through_triton_kernels_matches_transformers(tmp_path, monkeypatch):
+    """Qwen3-MoE with attention_impl="triton": the routed experts of every layer through the
+    grouped Triton launches (pagecli_kernels/fused_moe.py) over the experts' stacked weights,
+    beside the Triton attention, over chunked prefills; greedy parity with transformers."""
+    from transformers import AutoModelForCausalLM
+
+    from pagecli_kernels import fused_moe
+    from tests.tiny_models import build_tiny_models, moe_configs
+
+    launches = [0]
+    launcher = fused_moe.fused_moe
+
+    def counted(*args, **kwargs):
+        launches[0] += 1
+        return launcher(*args, **kwargs)
+
+    monkeypatch.setattr(fused_moe, "fused_moe", counted)
+    config = moe_configs()["qwen3_moe"]
+    config.head_dim = 64  # the Triton attention kernels' head sizes start at 64
+    path = build_tiny_models(tmp_path, {"qwen3_moe_hd64": config})["qwen3_moe_hd64"]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (30, 7)]
+    llm = LLM(
+        str(path), dtype="float32", attention_impl="triton", block_size=8,
+        max_num_batched_tokens=16,
+    )  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert llm.engine.stats().chunked_prefills > 0
+    assert launches[0] > 0  # the experts took the Triton kernels
+    moe = llm.engine.runner.model.layers[0].mlp
+    assert moe.stacked() is not None
+    for prompt, output in zip(prompts, outputs, strict=True):
+        check_greedy(hf, prompt, output.token_ids)

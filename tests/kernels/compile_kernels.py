@@ -36,6 +36,7 @@ decode_attention = importlib.import_module("pagecli_kernels.decode_attention")
 prefill_attention = importlib.import_module("pagecli_kernels.prefill_attention")
 token_bitmask = importlib.import_module("pagecli_kernels.token_bitmask")
 gated_delta = importlib.import_module("pagecli_kernels.gated_delta")
+fused_moe = importlib.import_module("pagecli_kernels.fused_moe")
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -46,7 +47,7 @@ INT_POINTERS = {
     "bitmask_ptr",
     "starts_ptr",
 }
-INT64_POINTERS = {"slot_mapping_ptr", "rows_ptr", "slots_ptr"}
+INT64_POINTERS = {"slot_mapping_ptr", "rows_ptr", "slots_ptr", "pairs_ptr", "experts_ptr"}
 FP32_POINTERS = {"partial_max_ptr", "partial_sum_ptr", "partial_out_ptr", "sinks_ptr"}
 FLOAT_SCALARS = {"scale"}
 
@@ -198,6 +199,24 @@ def variants(full: bool) -> list[Variant]:
                             {"num_warps": 4},
                         )
                     )
+        for rows_per_pair, has_bias, mul_route in ((4, True, False), (1, True, True)):
+            out.append(  # the MoE's two grouped launches (gpt-oss's: biases, top 4)
+                Variant(
+                    "fused_moe",
+                    "_grouped_kernel",
+                    type_name,
+                    dict(
+                        ROWS_PER_PAIR=rows_per_pair,
+                        HAS_BIAS=has_bias,
+                        MUL_ROUTE=mul_route,
+                        IEEE=dtype == torch.float32,
+                        BLOCK_M=fused_moe.BLOCK_M,
+                        BLOCK_N=fused_moe.BLOCK_N,
+                        BLOCK_K=fused_moe.BLOCK_K,
+                    ),
+                    {"num_warps": 4},
+                )
+            )
         out.append(
             Variant(
                 "token_bitmask",
