@@ -34,7 +34,8 @@ factor set is picked per sequence length past the original context (llama.cpp pi
 from the configured context size).
 
 `fmt` picks the block format; a 2-D weight whose column count is not a multiple of the
-format's block width stays F32. `extra_configs` adds checkpoints the family configs lack:
+format's block width stays F32. `expert_fmt` gives the expert stacks another (Q2_K: random
+blocks, for the refusal of experts in a format pagecli does not keep). `extra_configs` adds checkpoints the family configs lack:
 6-layer Gemma 3 files with a global layer (one of them readable by transformers' own GGUF
 reader) and a Granite without attention biases.
 """
@@ -363,6 +364,18 @@ def _restack_gpt_oss(reference: dict, hp: dict, biases: dict) -> None:
         reference[f"{stem}.down_proj_bias"] = biases[f"blk.{layer}.ffn_down_exps.bias"]
 
 
+def _random_q2_k(rows: int, cols: int) -> np.ndarray:
+    """Random Q2_K super-blocks (scales[16], qs[64], then f16 d and dmin): gguf has no
+    quantizer for it, and the files that hold it only test that pagecli refuses it."""
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, 84), dtype=np.uint8)
+    blocks[:, 80:84] = np.array([0.01, 0.001], np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+RANDOM_BLOCKS = {"q2_k": _random_q2_k}
+
+
 def _expert_stacks(writer, state: dict, fmt: str, reference: dict) -> None:
     """The converter's 3-D expert tensors (Qwen2MoeModel.modify_tensors stacks each layer's
     experts): blk.N.ffn_{gate,up,down}_exps [E, rows, cols] in `fmt`, quantized row by row as
@@ -379,7 +392,10 @@ def _expert_stacks(writer, state: dict, fmt: str, reference: dict) -> None:
     for (layer, kind), experts in sorted(stacks.items()):
         values = torch.stack([experts[e][1] for e in range(len(experts))]).numpy()  # [E, r, c]
         count, rows, cols = values.shape
-        blocks = quantize(values.reshape(count * rows, cols), fmt)  # [E r, row bytes]
+        if fmt in RANDOM_BLOCKS:  # a format pagecli refuses for experts: any valid blocks
+            blocks = RANDOM_BLOCKS[fmt](count * rows, cols)
+        else:
+            blocks = quantize(values.reshape(count * rows, cols), fmt)  # [E r, row bytes]
         writer.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight",
                           blocks.reshape(count, rows, -1), raw_dtype=qtype)  # fmt: skip
         stored = gguf.quants.dequantize(blocks, qtype).reshape(count, rows, cols)
@@ -461,7 +477,7 @@ def _block_width(fmt: str) -> int:
 
 
 def write_family_gguf(
-    model_dir: Path, out_dir: Path, arch: str, fmt: str = "q8_0"
+    model_dir: Path, out_dir: Path, arch: str, fmt: str = "q8_0", expert_fmt: str | None = None
 ) -> tuple[Path, Path]:
     """`model_dir` (a tiny safetensors checkpoint) as a GGUF file of llama.cpp architecture
     `arch` with its 2-D weights in `fmt`, and a reference folder for transformers holding the
@@ -489,7 +505,7 @@ def write_family_gguf(
         for name, bias in expert_biases.items():
             writer.add_tensor(name, np.ascontiguousarray(bias.numpy(), np.float32))
     if _has_experts(hp):
-        _expert_stacks(writer, state, fmt, reference)
+        _expert_stacks(writer, state, expert_fmt or fmt, reference)
     for hf_name, tensor in state.items():
         if hf_name == "lm_head.weight" and bool(hp.get("tie_word_embeddings")):
             continue  # the converter skips a tied head (Gemma 3 always)

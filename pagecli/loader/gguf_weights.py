@@ -140,6 +140,24 @@ def kept_format(t: GGUFTensor):
     return fmt
 
 
+FLOAT_TYPES = (0, 1)  # ggml's F32 and F16: loaded as float32
+
+
+def check_expert_format(t: GGUFTensor) -> None:
+    """GGUFError for a 3-D expert stack in a format pagecli neither keeps in the map nor
+    loads as float (F16, F32): expanded to float32, a model's experts would not fit where
+    their blocks do."""
+    if kept_format(t) is None and int(t.tensor_type) not in FLOAT_TYPES:
+        kind = getattr(t.tensor_type, "name", t.tensor_type)
+        kept = ", ".join(
+            {"bfloat16": "BF16"}.get(f.name, f.name.upper()) for f in GGUF_KEPT.values()
+        )
+        raise GGUFError(
+            f"{t.name}: experts in {kind} are not supported (pagecli keeps experts in {kept}; "
+            "F16 and F32 load as float)"
+        )
+
+
 def expert_count(t: GGUFTensor) -> int:
     """The experts of a 3-D expert stack (ggml lists the experts' axis last)."""
     return int(t.shape[-1]) if len(t.shape) == 3 else 0
@@ -154,6 +172,8 @@ def expert_weights(t: GGUFTensor, keep_quantized: bool) -> list[Weight]:
         raise GGUFError(f"{t.name}: an expert tensor of {len(t.shape)} dimensions, not 3")
     experts, rows, cols = (int(d) for d in reversed(t.shape))
     fmt = kept_format(t)
+    if keep_quantized:
+        check_expert_format(t)
     if keep_quantized and fmt is not None:
         data = torch.from_numpy(t.data.reshape(experts * rows, -1))  # a view
         return [QuantWeight(fmt, data[e * rows : (e + 1) * rows], cols) for e in range(experts)]

@@ -135,6 +135,7 @@ def plan_weights(
 def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     from pagecli.loader.gguf_weights import (
         GGUFError,
+        check_expert_format,
         expert_count,
         file_arch,
         iter_gguf_weights,
@@ -154,6 +155,11 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
     blocks: dict[str, int] = {}
     resident = mapped = 0
     for t, name in model_tensors(reader, family):
+        if keep and "{e}" in name and len(t.shape) == 3:
+            try:  # at start, before the memory check counts the experts as float
+                check_expert_format(t)
+            except GGUFError as exc:
+                raise ModelLoadError(f"{path}: {exc}") from None
         experts = [name.format(e=e) for e in range(expert_count(t))] if "{e}" in name else [name]
         dims = 3 if "{e}" in name else 2  # a 3-D expert stack: its experts' blocks
         fmt = kept_format(t)
