@@ -35,8 +35,9 @@ from the configured context size).
 
 `fmt` picks the block format; a 2-D weight whose column count is not a multiple of the
 format's block width stays F32. `expert_fmt` gives the expert stacks another (Q2_K: random
-blocks, for the refusal of experts in a format pagecli does not keep). `extra_configs` adds checkpoints the family configs lack:
-6-layer Gemma 3 files with a global layer (one of them readable by transformers' own GGUF
+blocks, for the refusal of experts in a format pagecli does not keep). `extra_configs`
+adds checkpoints the family configs lack: 6-layer Gemma 3 files with a global layer (one of
+them readable by transformers' own GGUF
 reader) and a Granite without attention biases.
 """
 
