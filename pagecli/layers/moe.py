@@ -71,7 +71,6 @@ class Expert(nn.Module):
         super().__init__()
         self.intermediate_size = intermediate_size
         self.spec = spec
-        self.activation = spec.activation
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.axis = spec.tp_axis

@@ -190,15 +190,25 @@ def test_moe_under_preemption_and_prefix_hits(moe_models, mode):
         check_greedy(hf, prompt, output.token_ids)
 
 
-def test_experts_quantize_at_load(moe_models):
+@pytest.mark.parametrize("family", ["olmoe", "gpt_oss"])
+def test_experts_quantize_at_load(moe_models, family):
     """--quantization q8_0 quantizes every expert's projections (and the router stays
-    float32, as llama.cpp keeps ffn_gate_inp)."""
-    llm = LLM(str(moe_models["olmoe"]), dtype="float32", quantization="q8_0")
+    float32, as llama.cpp keeps ffn_gate_inp); gpt-oss's stacked experts are cut per expert
+    before they are quantized, their biases kept in float32."""
+    llm = LLM(str(moe_models[family]), dtype="float32", quantization="q8_0")
     model = llm.engine.runner.model
     moe = model.layers[0].mlp
     assert all(e.gate_up_proj.formats == ["q8_0", "q8_0"] for e in moe.experts)
     assert all(e.down_proj.formats == ["q8_0"] for e in moe.experts)
     assert getattr(moe.gate, "formats", None) == ["float32"]  # float32 rows of the cache
+    if family == "gpt_oss":  # expert 3's gate and up biases, de-interleaved, in float32
+        from safetensors import safe_open
+
+        path = moe_models[family] / "model.safetensors"
+        with safe_open(str(path), "pt") as f:
+            stacked = f.get_tensor("model.layers.0.mlp.experts.gate_up_proj_bias")[3]
+        want = torch.cat([stacked[0::2], stacked[1::2]])
+        assert torch.equal(moe.experts[3].gate_up_proj.bias.data, want)
     (output,) = llm.generate(
         [{"prompt_token_ids": prompts_of(4, [30])[0]}],
         SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
