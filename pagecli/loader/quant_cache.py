@@ -39,6 +39,8 @@ from pagecli.loader.resolve import ModelLoadError, ModelSource, cache_root
 # bump when the quantizer's output, the file's layout or what it quantizes changes
 CACHE_VERSION = 2
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+# bytes a family's cut turns into blocks (gpt-oss's MXFP4 experts), read as they are
+_RAW = {"U8": torch.uint8}
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def stored_tensors(folder: Path, name: str) -> list[StoredTensor]:
 
 def read_tensor(t: StoredTensor) -> torch.Tensor:
     """The tensor's values in memory of their own, read (not mapped) from its file."""
-    dtype = _DTYPES.get(t.dtype)
+    dtype = _DTYPES.get(t.dtype) or _RAW.get(t.dtype)
     if dtype is None:
         raise ModelLoadError(f"{t.file}: {t.name} is {t.dtype}; quantizing takes F16, BF16, F32")
     out = torch.empty(t.shape, dtype=dtype)
@@ -123,23 +125,33 @@ def cache_path(source: ModelSource, mode: str) -> Path:
 @dataclass(frozen=True)
 class Piece:
     """One tensor of the cache: a stored tensor, or one of those its family cuts it into
-    (loader/weights.checkpoint_split), and the block format it takes (None: float32)."""
+    (loader/weights.checkpoint_split), and the block format it takes (None: float32);
+    `kept`: blocks the cut made (gpt-oss's MXFP4 experts), written as they are."""
 
     name: str
     shape: tuple[int, ...]
     fmt: str | None
+    kept: bool = False
 
 
 def _plan(tensors: list[StoredTensor], mode: str, split) -> list[tuple[StoredTensor, list[Piece]]]:
-    """Each stored tensor with the cache's tensors made of it."""
+    """Each stored tensor with the cache's tensors made of it (none for one whose cut waits
+    for a later tensor: that one's pieces hold both)."""
     from pagecli.loader.quantize import wants_quantization, weight_format
     from pagecli.loader.weights import split_shape
 
-    def piece(name: str, shape: tuple[int, ...]) -> Piece:
+    def piece(name: str, shape: tuple[int, ...], kept: str | None) -> Piece:
+        if kept is not None:
+            return Piece(name, shape, kept, kept=True)
         quantize = wants_quantization(name, len(shape))
         return Piece(name, shape, weight_format(name, shape[1], mode) if quantize else None)
 
-    return [(t, [piece(*p) for p in split_shape(split, t.name, t.shape)]) for t in tensors]
+    def dtype(t: StoredTensor) -> torch.dtype:
+        return _DTYPES.get(t.dtype) or _RAW.get(t.dtype) or torch.float32
+
+    return [
+        (t, [piece(*p) for p in split_shape(split, t.name, t.shape, dtype(t))]) for t in tensors
+    ]
 
 
 def write_cache(source: ModelSource, mode: str, path: Path) -> None:
@@ -150,8 +162,8 @@ def write_cache(source: ModelSource, mode: str, path: Path) -> None:
     from pagecli.loader.weights import checkpoint_split
     from pagecli_kernels.quant_formats import FORMATS
 
-    split = checkpoint_split(source.path)
-    plan = _plan(stored_tensors(source.path, source.name), mode, split)
+    plan = _plan(stored_tensors(source.path, source.name), mode, checkpoint_split(source.path))
+    split = checkpoint_split(source.path)  # a fresh one for the pass that writes
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     writer = gguf.GGUFWriter(str(partial), "pagecli-quantized")
@@ -182,7 +194,9 @@ def write_cache(source: ModelSource, mode: str, path: Path) -> None:
                 tensor = read_tensor(t)
                 cut = [(t.name, tensor)] if split is None or not split.takes(t.name) else None
                 for p, (_, part) in zip(pieces, cut or split.cut(t.name, tensor), strict=True):
-                    if p.fmt is None:
+                    if p.kept:
+                        data = part.data.numpy()
+                    elif p.fmt is None:
                         data = part.float().contiguous().numpy()
                     else:
                         data = quantize_weight(p.name, part.contiguous(), mode).data.numpy()

@@ -187,12 +187,19 @@ def _gguf_plan(path: Path, keep: bool, dtype: torch.dtype) -> WeightPlan:
 
 
 def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> WeightPlan:
-    from pagecli.loader.weights import iter_safetensors, safetensors_shapes
+    from pagecli.loader.weights import checkpoint_split, iter_safetensors, safetensors_shapes
 
     if mode == "none":
+        kept: dict[str, int] = {}  # block-format tensors a family's cut makes (gpt-oss MXFP4)
+        if checkpoint_split(source.path) is not None:
+            for name, _, fmt in safetensors_shapes(source.path, source.name):
+                if fmt is not None:
+                    kept[name] = FORMATS[fmt].block_values
         return WeightPlan(
             "none",
+            set(kept),
             weights=lambda: iter_safetensors(source.path, source.name),
+            block_values=kept,
             read_shard=lambda shard, cut_of: iter_safetensors(
                 source.path, source.name, shard, cut_of
             ),
@@ -204,11 +211,16 @@ def _safetensors_plan(source: ModelSource, mode: str, dtype: torch.dtype) -> Wei
     names: set[str] = set()
     blocks: dict[str, int] = {}
     resident = mapped = 0
-    for name, shape in safetensors_shapes(source.path, source.name):
+    for name, shape, kept_fmt in safetensors_shapes(source.path, source.name):
         numel = 1
         for d in shape:
             numel *= d
-        if wants_quantization(name, len(shape)):
+        if kept_fmt is not None:  # blocks already (gpt-oss's MXFP4 experts): kept as they are
+            fmt = FORMATS[kept_fmt]
+            names.add(name)
+            blocks[name] = fmt.block_values
+            mapped += numel // fmt.block_values * fmt.block_bytes
+        elif wants_quantization(name, len(shape)):
             fmt = FORMATS[weight_format(name, shape[1], mode)]
             names.add(name)
             blocks[name] = fmt.block_values

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -12,8 +12,13 @@ import torch
 from pagecli.errors import KVCacheMemoryError
 from pagecli.loader.resolve import ModelLoadError
 from pagecli.loader.shards import RankShard
+from pagecli_kernels.quant_formats import QuantWeight
+
+Weight = QuantWeight | torch.Tensor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# safetensors' dtype names of the tensors a family's cut may need to tell apart
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "U8": torch.uint8}
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
@@ -209,7 +214,8 @@ def checkpoint_names(folder: Path) -> Callable[[str], str | None] | None:
 def checkpoint_split(folder: Path) -> Unstack | None:
     """The family's cut of checkpoint tensors that hold several of its tensors
     (CausalLM.split_tensor, for the names ending in its split_names), or None where it has
-    none."""
+    none. One pass over a checkpoint's tensors takes a fresh one (it holds what a cut keeps
+    until a later tensor completes it)."""
     try:
         architectures = json.loads((folder / "config.json").read_text()).get("architectures")
     except (OSError, ValueError, AttributeError):
@@ -222,24 +228,36 @@ def checkpoint_split(folder: Path) -> Unstack | None:
     return Unstack(tuple(cls.split_names), cls.split_tensor)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Unstack:
-    """Which checkpoint tensors a family cuts (names ending in `ends`) and how (`cut`)."""
+    """Which checkpoint tensors a family cuts (names ending in `ends`) and how (`split`:
+    CausalLM.split_tensor); `held`: what a cut keeps until a later tensor of the same pass
+    completes it (gpt-oss's MXFP4 blocks wait for their scales)."""
 
     ends: tuple[str, ...]
-    cut: Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]]
+    split: Callable[[str, torch.Tensor, dict], list[tuple[str, Weight]]]
+    held: dict = field(default_factory=dict)
 
     def takes(self, name: str) -> bool:
         return name.endswith(self.ends)
 
+    def cut(self, name: str, tensor: torch.Tensor) -> list[tuple[str, Weight]]:
+        return self.split(name, tensor, self.held)
+
 
 def split_shape(
-    split: Unstack | None, name: str, shape: tuple[int, ...]
-) -> list[tuple[str, tuple[int, ...]]]:
-    """The names and shapes `split` cuts a tensor of `shape` into (itself when none)."""
+    split: Unstack | None, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> list[tuple[str, tuple[int, ...], str | None]]:
+    """The names, shapes and block formats (None: a float tensor) of what `split` cuts a
+    tensor of `shape` into (itself when none); a cut that waits for a later tensor gives
+    none here, and that tensor's cut gives them."""
     if split is None or not split.takes(name):
-        return [(name, shape)]
-    return [(n, tuple(t.shape)) for n, t in split.cut(name, torch.empty(shape, device="meta"))]
+        return [(name, shape, None)]
+    pieces = split.cut(name, torch.empty(shape, dtype=dtype, device="meta"))
+    return [
+        (n, tuple(t.shape), t.format.name if isinstance(t, QuantWeight) else None)
+        for n, t in pieces
+    ]
 
 
 def iter_safetensors(
@@ -250,7 +268,7 @@ def iter_safetensors(
     model's cut of it, RankShard.cut)."""
     from safetensors import safe_open
 
-    from pagecli.loader.shards import read_slice
+    from pagecli.loader.shards import read_slice, take
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -266,7 +284,9 @@ def iter_safetensors(
                         continue
                     if split is not None and split.takes(key):  # read whole, then cut
                         for piece, tensor in split.cut(key, f.get_tensor(stored)):
-                            if shard is not None:
+                            if isinstance(tensor, QuantWeight) and shard is not None:
+                                tensor = take(shard, cut_of(piece), piece, tensor)
+                            elif shard is not None:
                                 tensor = read_slice(shard, cut_of(piece), tensor)
                             yield piece, tensor
                     elif shard is None:
@@ -282,8 +302,11 @@ def iter_safetensors(
             ) from None
 
 
-def safetensors_shapes(folder: Path, name: str) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every tensor in the folder's *.safetensors files, without reading them."""
+def safetensors_shapes(
+    folder: Path, name: str
+) -> Iterator[tuple[str, tuple[int, ...], str | None]]:
+    """(name, shape, block format or None) of every tensor in the folder's *.safetensors files
+    as the model takes them (split_shape), without reading them."""
     from safetensors import safe_open
 
     rename = checkpoint_names(folder)
@@ -294,8 +317,9 @@ def safetensors_shapes(folder: Path, name: str) -> Iterator[tuple[str, tuple[int
                 for stored in f.keys():
                     key = stored if rename is None else rename(stored)
                     if key is not None:
-                        shape = tuple(f.get_slice(stored).get_shape())
-                        yield from split_shape(split, key, shape)
+                        piece = f.get_slice(stored)
+                        dtype = _DTYPES.get(piece.get_dtype(), torch.float32)
+                        yield from split_shape(split, key, tuple(piece.get_shape()), dtype)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ModelLoadError(

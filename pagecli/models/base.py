@@ -191,10 +191,12 @@ class CausalLM(nn.Module):
     split_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def split_tensor(cls, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        """A checkpoint tensor as the tensors this class's modules take ((name, tensor)
-        pairs in transformers' per-module names); itself for most. Called on meta tensors
-        too, for the shapes alone."""
+    def split_tensor(cls, name: str, tensor: torch.Tensor, held: dict) -> list:
+        """A checkpoint tensor as the tensors this class's modules take ((name, tensor or
+        block-format QuantWeight) pairs in transformers' per-module names); itself for most.
+        `held` lasts one pass over the checkpoint: a cut that needs a later tensor keeps
+        this one there and returns nothing until that one comes (gpt-oss's MXFP4 blocks and
+        scales). Called on meta tensors too, for the shapes alone."""
         return [(name, tensor)]
 
     # multimodal checkpoints whose language model this class runs: their architecture -> the

@@ -24,9 +24,49 @@ from pagecli.models.base import GGUF_EXPERT_NAMES, GGUF_ROUTER_NAMES, GGUFArch
 from pagecli.models.blocks import DecoderModel, ModelSpec
 from pagecli.models.llama import llama_layers
 from pagecli.models.qwen3_moe import gguf_moe_values
+from pagecli_kernels.quant_formats import FORMATS, QuantWeight
+
+Weight = QuantWeight | torch.Tensor
 
 STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias")
 STACKED += ("mlp.experts.down_proj", "mlp.experts.down_proj_bias")
+# the released checkpoints' experts: MXFP4 blocks [E, rows, cols / 32, 16] (value 2j the low
+# nibble of byte j, 2j + 1 the high one) and their E8M0 scales [E, rows, cols / 32]
+MXFP4_STACKS = ("mlp.experts.gate_up_proj_blocks", "mlp.experts.gate_up_proj_scales")
+MXFP4_STACKS += ("mlp.experts.down_proj_blocks", "mlp.experts.down_proj_scales")
+
+
+def mxfp4_experts(
+    stem: str, kind: str, blocks: torch.Tensor, scales: torch.Tensor
+) -> list[tuple[str, QuantWeight]]:
+    """A layer's MXFP4 expert stack (transformers' layout) as each expert's projections in
+    GGUF's MXFP4 blocks, exactly (the same FP4 codes and E8M0 exponents: ggml's block is the
+    exponent, then value j in the low nibble of byte j and j + 16 in the high one); the rows
+    of gate_up alternate gate and up."""
+    experts, rows, groups, _ = blocks.shape
+    if blocks.device.type == "meta":  # the shapes alone
+        data = torch.empty(experts, rows, groups * 17, dtype=torch.uint8, device="meta")
+    else:
+        codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).reshape(
+            experts, rows, groups, 32
+        )  # each block's 32 codes in order
+        qs = codes[..., :16] | (codes[..., 16:] << 4)
+        data = torch.cat([scales.unsqueeze(-1), qs], dim=-1).reshape(experts, rows, -1)
+    fmt, cols = FORMATS["mxfp4"], groups * 32
+    out = []
+    for e in range(experts):
+        if kind == "gate_up_proj":
+            out.append(
+                (f"{stem}.{e}.gate_proj.weight", QuantWeight(fmt, data[e, 0::2].contiguous(), cols))
+            )
+            out.append(
+                (f"{stem}.{e}.up_proj.weight", QuantWeight(fmt, data[e, 1::2].contiguous(), cols))
+            )
+        else:
+            out.append(
+                (f"{stem}.{e}.down_proj.weight", QuantWeight(fmt, data[e].contiguous(), cols))
+            )
+    return out
 
 
 def _gguf_config(reader, arch: str) -> dict:
@@ -108,7 +148,7 @@ class GptOssForCausalLM(DecoderModel):
     hf_architectures = ("GptOssForCausalLM",)
     model_types = ("gpt_oss",)
     gguf = (GGUF_GPT_OSS,)
-    split_names = STACKED
+    split_names = STACKED + MXFP4_STACKS
 
     @classmethod
     def rename_tensor(cls, name: str) -> str:
@@ -116,12 +156,20 @@ class GptOssForCausalLM(DecoderModel):
         return name.replace(".mlp.router.", ".mlp.gate.")
 
     @classmethod
-    def split_tensor(cls, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    def split_tensor(cls, name: str, tensor: torch.Tensor, held: dict) -> list[tuple[str, Weight]]:
         """A layer's stacked experts as each expert's projections (transformers' per-expert
         names): the stacks hold x @ W, so each expert's weight is its slice transposed; gate
-        and up columns alternate (gate first)."""
-        stem = name.rsplit(".", 1)[0]  # model.layers.{i}.mlp.experts
-        leaf = name.rsplit(".", 1)[1]
+        and up columns alternate (gate first). MXFP4 blocks wait in `held` for their scales
+        (or the scales for their blocks), then become each expert's blocks (mxfp4_experts)."""
+        stem, leaf = name.rsplit(".", 1)  # model.layers.{i}.mlp.experts, the stack
+        if leaf.endswith(("_blocks", "_scales")):
+            kind, part = leaf.rsplit("_", 1)
+            waiting = held.setdefault(f"{stem}.{kind}", {})
+            waiting[part] = tensor
+            if len(waiting) < 2:
+                return []
+            del held[f"{stem}.{kind}"]
+            return mxfp4_experts(stem, kind, waiting["blocks"], waiting["scales"])
         out = []
         for e in range(tensor.shape[0]):
             if leaf == "gate_up_proj":  # [E, H, 2I]

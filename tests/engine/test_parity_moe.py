@@ -304,3 +304,78 @@ def test_moe_tensor_parallel_splits_every_experts_columns(tp_moe_models, name):
         llm.engine.close()
     for prompt, output in zip(prompts, outputs):
         check_greedy(hf, prompt, output.token_ids)
+
+
+FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                           -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])  # fmt: skip
+
+
+def _to_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, rows, cols] float -> transformers' MXFP4 (blocks [E, rows, cols / 32, 16], value
+    2j in the low nibble of byte j; E8M0 scales [E, rows, cols / 32], 2^(scale - 127)), each
+    32 values under the power of two that puts their largest magnitude at most at 6."""
+    groups = w.reshape(*w.shape[:2], -1, 32)
+    peak = groups.abs().amax(-1).clamp_min(1e-30)
+    exponent = torch.ceil(torch.log2(peak / 6.0)).clamp(-126, 127)
+    unit = torch.pow(2.0, exponent)[..., None]
+    distance = ((groups / unit)[..., None] - FP4_VALUES).abs()  # [E, rows, G, 32, 16]
+    codes = distance.argmin(-1).to(torch.uint8)  # [E, rows, G, 32]
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks, (exponent + 127).to(torch.uint8)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_mxfp4(moe_models, tmp_path_factory):
+    """gpt-oss as OpenAI released it: the experts' stacks in MXFP4 (`*_blocks`, `*_scales`),
+    the config's quantization_config."""
+    from safetensors.torch import load_file, save_file
+
+    source = moe_models["gpt_oss"]
+    released = tmp_path_factory.mktemp("gpt_oss_mxfp4")
+    tensors = load_file(str(source / "model.safetensors"))
+    quantized = {}
+    for name, tensor in tensors.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = _to_mxfp4(tensor.transpose(1, 2).contiguous())  # [E, out, in]
+            quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
+        else:
+            quantized[name] = tensor
+    save_file(quantized, str(released / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
+    (released / "config.json").write_text(json.dumps(config))
+    return released
+
+
+def test_gpt_oss_released_mxfp4_checkpoint_keeps_its_blocks(gpt_oss_mxfp4):
+    """The released checkpoints' MXFP4 experts become GGUF's MXFP4 blocks at load, exactly
+    (the same codes and exponents, repacked): greedy parity with transformers on the same
+    checkpoint (its MXFP4 integration, dequantizing), every expert in mxfp4; under
+    --quantization q8_0 they stay MXFP4 while the attention is quantized."""
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    released = gpt_oss_mxfp4
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(released), dtype=torch.float32, quantization_config=Mxfp4Config(dequantize=True)
+    ).eval()
+    llm = _run_and_check(released, hf)
+    experts = llm.engine.runner.model.layers[0].mlp.experts
+    assert all(e.gate_up_proj.formats == ["mxfp4", "mxfp4"] for e in experts)
+    assert all(e.down_proj.formats == ["mxfp4"] for e in experts)
+    quantized = LLM(str(released), dtype="float32", quantization="q8_0")
+    model = quantized.engine.runner.model
+    assert model.weight_formats["qkv_proj"] == ["q8_0"]
+    assert all(e.gate_up_proj.formats == ["mxfp4", "mxfp4"] for e in model.layers[0].mlp.experts)
+    (output,) = quantized.generate(
+        [{"prompt_token_ids": prompts_of(6, [20])[0]}],
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    )
+    assert len(output.token_ids) == 4
