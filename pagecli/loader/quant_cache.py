@@ -90,9 +90,10 @@ def stored_tensors(folder: Path, name: str) -> list[StoredTensor]:
     return found
 
 
-def read_tensor(t: StoredTensor) -> torch.Tensor:
-    """The tensor's values in memory of their own, read (not mapped) from its file."""
-    dtype = _DTYPES.get(t.dtype) or _RAW.get(t.dtype)
+def read_tensor(t: StoredTensor, raw: bool = False) -> torch.Tensor:
+    """The tensor's values in memory of their own, read (not mapped) from its file; `raw`:
+    bytes too (U8: blocks a family's cut repacks)."""
+    dtype = _DTYPES.get(t.dtype) or (_RAW.get(t.dtype) if raw else None)
     if dtype is None:
         raise ModelLoadError(f"{t.file}: {t.name} is {t.dtype}; quantizing takes F16, BF16, F32")
     out = torch.empty(t.shape, dtype=dtype)
@@ -191,7 +192,7 @@ def write_cache(source: ModelSource, mode: str, path: Path) -> None:
         writer.write_ti_data_to_file()
         with _progress(f"quantizing {source.name} to {mode}", total) as advance:
             for t, pieces in plan:
-                tensor = read_tensor(t)
+                tensor = read_tensor(t, raw=split is not None and split.takes(t.name))
                 cut = [(t.name, tensor)] if split is None or not split.takes(t.name) else None
                 for p, (_, part) in zip(pieces, cut or split.cut(t.name, tensor), strict=True):
                     if p.kept:

@@ -6,7 +6,9 @@ experts with biases and the clamped SwiGLU.
 From safetensors: transformers' layout, the router as `mlp.router` and each layer's experts
 stacked in four tensors (`experts.gate_up_proj` [E, H, 2I] with gate and up interleaved by
 columns, `gate_up_proj_bias` [E, 2I], `down_proj` [E, I, H], `down_proj_bias` [E, H]), cut
-here into each expert's gate, up and down projections (`split_tensor`). From GGUF files
+here into each expert's gate, up and down projections (`split_tensor`); OpenAI's released
+checkpoints hold the two weight stacks in MXFP4 (`*_blocks`, `*_scales`), repacked into GGUF's
+MXFP4 blocks as they are read (`mxfp4_experts`: exact). From GGUF files
 (`gpt-oss`, as llama.cpp's converter writes them): gate and up already apart in the 3-D
 expert stacks (MXFP4 blocks in the released files), read as each expert's rows of the map,
 the expert biases as [E, I] stacks, the sinks, and the YaRN keys.
