@@ -238,6 +238,37 @@ def kv_memory(config, blocks: int, block_size: int, value_bytes: int = 4) -> flo
     return blocks * per_block * value_bytes / 2**30
 
 
+def moe_specs(width: int) -> dict:
+    """One MoE layer of each router and activation the families use, experts `width` wide,
+    for the kernel tests (hidden size 64)."""
+    from pagecli.layers.moe import MoESpec
+
+    return {
+        # Qwen3-MoE: softmax over all, top 4 of 16, renormalized
+        "softmax_topk": MoESpec(16, 4, width, norm_topk_prob=True),
+        # Qwen2-MoE: not renormalized, a gated shared expert
+        "shared": MoESpec(8, 2, width, shared_intermediate_size=width * 3 // 2),
+        # gpt-oss: top k of the biased logits, softmaxed; biased experts, the clamped SwiGLU
+        "gpt_oss": MoESpec(
+            8,
+            4,
+            width,
+            activation="swiglu_oai",
+            routing="topk_softmax",
+            router_bias=True,
+            expert_bias=True,
+        ),  # fmt: skip
+    }
+
+
+def wide_moe_model(root: Path, family: str) -> Path:
+    """A checkpoint of `family` (moe_configs()) whose hidden size and experts' width are 256:
+    rows of whole super-blocks, for the GGUF formats of 256 values (IQ4_XS, Q2_K)."""
+    config = moe_configs()[family]
+    config.hidden_size = config.intermediate_size = 256
+    return build_tiny_models(root, {family: config})[family]
+
+
 def build_tiny_models(root: Path, configs=None) -> dict[str, Path]:
     """Each config (tiny_configs() by default) as a random-weight safetensors folder."""
     from transformers import AutoModelForCausalLM

@@ -35,12 +35,15 @@ import numpy as np
 import torch
 
 from pagecli.loader.resolve import ModelLoadError, ModelSource, cache_root
+from pagecli.loader.weights import (
+    SAFETENSORS_DTYPES,
+    checkpoint_names,
+    checkpoint_split,
+    split_shape,
+)
 
 # bump when the quantizer's output, the file's layout or what it quantizes changes
 CACHE_VERSION = 2
-_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
-# bytes a family's cut turns into blocks (gpt-oss's MXFP4 experts), read as they are
-_RAW = {"U8": torch.uint8}
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,6 @@ def stored_tensors(folder: Path, name: str) -> list[StoredTensor]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{name}: no *.safetensors weights in {folder}")
-    from pagecli.loader.weights import checkpoint_names
 
     rename = checkpoint_names(folder)
     found = []
@@ -93,8 +95,8 @@ def stored_tensors(folder: Path, name: str) -> list[StoredTensor]:
 def read_tensor(t: StoredTensor, raw: bool = False) -> torch.Tensor:
     """The tensor's values in memory of their own, read (not mapped) from its file; `raw`:
     bytes too (U8: blocks a family's cut repacks)."""
-    dtype = _DTYPES.get(t.dtype) or (_RAW.get(t.dtype) if raw else None)
-    if dtype is None:
+    dtype = SAFETENSORS_DTYPES.get(t.dtype)
+    if dtype is None or (dtype == torch.uint8 and not raw):
         raise ModelLoadError(f"{t.file}: {t.name} is {t.dtype}; quantizing takes F16, BF16, F32")
     out = torch.empty(t.shape, dtype=dtype)
     view = out.view(-1).view(torch.uint8).numpy()
@@ -139,7 +141,6 @@ def _plan(tensors: list[StoredTensor], mode: str, split) -> list[tuple[StoredTen
     """Each stored tensor with the cache's tensors made of it (none for one whose cut waits
     for a later tensor: that one's pieces hold both)."""
     from pagecli.loader.quantize import wants_quantization, weight_format
-    from pagecli.loader.weights import split_shape
 
     def piece(name: str, shape: tuple[int, ...], kept: str | None) -> Piece:
         if kept is not None:
@@ -148,7 +149,7 @@ def _plan(tensors: list[StoredTensor], mode: str, split) -> list[tuple[StoredTen
         return Piece(name, shape, weight_format(name, shape[1], mode) if quantize else None)
 
     def dtype(t: StoredTensor) -> torch.dtype:
-        return _DTYPES.get(t.dtype) or _RAW.get(t.dtype) or torch.float32
+        return SAFETENSORS_DTYPES.get(t.dtype, torch.float32)
 
     return [
         (t, [piece(*p) for p in split_shape(split, t.name, t.shape, dtype(t))]) for t in tensors
@@ -160,7 +161,6 @@ def write_cache(source: ModelSource, mode: str, path: Path) -> None:
     import gguf
 
     from pagecli.loader.quantize import quantize_weight
-    from pagecli.loader.weights import checkpoint_split
     from pagecli_kernels.quant_formats import FORMATS
 
     plan = _plan(stored_tensors(source.path, source.name), mode, checkpoint_split(source.path))

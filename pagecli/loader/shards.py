@@ -191,12 +191,13 @@ def _split_problem(hf_config, size: int, row_blocks: Mapping[str, int]) -> str |
                 f"each KV head's {heads // kv_heads} query heads cannot be split over "
                 f"{size // kv_heads} ranks"
             )
+    widths = _widths(hf_config)
     for axis, what in (
         ("intermediate", "its MLP's"),
         ("expert_intermediate", "each expert's"),
         ("shared_intermediate", "its shared expert's"),
     ):
-        width = _widths(hf_config).get(axis)
+        width = widths.get(axis)
         block = row_blocks.get(axis, 1)
         if width is not None and (width % block or width // block < size):
             return (

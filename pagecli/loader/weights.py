@@ -17,8 +17,14 @@ from pagecli_kernels.quant_formats import QuantWeight
 Weight = QuantWeight | torch.Tensor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# safetensors' dtype names of the tensors a family's cut may need to tell apart
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "U8": torch.uint8}
+# safetensors' dtype names of the tensors pagecli reads: floats, and bytes (U8) that a
+# family's cut repacks into blocks (gpt-oss's MXFP4 experts)
+SAFETENSORS_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "U8": torch.uint8,
+}
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
@@ -318,7 +324,7 @@ def safetensors_shapes(
                     key = stored if rename is None else rename(stored)
                     if key is not None:
                         piece = f.get_slice(stored)
-                        dtype = _DTYPES.get(piece.get_dtype(), torch.float32)
+                        dtype = SAFETENSORS_DTYPES.get(piece.get_dtype(), torch.float32)
                         yield from split_shape(split, key, tuple(piece.get_shape()), dtype)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

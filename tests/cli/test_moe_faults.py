@@ -32,11 +32,9 @@ def test_bad_moe_models_are_one_line_exit_2(moe_models, tmp_path, case):
         model = _edited(moe_models["qwen3_moe"], tmp_path / "sigmoid", scoring_func="sigmoid")
         args, words = [], ["router scoring 'sigmoid'"]
     else:  # Q2_K's super-blocks of 256: experts that wide
-        from tests.tiny_models import build_tiny_models, moe_configs
+        from tests.tiny_models import wide_moe_model
 
-        config = moe_configs()["olmoe"]
-        config.hidden_size = config.intermediate_size = 256
-        wide = build_tiny_models(tmp_path / "wide", {"olmoe": config})["olmoe"]
+        wide = wide_moe_model(tmp_path / "wide", "olmoe")
         model, _ = write_family_gguf(wide, tmp_path, "olmoe", "q8_0", "q2_k")
         args, words = [], ["_exps.weight", "experts in Q2_K are not supported", "MXFP4"]
     proc = start(["generate", "--model", str(model), *args])

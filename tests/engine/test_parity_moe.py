@@ -131,11 +131,9 @@ def test_expert_stacks_stay_in_their_format(moe_models, family, fmt, tmp_path):
     arch = GGUF_ARCHS[family]
     model = moe_models[family]
     if fmt == "iq4_xs":  # super-blocks of 256: the experts' rows and columns that wide
-        from tests.tiny_models import build_tiny_models, moe_configs
+        from tests.tiny_models import wide_moe_model
 
-        config = moe_configs()[family]
-        config.hidden_size = config.intermediate_size = 256
-        model = build_tiny_models(tmp_path / "wide", {family: config})[family]
+        model = wide_moe_model(tmp_path / "wide", family)
     path, reference = write_family_gguf(model, tmp_path, arch, fmt)
     llm = _run_and_check(path, _hf(reference))
     name = {"bf16": "bfloat16"}.get(fmt, fmt)

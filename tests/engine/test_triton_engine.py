@@ -26,6 +26,19 @@ pytest.importorskip("triton")
 NEW_TOKENS = 16
 
 
+def count_calls(monkeypatch, module, name: str) -> list[int]:
+    """Counts the calls of `module.name` (a launcher) in a one-element list."""
+    calls = [0]
+    launcher = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return launcher(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def test_engine_through_triton_kernels_matches_transformers(tiny_models):
     from transformers import AutoModelForCausalLM
 
@@ -86,14 +99,7 @@ def test_qwen35_through_triton_kernels_matches_transformers(tmp_path, monkeypatc
     from pagecli_kernels import gated_delta
     from tests.tiny_models import build_tiny_models, family_configs
 
-    launches = [0]
-    launcher = gated_delta.gated_delta_recurrence
-
-    def counted(*args, **kwargs):
-        launches[0] += 1
-        return launcher(*args, **kwargs)
-
-    monkeypatch.setattr(gated_delta, "gated_delta_recurrence", counted)
+    launches = count_calls(monkeypatch, gated_delta, "gated_delta_recurrence")
     config = family_configs()["qwen3_5"]
     config.head_dim = 64  # the Triton attention kernels' head sizes start at 64
     path = build_tiny_models(tmp_path, {"qwen3_5_hd64": config})["qwen3_5_hd64"]
@@ -130,14 +136,7 @@ def test_moe_through_triton_kernels_matches_transformers(tmp_path, monkeypatch):
     from pagecli_kernels import fused_moe
     from tests.tiny_models import build_tiny_models, moe_configs
 
-    launches = [0]
-    launcher = fused_moe.fused_moe
-
-    def counted(*args, **kwargs):
-        launches[0] += 1
-        return launcher(*args, **kwargs)
-
-    monkeypatch.setattr(fused_moe, "fused_moe", counted)
+    launches = count_calls(monkeypatch, fused_moe, "fused_moe")
     config = moe_configs()["qwen3_moe"]
     config.head_dim = 64  # the Triton attention kernels' head sizes start at 64
     path = build_tiny_models(tmp_path, {"qwen3_moe_hd64": config})["qwen3_moe_hd64"]

@@ -60,21 +60,10 @@ def test_grouped_linear_matches_float64(bias, rows_per_pair):
 
 @pytest.mark.parametrize("kind", ["softmax_topk", "shared", "gpt_oss"])
 def test_fused_moe_follows_the_torch_loop(kind):
-    from pagecli.layers.moe import MoESpec, SparseMoE
+    from pagecli.layers.moe import SparseMoE
+    from tests.tiny_models import moe_specs
 
-    spec = {
-        "softmax_topk": MoESpec(16, 4, 48, norm_topk_prob=True),
-        "shared": MoESpec(8, 2, 48, shared_intermediate_size=64),
-        "gpt_oss": MoESpec(
-            8,
-            4,
-            48,
-            activation="swiglu_oai",
-            routing="topk_softmax",
-            router_bias=True,
-            expert_bias=True,
-        ),  # fmt: skip
-    }[kind]
+    spec = moe_specs(48)[kind]  # 48: the kernel's masks at widths past whole blocks
     torch.manual_seed(7)
     moe = SparseMoE(spec, 64)
     with torch.no_grad():

@@ -16,25 +16,11 @@ from pagecli.layers.moe import MoESpec, SparseMoE
 from pagecli.layers.quant_linear import QuantLinear
 from pagecli_kernels import fused_cpu, native
 from pagecli_kernels.settings import FUSED_ROWS_MAX, applied, apply
+from tests.tiny_models import moe_specs
 
 HIDDEN = 64
 
-SPECS = {
-    # Qwen3-MoE: softmax over all, top 4 of 16, renormalized
-    "softmax_topk": MoESpec(16, 4, 64, norm_topk_prob=True),
-    # Qwen2-MoE: not renormalized, a gated shared expert
-    "shared": MoESpec(8, 2, 64, shared_intermediate_size=96),
-    # gpt-oss: top k of the biased logits, softmaxed; biased experts, the clamped SwiGLU
-    "gpt_oss": MoESpec(
-        8,
-        4,
-        64,
-        activation="swiglu_oai",
-        routing="topk_softmax",
-        router_bias=True,
-        expert_bias=True,
-    ),  # fmt: skip
-}
+SPECS = moe_specs(64)
 
 
 @pytest.fixture(autouse=True)
