@@ -103,6 +103,20 @@ class ModelSpec:
     logits_divisor: float | None = None
     logit_softcap: float | None = None
 
+    @classmethod
+    def of(cls, config, layers, tied: bool = False, **extra) -> ModelSpec:
+        """The spec of `layers` with the vocabulary, hidden size, RMSNorm eps and tied
+        embeddings of transformers' `config` (`tied` where the config leaves them out), and a
+        family's `extra` fields."""
+        return cls(
+            layers=tuple(layers),
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            rms_norm_eps=config.rms_norm_eps,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", tied)),
+            **extra,
+        )
+
 
 def moe_spec(config, norm_topk_prob: bool) -> MoESpec:
     """The sparse MoE MLP of `config` (transformers' attributes: num_local_experts or

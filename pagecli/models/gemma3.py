@@ -92,13 +92,11 @@ class Gemma3ForCausalLM(DecoderModel):
                 window=check_window(window),
             )
             layers.append(LayerSpec(attention, mlp, norms="sandwich"))
-        return ModelSpec(
-            layers=tuple(layers),
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
+        return ModelSpec.of(
+            config,
+            layers,
+            tied=True,
             norm_style="offset",
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
             embedding_multiplier=config.hidden_size**0.5,
             embedding_multiplier_rounded=True,
             logit_softcap=getattr(config, "final_logit_softcapping", None),

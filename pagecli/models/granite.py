@@ -44,12 +44,9 @@ class GraniteForCausalLM(DecoderModel):
             )
             for layer in llama_layers(config)
         )
-        return ModelSpec(
-            layers=layers,
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        return ModelSpec.of(
+            config,
+            layers,
             embedding_multiplier=config.embedding_multiplier,
             logits_divisor=config.logits_scaling,
         )

@@ -85,10 +85,7 @@ class LlamaForCausalLM(DecoderModel):
 
     @classmethod
     def model_spec(cls, config) -> ModelSpec:
-        return ModelSpec(
-            layers=llama_layers(config, qk_norm=config.model_type == "qwen3"),
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        return ModelSpec.of(
+            config,
+            llama_layers(config, qk_norm=config.model_type == "qwen3"),
         )

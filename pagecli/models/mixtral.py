@@ -35,10 +35,7 @@ class MixtralForCausalLM(DecoderModel):
     @classmethod
     def model_spec(cls, config) -> ModelSpec:
         moe = moe_spec(config, norm_topk_prob=True)
-        return ModelSpec(
-            layers=tuple(dataclasses.replace(layer, mlp=moe) for layer in llama_layers(config)),
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        return ModelSpec.of(
+            config,
+            tuple(dataclasses.replace(layer, mlp=moe) for layer in llama_layers(config)),
         )

@@ -44,11 +44,8 @@ class Olmo2ForCausalLM(DecoderModel):
             )
             for layer in llama_layers(config)
         )
-        return ModelSpec(
-            layers=layers,
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
+        return ModelSpec.of(
+            config,
+            layers,
             norm_style="float",
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         )

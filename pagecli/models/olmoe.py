@@ -46,10 +46,7 @@ class OlmoeForCausalLM(DecoderModel):
             for layer in llama_layers(config)
         )
         moe = moe_spec(config, bool(config.norm_topk_prob))
-        return ModelSpec(
-            layers=tuple(dataclasses.replace(layer, mlp=moe) for layer in layers),
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        return ModelSpec.of(
+            config,
+            tuple(dataclasses.replace(layer, mlp=moe) for layer in layers),
         )

@@ -58,10 +58,7 @@ class Phi3ForCausalLM(DecoderModel):
 
     @classmethod
     def model_spec(cls, config) -> ModelSpec:
-        return ModelSpec(
-            layers=llama_layers(config),
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        return ModelSpec.of(
+            config,
+            llama_layers(config),
         )

@@ -204,11 +204,8 @@ class Qwen3_5ForCausalLM(DecoderModel):
             else LayerSpec(None, mlp, linear=linear)
             for kind in types
         )
-        return ModelSpec(
-            layers=layers,
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
+        return ModelSpec.of(
+            config,
+            layers,
             norm_style="offset",
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         )

@@ -62,10 +62,7 @@ class Qwen3MoeForCausalLM(DecoderModel):
         moe = moe_spec(config, bool(config.norm_topk_prob))
         if not qwen2:
             moe = dataclasses.replace(moe, shared_intermediate_size=None)
-        return ModelSpec(
-            layers=with_experts(config, layers, moe),
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        return ModelSpec.of(
+            config,
+            with_experts(config, layers, moe),
         )

@@ -26,10 +26,8 @@ class SmolLM3ForCausalLM(DecoderModel):
         flags = getattr(config, "no_rope_layers", None)
         if flags is None or len(flags) != config.num_hidden_layers:
             raise ValueError("SmolLM3 needs no_rope_layers: one flag per layer (1: rotary)")
-        return ModelSpec(
-            layers=llama_layers(config, nope=[not use_rope for use_rope in flags]),
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            rms_norm_eps=config.rms_norm_eps,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
+        return ModelSpec.of(
+            config,
+            llama_layers(config, nope=[not use_rope for use_rope in flags]),
+            tied=True,
         )
