@@ -23,8 +23,8 @@ _ATTENTION_IMPLS = ("auto", "triton", "cpu", "reference")
 _QUANTIZATIONS = ("auto", "none", "q8_0", "q4_k")
 
 
-SpecMethod = Literal["ngram"]
-_SPEC_METHODS = ("ngram",)
+SpecMethod = Literal["ngram", "draft_model"]
+_SPEC_METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,9 @@ class SpeculativeConfig:
     the output is token for token what decoding without it gives (engine/spec_decode/).
 
     ngram (prompt lookup): the tokens that followed the latest earlier occurrence of the
-    sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`."""
+    sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`.
+    draft_model: a smaller model with the target's tokenizer (`model`, a path or hub id as
+    for the target) decodes the k drafts greedily (engine/spec_decode/draft.py)."""
 
     method: SpecMethod = "ngram"
     num_speculative_tokens: int = 5  # the most drafts per sequence and step (k)
@@ -42,6 +44,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 5
     # llama.cpp's --draft-min: fewer proposed drafts than this are not checked
     draft_min: int = 1
+    model: str | None = None  # the draft model (method draft_model)
 
     def __post_init__(self) -> None:
         _choice("speculative method", self.method, _SPEC_METHODS)
@@ -54,6 +57,12 @@ class SpeculativeConfig:
             )
         _at_least("prompt_lookup_min", self.prompt_lookup_min, 1)
         _at_least("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min)
+        if self.method == "draft_model" and not self.model:
+            raise ValueError('speculative method draft_model needs a draft "model"')
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(
+                f'speculative config: a draft "model" takes method draft_model, not {self.method}'
+            )
 
     @classmethod
     def parse(cls, value: str | dict[str, Any]) -> SpeculativeConfig:
@@ -67,11 +76,6 @@ class SpeculativeConfig:
         if not isinstance(value, dict):
             raise ValueError("speculative config must be a JSON object")
         known = {f.name for f in fields(cls)}
-        if "model" in value:
-            raise ValueError(
-                'speculative config: a draft model ("model") is not supported yet; '
-                'use {"method": "ngram"}'
-            )
         unknown = sorted(set(value) - known)
         if unknown:
             names = ", ".join(sorted(known))
@@ -79,6 +83,8 @@ class SpeculativeConfig:
         args = dict(value)
         if args.get("method") == "[ngram]":  # vLLM's older spelling
             args["method"] = "ngram"
+        if args.get("model") is not None and "method" not in args:
+            args["method"] = "draft_model"  # vLLM infers it from the model, so do we
         if "prompt_lookup_max" in args and "prompt_lookup_min" not in args:
             args["prompt_lookup_min"] = min(cls.prompt_lookup_min, args["prompt_lookup_max"])
         return cls(**args)

@@ -129,6 +129,27 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self.hf.eos_token_id
 
+    def vocab(self) -> dict[str, int]:
+        """Every token, added ones too, by id."""
+        return _vocab_of(self.hf)
+
+
+def load_vocab(folder: Path, name: str) -> dict[str, int]:
+    """The vocabulary of the tokenizer in `folder` (a draft model's, checked against its
+    target's) without a chat template or its fallback notice."""
+    try:
+        return _vocab_of(_load(Path(folder)))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{name}: cannot load the tokenizer ({first})") from None
+
+
+def _vocab_of(hf) -> dict[str, int]:
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.get_vocab(with_added_tokens=True)
+    return hf.get_vocab()
+
 
 def _load(folder: Path):
     """The folder's tokenizer: a LightTokenizer where the GGUF conversion marked it so."""

@@ -250,6 +250,18 @@ SPEC_SHORTHANDS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
             show_default=False,
         ),
     ),
+    "model_draft": (
+        Optional[str],
+        _opt(
+            SPEC_PANEL,
+            "A draft model with the target's tokenizer (a GGUF, a folder or a hub id): it "
+            "guesses the next tokens, the model checks them.",
+            "--model-draft",
+            "-md",
+            metavar="PATH",
+            show_default=False,
+        ),
+    ),
 }
 
 # SamplingParams fields that are not CLI defaults: `seed` is per request (the CLI's --seed
@@ -369,27 +381,34 @@ def engine_config(values: dict[str, Any]) -> EngineConfig:
 
 
 def _fold_spec_shorthands(values: dict[str, Any]) -> None:
-    """--spec-type, --draft-max and --draft-min into `speculative_config`: --draft-max or
-    --draft-min alone turn prompt lookup on; --spec-type none turns it off."""
+    """--spec-type, --draft-max, --draft-min and --model-draft into `speculative_config`:
+    --draft-max or --draft-min alone turn prompt lookup on, --model-draft a draft model;
+    --spec-type none turns it off."""
     import json
 
     spec_type = values.pop("spec_type", None)
     draft_max = values.pop("draft_max", None)
     draft_min = values.pop("draft_min", None)
+    model_draft = values.pop("model_draft", None)
     text = values.get("speculative_config")
     if spec_type not in (None, "ngram", "none"):
         raise ValueError(f"--spec-type must be ngram or none, got {spec_type!r}")
+    given = (text, draft_max, draft_min, model_draft)
     if spec_type == "none":
-        if text is not None or draft_max is not None or draft_min is not None:
+        if any(value is not None for value in given):
             raise ValueError("--spec-type none turns speculative decoding off; drop the others")
         return
-    if spec_type is None and draft_max is None and draft_min is None:
+    if spec_type == "ngram" and model_draft is not None:
+        raise ValueError("--spec-type ngram and --model-draft are two proposers; pick one")
+    if spec_type is None and all(value is None for value in given[1:]):
         return
     spec: dict[str, Any] = {"method": "ngram"}
     if text is not None:
         from pagecli.config import SpeculativeConfig
 
         spec = dataclasses.asdict(SpeculativeConfig.parse(text))
+    if model_draft is not None:
+        spec.update(method="draft_model", model=model_draft)
     if draft_max is not None:
         spec["num_speculative_tokens"] = draft_max
     if draft_min is not None:

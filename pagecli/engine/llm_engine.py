@@ -13,6 +13,7 @@ from pagecli.engine.dtype_choice import choose_dtype
 from pagecli.engine.model_runner import ModelRunner
 from pagecli.engine.scheduler import Scheduler
 from pagecli.engine.sequence import FinishReason, Sequence
+from pagecli.engine.spec_decode.proposer import Proposer
 from pagecli.engine.stats import EngineStats, StepTimer
 from pagecli.engine.structured import CompiledGrammar, GrammarCompiler, StructuredOutputError
 from pagecli.errors import GrammarRejected, RequestError
@@ -67,9 +68,36 @@ class LLMEngine:
             if self.source.has_tokenizer
             else None
         )
+        # speculative decoding's proposer (engine/spec_decode/), when configured; a draft
+        # model is checked before the target's cache is sized (both share its budget)
+        self.proposer: Proposer | None = None
+        spec = config.speculative_config
+        if spec is not None and spec.method == "draft_model":
+            from pagecli.engine.spec_decode.draft import DraftProposer
+
+            self.proposer = DraftProposer(
+                spec,
+                config,
+                self.tokenizer.vocab() if self.tokenizer is not None else None,
+                self.device,
+                self.dtype,
+                self.max_model_len,
+            )
+        elif spec is not None:
+            from pagecli.engine.spec_decode.proposer import NgramProposer
+
+            self.proposer = NgramProposer(spec)
         self.runner = ModelRunner(
-            config, self.hf_config, self.source, self.device, self.dtype, self.max_model_len
+            config,
+            self.hf_config,
+            self.source,
+            self.device,
+            self.dtype,
+            self.max_model_len,
+            draft_block_bytes=getattr(self.proposer, "block_bytes", 0),
         )
+        if hasattr(self.proposer, "load"):
+            self.proposer.load(self.runner)
         self.block_manager = BlockManager(
             self.runner.num_blocks,
             config.block_size,
@@ -91,11 +119,6 @@ class LLMEngine:
             restart_past=self.runner.model.long_rope_from,
         )
         self._requests: dict[str, _Request] = {}
-        self.proposer = None  # speculative decoding's (engine/spec_decode/), when configured
-        if config.speculative_config is not None:
-            from pagecli.engine.spec_decode.proposer import NgramProposer
-
-            self.proposer = NgramProposer(config.speculative_config)
         self.timer = StepTimer()
         self.grammars = GrammarCompiler(
             self.tokenizer.backend_json if self.tokenizer is not None else None,
@@ -261,8 +284,11 @@ class LLMEngine:
                     raise RuntimeError("the scheduler could not make progress")
                 return []
             start = time.perf_counter()
+            # a draft model writes the drafts the scheduler made room for; its catch-up
+            # with earlier tokens is not the cost of checking drafts
+            catch_up = self.proposer.prepare(batch) if self.proposer is not None else 0.0
             samples = self.runner.run(batch)
-            seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start - catch_up
             updated = self.scheduler.postprocess(batch, samples)
             if self.proposer is not None:
                 self.proposer.observe(batch, samples, seconds)
@@ -376,3 +402,5 @@ class LLMEngine:
         """Stop the engine's tensor-parallel workers now (they also stop when the engine is
         collected or the process exits); a no-op with one rank."""
         self.runner.close()
+        if self.proposer is not None:
+            self.proposer.close()

@@ -106,9 +106,13 @@ class ModelRunner:
         dtype: torch.dtype,
         max_model_len: int,
         link: WorkerLink | None = None,
+        draft_block_bytes: int = 0,
     ) -> None:
-        """`link`: this process is a tensor-parallel worker (engine/parallel.py), not rank 0."""
+        """`link`: this process is a tensor-parallel worker (engine/parallel.py), not rank 0.
+        `draft_block_bytes`: a draft model's bytes per block id (speculative decoding), whose
+        cache takes the same block ids out of the same --kv-cache-memory."""
         self.config = config
+        self.draft_block_bytes = draft_block_bytes
         self.rank = link.rank if link is not None else 0
         size = config.tensor_parallel_size
         device = rank_device(device, self.rank) if size > 1 else device
@@ -234,20 +238,7 @@ class ModelRunner:
                 layer.spec, self.num_swap_states, dtype, "cpu", pin=device.type == "cuda"
             )
         swap_bytes -= self.num_swap_states * per_state
-        self.num_swap_blocks = int(swap_bytes // self.block_bytes)
-        self.swap_cache = None
-        if self.num_swap_blocks:
-            self.swap_cache = torch.empty(
-                2,
-                self.kv_slots,
-                self.num_swap_blocks,
-                self.block_size,
-                self.num_kv_heads,
-                self.head_dim,
-                dtype=dtype,
-                device="cpu",
-                pin_memory=device.type == "cuda",
-            )
+        self.allocate_swap(int(swap_bytes // (self.block_bytes + self.draft_block_bytes)))
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         self._buffers: dict | None = None  # the CPU's step metadata buffers, made on first use
@@ -271,6 +262,24 @@ class ModelRunner:
                 hf_config.hidden_size,
                 dtype,
                 device,
+            )
+
+    def allocate_swap(self, num_blocks: int) -> None:
+        """Host blocks for swapped-out sequences (a draft model's cache takes the target's
+        count: a swap moves both caches' blocks of one sequence)."""
+        self.num_swap_blocks = num_blocks
+        self.swap_cache = None
+        if num_blocks:
+            self.swap_cache = torch.empty(
+                2,
+                self.kv_slots,
+                num_blocks,
+                self.block_size,
+                self.num_kv_heads,
+                self.head_dim,
+                dtype=self.dtype,
+                device="cpu",
+                pin_memory=self.device.type == "cuda",
             )
 
     # ---- set-up --------------------------------------------------------------------------
@@ -478,7 +487,7 @@ class ModelRunner:
                 )
         else:
             budget = config.kv_cache_memory * 2**30 - self.state_bytes
-            num_blocks = int(budget // self.block_bytes)
+            num_blocks = int(budget // (self.block_bytes + self.draft_block_bytes))
             if self.state_specs and num_blocks < 1:
                 slots = self.num_state_slots + self.num_snapshots
                 per_slot = self.state_bytes / slots / 2**20
@@ -512,7 +521,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch) -> list[SampledTokens]:
-        self._copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
+        self.copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         self._copy_states(batch)
         items = batch.seqs
         rows = self._row_starts(items)
@@ -549,6 +558,17 @@ class ModelRunner:
         if sample_index.numel():
             logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
         return self._sample(items, rows, constrained, logits, mask)
+
+    @torch.inference_mode()
+    def logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
+        """The forward pass over `batch` and its sampled rows' logits ([S, V], in
+        `_prepare`'s row order), nothing drawn: a draft model's step (its block copies are
+        the caller's, engine/spec_decode/draft.py)."""
+        input_ids, positions, meta, sample_index = self._prepare(batch)
+        hidden = self.model(input_ids, positions, meta)  # [T, H]
+        if sample_index.numel() == 0:
+            return None
+        return self.model.compute_logits(hidden[sample_index])
 
     @staticmethod
     def _row_starts(items: list[ScheduledSeq]) -> list[int]:
@@ -598,7 +618,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run_worker_step(self, step: StepInputs) -> None:
         """A worker rank's part of one step (rank 0 sent `step`)."""
-        self._copy_blocks(step.swap_out, step.swap_in, step.block_copies)
+        self.copy_blocks(step.swap_out, step.swap_in, step.block_copies)
         if self.spec is None:
             self._forward_logits(*step.tensors(self.device))
             return
@@ -835,7 +855,7 @@ class ModelRunner:
         np.cumsum(counts, out=starts[1:])
         return self._on_device(starts)
 
-    def _copy_blocks(self, swap_out, swap_in, block_copies) -> None:
+    def copy_blocks(self, swap_out, swap_in, block_copies) -> None:
         """Swap-outs first (their device blocks may be reused in this very step), then
         swap-ins, then copy-on-write copies; each a list of (from, to) block ids."""
         if swap_out:

@@ -303,7 +303,7 @@ class Scheduler:
             self.counters.preemptions_swap += 1
             return
         bm.free(seq)
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_draft_computed = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.counters.preemptions_recompute += 1
@@ -402,7 +402,7 @@ class Scheduler:
         apart in the prefix cache from the short ones)."""
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_draft_computed = 0
         seq.block_hashes = []
         seq.cache_salt = 1
         seq.status = SequenceStatus.WAITING

@@ -72,6 +72,9 @@ class Sequence:
     # checked in the next step; never part of `token_ids` until accepted.
     draft_token_ids: list[int] = field(default_factory=list)
     spec: Any = None  # the proposer's per-sequence state (SpecState), made at first use
+    # A draft model's cache (spec_decode/draft.py) shares the block tables: the tokens whose
+    # K/V it holds there, never more than num_computed_tokens after a step; reset with it
+    num_draft_computed: int = 0
 
     @property
     def block_table(self) -> list[int]:

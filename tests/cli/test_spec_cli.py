@@ -47,20 +47,28 @@ def test_the_shorthands_fold_into_the_config():
 
     def spec(**values):
         return engine_config(
-            {"spec_type": None, "draft_max": None, "draft_min": None, **values}
+            {"spec_type": None, "draft_max": None, "draft_min": None, "model_draft": None, **values}
         ).speculative_config
 
     assert spec() is None and spec(spec_type="none") is None
     assert spec(spec_type="ngram").num_speculative_tokens == 5
     both = spec(speculative_config='{"prompt_lookup_max": 3}', draft_max=7, draft_min=2)
     assert (both.num_speculative_tokens, both.draft_min, both.prompt_lookup_max) == (7, 2, 3)
+    draft = spec(model_draft="small.gguf", draft_max=3)
+    assert (draft.method, draft.model, draft.num_speculative_tokens) == (
+        "draft_model",
+        "small.gguf",
+        3,
+    )
 
 
 @pytest.mark.parametrize(
     "flags, word",
     [
         (["--speculative-config", '{"method": "ngram", "k": 3}'], "unknown key 'k'"),
-        (["--speculative-config", '{"model": "draft.gguf"}'], "draft model"),
+        (["--speculative-config", '{"model": "draft.gguf"}'], "draft model: draft.gguf"),
+        (["-md", "draft.gguf"], "draft model: draft.gguf"),
+        (["--spec-type", "ngram", "-md", "draft.gguf"], "pick one"),
         (["--speculative-config", "{bad"], "not JSON"),
         (["--draft-max", "0"], "num_speculative_tokens"),
         (["--spec-type", "eagle"], "--spec-type"),

@@ -60,6 +60,13 @@ def test_config_parses_vllm_keys_and_refuses_the_rest():
         4,
     )
     assert SpeculativeConfig.parse({"prompt_lookup_max": 1}).prompt_lookup_min == 1
+    # a draft model: vLLM's method name, inferred from the "model" key
+    draft = SpeculativeConfig.parse('{"model": "draft.gguf", "num_speculative_tokens": 3}')
+    assert (draft.method, draft.model, draft.num_speculative_tokens) == (
+        "draft_model",
+        "draft.gguf",
+        3,
+    )
     assert EngineConfig(speculative_config='{"method": "ngram"}').speculative_config == (
         SpeculativeConfig()
     )
@@ -67,7 +74,8 @@ def test_config_parses_vllm_keys_and_refuses_the_rest():
         ('{"method": "ngram", "k": 3}', "unknown key 'k'"),
         ('{"num_speculative_tokens": 0}', "num_speculative_tokens"),
         ('{"method": "eagle"}', "method"),
-        ('{"model": "draft.gguf"}', "draft model"),
+        ('{"method": "draft_model"}', "needs a draft"),
+        ('{"method": "ngram", "model": "draft.gguf"}', "takes method draft_model"),
         ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max"),
         ("[1, 2]", "JSON object"),
         ("{not json", "not JSON"),

@@ -1,5 +1,6 @@
 """Which running sequences get drafts for the next step, and how many (the policy), and the
-n-gram proposer that writes them (`Sequence.draft_token_ids`).
+n-gram proposer that writes them (`Sequence.draft_token_ids`); the draft model's proposer
+(draft.py) shares the policy.
 
 The policy weighs what k drafts are expected to give against what they cost, both measured:
 - each sequence keeps its drafts' acceptance rate a (a moving average): k drafts then emit
@@ -65,19 +66,36 @@ class VerifyCost:
 class SpecState:
     """One sequence's proposer state."""
 
-    index: NgramIndex
+    index: NgramIndex | None  # prompt lookup's (None for a draft model)
     acceptance: float = ACCEPTANCE_PRIOR  # of its drafts, a moving average
     cooldown: int = 0  # the length of the current back-off
     wait: int = 0  # steps left before it proposes again
     probe: bool = False  # the next proposal tries draft_min drafts whatever the estimate
 
 
-class NgramProposer:
-    """Prompt-lookup drafts for every decoding sequence, as many as pay (module docstring)."""
+class Proposer:
+    """The policy (module docstring): which decoding sequences get how many drafts. A
+    proposer writes them (`drafts`), or reserves their places where it can only make them
+    once the step's slots are allocated (`prepare`, before the forward pass)."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self.cost = VerifyCost()
+
+    def new_state(self) -> SpecState:
+        return SpecState(None)
+
+    def drafts(self, seq: Sequence, k: int) -> list[int]:
+        """Up to k drafts to follow `seq`'s tokens."""
+        raise NotImplementedError
+
+    def prepare(self, batch: ScheduledBatch) -> float:
+        """Work due before the step's forward pass; the seconds of it that the policy must
+        not count as the cost of checking drafts (a draft model catching up on a prompt)."""
+        return 0.0
+
+    def close(self) -> None:
+        """Release what the proposer holds (a draft model's ranks: none so far)."""
 
     def observe(self, batch: ScheduledBatch, samples: list[SampledTokens], seconds: float) -> None:
         """Learn from a step: its cost by rows, and each checked sequence's acceptance."""
@@ -123,7 +141,7 @@ class NgramProposer:
             ):
                 continue
             if seq.spec is None:
-                seq.spec = SpecState(NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max))
+                seq.spec = self.new_state()
                 if 1 not in self.cost.seconds:
                     continue  # its first decode runs alone: the one-row step's time
             state = seq.spec
@@ -136,5 +154,16 @@ class NgramProposer:
                 state.cooldown = min(MAX_COOLDOWN_STEPS, 2 * state.cooldown or 1)
                 state.wait, state.probe = state.cooldown, True
                 continue
-            drafts = state.index.propose(seq.token_ids, k)
+            drafts = self.drafts(seq, k)
             seq.draft_token_ids = drafts if len(drafts) >= config.draft_min else []
+
+
+class NgramProposer(Proposer):
+    """Prompt-lookup drafts for every decoding sequence, as many as pay (module docstring)."""
+
+    def new_state(self) -> SpecState:
+        config = self.config
+        return SpecState(NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max))
+
+    def drafts(self, seq: Sequence, k: int) -> list[int]:
+        return seq.spec.index.propose(seq.token_ids, k)
