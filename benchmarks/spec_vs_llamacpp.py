@@ -3,7 +3,7 @@ the peer's speed-up beside pagecli's, on the same GGUF file, prompts and thread 
 
 llama-server (../shared/peers/llama.cpp) runs twice on the file: without speculation, then
 with `--spec-type` ngram-simple (prompt lookup, its n-gram sizes given below) or, with
-`--draft FILE`, a draft model. Each workload's requests go one at a time through
+`--draft FILE`, a draft model (pagecli's rows then use it too). Each workload's requests go one at a time through
 /v1/chat/completions (the file's chat template; greedy, to EOS or max_tokens), `repetitions`
 times, and the server's own decode rate (timings.predicted_per_second) is kept: the median
 per workload and mode, their ratio, and llama.cpp's draft counts. pagecli's rows come from
@@ -83,7 +83,10 @@ def pagecli_rows(args) -> list[dict]:
     command = [PAGECLI, "bench", "--model", args.model, "--scenario", "spec", "--json"]
     command += ["--num-prompts", str(args.num_prompts), "--output-len", str(args.max_tokens)]
     command += ["--repetitions", str(args.repetitions), "--num-threads", str(args.threads)]
-    command += ["--spec-type", "ngram"]
+    if args.draft:  # the same draft model and draft count as the peer's
+        command += ["--model-draft", args.draft, "--draft-max", "5"]
+    else:
+        command += ["--spec-type", "ngram"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
@@ -97,7 +100,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=2)
     parser.add_argument("--ngram-n", type=int, default=3, help="llama.cpp's lookup n-gram")
     parser.add_argument("--ngram-m", type=int, default=16, help="llama.cpp's draft length")
-    parser.add_argument("--draft", help="a draft model for llama.cpp instead of prompt lookup")
+    parser.add_argument("--draft", help="a draft model for both engines instead of prompt lookup")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--skip-pagecli", action="store_true")
     args = parser.parse_args()
@@ -108,7 +111,7 @@ def main() -> None:
     if not args.skip_pagecli:
         result["pagecli"] = pagecli_rows(args)
     if args.draft:
-        spec = ["-md", args.draft, "--spec-draft-n-max", "5"]
+        spec = ["-md", args.draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "5"]
     else:
         spec = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.ngram_n)]
         spec += ["--spec-ngram-simple-size-m", str(args.ngram_m)]

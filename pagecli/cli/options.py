@@ -215,8 +215,9 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
         _opt(
             SPEC_PANEL,
             'Speculative decoding with vLLM\'s keys, e.g. \'{"method": "ngram", '
-            '"num_speculative_tokens": 5}\' (prompt lookup; prompt_lookup_min/max): the same '
-            "tokens, faster where replies repeat their prompt.",
+            '"num_speculative_tokens": 5}\' (prompt lookup; prompt_lookup_min/max) or '
+            '\'{"model": "draft.gguf"}\' (a draft model): the same tokens, faster where '
+            "the guesses are right.",
             metavar="JSON",
             show_default=False,
         ),
@@ -232,7 +233,7 @@ SPEC_SHORTHANDS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
         Optional[str],
         _opt(
             SPEC_PANEL,
-            "llama.cpp's spelling: ngram (prompt lookup) or none.",
+            "llama.cpp's spelling: ngram (prompt lookup) or none (-md: a draft model).",
             "--spec-type",
             metavar="ngram|none",
             show_default=False,

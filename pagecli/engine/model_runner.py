@@ -525,8 +525,8 @@ class ModelRunner:
         self._copy_states(batch)
         items = batch.seqs
         rows = self._row_starts(items)
-        constrained = [
-            (rows[i], s.seq.matcher)
+        constrained = [  # a decode's drafts (forced tokens) need a mask for each of its rows
+            (rows[i], s.seq.matcher, s.draft_token_ids)
             for i, s in enumerate(items)
             if s.num_rows and s.seq.matcher is not None
         ]
@@ -537,7 +537,7 @@ class ModelRunner:
             logits = self._run_ranks(
                 StepInputs.from_step(input_ids, positions, meta, sample_index, batch)
             )
-            return self._sample(items, rows, constrained, logits, mask)
+            return self._sample(items, rows, logits, mask)
         if (
             self.graphs is not None
             and not batch.prefills
@@ -557,7 +557,7 @@ class ModelRunner:
         logits = None
         if sample_index.numel():
             logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
-        return self._sample(items, rows, constrained, logits, mask)
+        return self._sample(items, rows, logits, mask)
 
     @torch.inference_mode()
     def logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
@@ -625,7 +625,7 @@ class ModelRunner:
         with verify_kernels(len(step.input_ids), step.drafts):
             self._forward_logits(*step.tensors(self.device))
 
-    def _sample(self, items, rows, constrained, logits, mask) -> list[SampledTokens]:
+    def _sample(self, items, rows, logits, mask) -> list[SampledTokens]:
         """Draw each item's tokens: one row per decode or finished prefill (n ids for a
         request's first tokens with n > 1), and for a decode with k drafts its k + 1 rows in
         order, each drawn with the request's own sampler as if decoded alone, accepted while
@@ -667,7 +667,8 @@ class ModelRunner:
 
     @property
     def bitmask(self) -> BitmaskFiller:
-        """The token-mask filler of structured outputs, one row per constrained sequence."""
+        """The token-mask filler of structured outputs: a row per constrained sequence, and
+        one per draft it carries."""
         if self._bitmask is None:
             self._bitmask = BitmaskFiller(self.vocab_size, self.num_threads)
         return self._bitmask

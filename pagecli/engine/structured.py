@@ -196,12 +196,23 @@ def advance(matcher, token_id: int) -> str | None:
     return None
 
 
+def forced_tokens(matcher, limit: int) -> list[int]:
+    """The tokens the grammar forces next (llguidance's fast-forward tokens: the canonical
+    tokens of the bytes that must come), at most `limit`: drafts that cost nothing to
+    propose. Other tokenizations of the same bytes may be allowed too, so they are checked
+    like any draft."""
+    if limit < 1 or matcher.is_stopped():
+        return []
+    return list(matcher.compute_ff_tokens()[:limit])
+
+
 class BitmaskFiller:
     """Fills the token bitmask of a step's constrained rows on its own thread, so that it
     overlaps the forward pass, and applies it to the logits after.
 
-    One row per sampled sequence that has a matcher; llguidance's executor computes the rows
-    in parallel (it releases the GIL)."""
+    One row per sampled sequence that has a matcher, and one more per draft it carries (the
+    grammar's state after the drafts before it); llguidance's executor computes the rows of
+    sequences without drafts in parallel (it releases the GIL)."""
 
     def __init__(self, vocab_size: int, num_threads: int) -> None:
         self.vocab_size = vocab_size
@@ -216,28 +227,47 @@ class BitmaskFiller:
             self._executor = _llguidance().LLExecutor(num_threads=self.num_threads)
         return self._executor
 
-    def start(self, matchers: list[tuple[int, Any]]) -> Future:
-        """Begin filling: `matchers` holds (row of the logits, matcher). Returns a future of
-        (rows, mask [R, W] int32)."""
-        if len(matchers) > len(self._buffer):
+    def start(self, entries: list[tuple[int, Any, list[int]]]) -> Future:
+        """Begin filling: `entries` holds (first row of the logits, matcher, drafts), the
+        drafts' rows following the first. Returns a future of (rows, mask [R, W] int32)."""
+        num_rows = sum(1 + len(drafts) for _, _, drafts in entries)
+        if num_rows > len(self._buffer):
             self._buffer = np.empty(
-                (max(len(matchers), 2 * len(self._buffer)), self.num_words), dtype=np.int32
+                (max(num_rows, 2 * len(self._buffer)), self.num_words), dtype=np.int32
             )
-        return self._thread.submit(self._fill, matchers)
+        return self._thread.submit(self._fill, entries, num_rows)
 
-    def _fill(self, matchers: list[tuple[int, Any]]):
-        mask = self._buffer[: len(matchers)]
-        if len(matchers) == 1:
-            row = mask[0]
-            matchers[0][1].unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-        else:
+    def _fill(self, entries: list[tuple[int, Any, list[int]]], num_rows: int):
+        mask = self._buffer[:num_rows]
+        plain = [(row, m) for row, m, drafts in entries if not drafts]
+        if len(plain) == 1:
+            plain[0][1].unsafe_compute_mask_ptr(mask[0].ctypes.data, mask[0].nbytes)
+        elif plain:
             self._llg_executor().unsafe_compute_mask_ptr(
-                [(m, i) for i, (_, m) in enumerate(matchers)],
+                [(m, i) for i, (_, m) in enumerate(plain)],
                 mask.ctypes.data,
                 self.num_words * 4,
-                len(matchers),
+                len(plain),
             )
-        return [row for row, _ in matchers], mask
+        rows = [row for row, _ in plain]
+        i = len(plain)
+        for first, matcher, drafts in entries:
+            if not drafts:
+                continue
+            consumed = 0  # the grammar walks the drafts, then goes back
+            for j in range(len(drafts) + 1):
+                out = mask[i]
+                if consumed == j:
+                    matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+                else:  # past a draft the grammar refuses: that draft is rejected
+                    out.fill(-1)
+                rows.append(first + j)
+                i += 1
+                if j < len(drafts) and consumed == j and matcher.consume_token(drafts[j]):
+                    consumed += 1
+            if consumed:
+                matcher.rollback(consumed)
+        return rows, mask
 
     @staticmethod
     def apply(logits: torch.Tensor, filled: Future) -> None:

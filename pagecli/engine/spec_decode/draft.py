@@ -173,36 +173,46 @@ class DraftProposer(Proposer):
     def prepare(self, batch: ScheduledBatch) -> float:
         """Apply the step's block copies and swaps to the draft's cache, then write the
         drafts of every decode that carries some. Returns the seconds spent catching the
-        draft's cache up with sequences' earlier tokens."""
+        draft's cache up with a sequence more than two tokens behind (a prompt)."""
         runner = self.runner
         runner.copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
-        items = [item for item in batch.decodes if item.draft_token_ids]
+        # a structured-output sequence's drafts are its grammar's forced tokens
+        items = [i for i in batch.decodes if i.draft_token_ids and i.seq.matcher is None]
         if not items:
             return 0.0
         start = time.perf_counter()
         self._catch_up([item.seq for item in items])
         caught_up = time.perf_counter() - start
-        # round j: each sequence still drafting feeds its newest token and draws one more
+        # round 0 feeds what the draft lacks of each sequence: its last token, and after a
+        # step that accepted every draft the last draft too; each later round feeds the
+        # newest draft. Every round draws one draft per sequence still drafting.
         drafts: list[list[int]] = [[] for _ in items]
         for j in range(max(len(item.draft_token_ids) for item in items)):
             active = [i for i, item in enumerate(items) if len(item.draft_token_ids) > j]
-            views = []
+            order, decodes, prefills = [], [], []
             for i in active:
                 seq = items[i].seq
                 tokens = seq.token_ids + drafts[i]
-                views.append(ScheduledSeq(self._view(seq, tokens, len(tokens) - 1), 1))
-            logits = runner.logits(ScheduledBatch(decodes=views))  # [len(active), V]
+                computed = seq.num_draft_computed if j == 0 else len(tokens) - 1
+                item = ScheduledSeq(self._view(seq, tokens, computed), len(tokens) - computed)
+                if item.num_new_tokens == 1:
+                    decodes.append(item)
+                    order.insert(len(decodes) - 1, i)  # the runner's rows: decodes first
+                else:
+                    prefills.append(item)
+                    order.append(i)
+            logits = runner.logits(ScheduledBatch(decodes=decodes, prefills=prefills))
             ids = logits[:, : self.target_vocab_size].argmax(dim=-1).tolist()
-            for i, token in zip(active, ids):
+            for i, token in zip(order, ids):
                 drafts[i].append(token)
         for item, made in zip(items, drafts):
             item.draft_token_ids[:] = made
-            # fed: the last token and every draft but the last
+            # fed: every token before the last draft
             item.seq.num_draft_computed = item.seq.num_tokens + len(made) - 1
         return caught_up
 
     def _catch_up(self, seqs: list[Sequence]) -> None:
-        """Run each sequence's tokens before its last through the draft model, from
+        """Run the tokens of each sequence up to its last two through the draft model, from
         `num_draft_computed`, in prefill chunks within --max-num-batched-tokens."""
         budget = self.engine_config.max_num_batched_tokens
         while True:
@@ -210,7 +220,7 @@ class DraftProposer(Proposer):
             for seq in seqs:
                 start = min(seq.num_draft_computed, seq.num_computed_tokens)
                 seq.num_draft_computed = start
-                todo = seq.num_tokens - 1 - start
+                todo = seq.num_tokens - 2 - start
                 if todo > 0 and used < budget:
                     n = min(todo, budget - used)
                     chunks.append((seq, start, n))

@@ -9,9 +9,12 @@ The policy weighs what k drafts are expected to give against what they cost, bot
   of one sequence and no prefill): k drafts make a step of k + 1 rows cost r(k + 1) one-row
   steps. On a CPU whose multi-row kernels are slower per row than its one-row kernel, r grows
   fast; where the weights' bytes dominate, it stays near 1.
+  A draft model's k forward passes are part of the step's time, so they count too.
 k is the one of draft_min..num_speculative_tokens with the best tokens per unit of cost, and
 none where no k beats decoding alone; such a sequence waits 1, 2, 4 ... steps
-(MAX_COOLDOWN_STEPS at most) before it tries draft_min drafts again.
+(MAX_COOLDOWN_STEPS at most) before it tries draft_min drafts again. The back-off ends when
+a probe's drafts are accepted and the estimates then say drafting pays: good guesses at a
+cost that never pays are probed once per MAX_COOLDOWN_STEPS steps.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pagecli.config import SpeculativeConfig
 from pagecli.engine.scheduler import SampledTokens, ScheduledBatch
 from pagecli.engine.sequence import Sequence, SequenceStatus
 from pagecli.engine.spec_decode.ngram import NgramIndex
+from pagecli.engine.structured import forced_tokens
 
 # Past this many running sequences a step is no longer bound by reading the weights once:
 # each draft row then costs about what a sequence's own row costs, and speculation stops.
@@ -107,8 +111,8 @@ class Proposer:
                 continue
             rate = sampled.num_accepted / len(item.draft_token_ids)
             state.acceptance += SMOOTHING * (rate - state.acceptance)
-            if sampled.num_accepted:
-                state.cooldown = 0
+            if sampled.num_accepted and self.choose_k(state.acceptance):
+                state.cooldown = 0  # accepted, and at a cost that pays: back-off over
 
     def choose_k(self, acceptance: float) -> int:
         """The draft count with the most tokens per unit of step time; 0 where none beats a
@@ -127,8 +131,9 @@ class Proposer:
 
     def propose(self, running: list[Sequence]) -> None:
         """Drafts for the decoding sequences among `running` (none while more than
-        MAX_SPECULATING_SEQS run, for a structured-output sequence, or before a request's
-        samples are forked)."""
+        MAX_SPECULATING_SEQS run, or before a request's samples are forked). A
+        structured-output sequence's drafts are the tokens its grammar forces, whatever the
+        proposer: they cost nothing to make and are rarely rejected."""
         if len(running) > MAX_SPECULATING_SEQS:
             return
         config = self.config
@@ -136,9 +141,11 @@ class Proposer:
             if (
                 seq.status is not SequenceStatus.RUNNING
                 or seq.num_uncomputed_tokens != 1
-                or seq.matcher is not None
                 or seq.pending_fork
             ):
+                continue
+            if seq.matcher is not None:
+                seq.draft_token_ids = forced_tokens(seq.matcher, config.num_speculative_tokens)
                 continue
             if seq.spec is None:
                 seq.spec = self.new_state()
