@@ -5,9 +5,10 @@ llama-server (../shared/peers/llama.cpp) runs twice on the file: without specula
 with `--spec-type` ngram-simple (prompt lookup, its n-gram sizes given below) or, with
 `--draft FILE`, a draft model (pagecli's rows then use it too). Each workload's requests go
 one at a time through /v1/chat/completions (the file's chat template; greedy, to EOS or
-max_tokens), `repetitions` times, and the server's own decode rate (timings.predicted_per_second) is kept: the median
-per workload and mode, their ratio, and llama.cpp's draft counts. pagecli's rows come from
-`pagecli bench --scenario spec` on the same file (one process, off and on), run first.
+max_tokens), `repetitions` times, and the server's own decode rate
+(timings.predicted_per_second) is kept: the median per workload and mode, their ratio, and
+llama.cpp's draft counts. pagecli's rows come from `pagecli bench --scenario spec` on the
+same file (one process, off and on), run first.
 
     .venv/bin/python benchmarks/spec_vs_llamacpp.py FILE.gguf [--threads 2] [--repetitions 3]
         [--max-tokens 96] [--num-prompts 2] [--ngram-n 3] [--ngram-m 16] [--json OUT]
