@@ -59,8 +59,9 @@ _pagecli() {
                 --spec-type) COMPREPLY=(); return ;;
                 --draft-max) COMPREPLY=(); return ;;
                 --draft-min) COMPREPLY=(); return ;;
+                -md|--model-draft) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display --max-concurrency --request-rate -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--scenario --preset --num-prompts --input-len --output-len --prefix-len --sessions --turns --pp --tg --repetitions --workload --save-workload --compare --hf-batch-size --hf-cb --no-hf-cb --json --csv --display --no-display --max-concurrency --request-rate -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -md --model-draft -h --help" -- "$cur")) ;;
         blocks)
             case "$prev" in
                 --svg) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -91,8 +92,9 @@ _pagecli() {
                 --spec-type) COMPREPLY=(); return ;;
                 --draft-max) COMPREPLY=(); return ;;
                 --draft-min) COMPREPLY=(); return ;;
+                -md|--model-draft) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--demo --svg --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -md --model-draft -h --help" -- "$cur")) ;;
         chat)
             case "$prev" in
                 -s|--system) COMPREPLY=(); return ;;
@@ -143,8 +145,9 @@ _pagecli() {
                 --spec-type) COMPREPLY=(); return ;;
                 --draft-max) COMPREPLY=(); return ;;
                 --draft-min) COMPREPLY=(); return ;;
+                -md|--model-draft) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-s --system --system-file --session -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -md --model-draft -h --help" -- "$cur")) ;;
         generate)
             case "$prev" in
                 -i|--input) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -197,8 +200,9 @@ _pagecli() {
                 --spec-type) COMPREPLY=(); return ;;
                 --draft-max) COMPREPLY=(); return ;;
                 --draft-min) COMPREPLY=(); return ;;
+                -md|--model-draft) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system --max-concurrency -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-i --input -o --output --resume --max-line-bytes --unordered --fail-fast --progress --no-progress --display --no-display --system --max-concurrency -v --verbose --endpoint --api-key --served-model --max-retries --request-timeout -n --n --max-tokens --temperature --top-p --top-k --min-p --stop --stop-token-ids --ignore-eos --repetition-penalty --presence-penalty --frequency-penalty --skip-special-tokens --no-skip-special-tokens --logprobs --structured --json-schema -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -md --model-draft -h --help" -- "$cur")) ;;
         serve)
             case "$prev" in
                 --host) COMPREPLY=(); return ;;
@@ -237,8 +241,9 @@ _pagecli() {
                 --spec-type) COMPREPLY=(); return ;;
                 --draft-max) COMPREPLY=(); return ;;
                 --draft-min) COMPREPLY=(); return ;;
+                -md|--model-draft) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --tool-call-parser --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -h --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--host --port --api-key --served-model-name --max-request-bytes --max-queued-requests --shutdown-timeout --allowed-origins --tool-call-parser --display --no-display -v --verbose -m --model --dtype --device --load-format --quantization --chat-template --block-size --max-num-seqs --max-num-batched-tokens --max-model-len --kv-cache-memory --gpu-memory-utilization --num-kv-blocks --enable-prefix-caching --no-prefix-caching --hybrid-kv-cache --no-hybrid-kv-cache --state-snapshot-stride --state-snapshots --preemption-mode --swap-space --enforce-eager --attention-impl --threads --num-threads --seed --grammar-timeout -tp --tensor-parallel-size --numa --no-numa --kernels --speculative-config --spec-type --draft-max --draft-min -md --model-draft -h --help" -- "$cur")) ;;
     esac
 }
 complete -F _pagecli pagecli

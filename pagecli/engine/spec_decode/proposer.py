@@ -14,7 +14,10 @@ k is the one of draft_min..num_speculative_tokens with the best tokens per unit 
 none where no k beats decoding alone; such a sequence waits 1, 2, 4 ... steps
 (MAX_COOLDOWN_STEPS at most) before it tries draft_min drafts again. The back-off ends when
 a probe's drafts are accepted and the estimates then say drafting pays: good guesses at a
-cost that never pays are probed once per MAX_COOLDOWN_STEPS steps.
+cost that never pays are probed once per MAX_COOLDOWN_STEPS steps. A draft model's probe is
+dear (its first drafts run the sequence's prompt through the draft model): it probes only
+while drafts that are all accepted would pay at the measured costs, so where its steps cost
+more than they can give, speculation stays off after the costs are first measured.
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ class Proposer:
     proposer writes them (`drafts`), or reserves their places where it can only make them
     once the step's slots are allocated (`prepare`, before the forward pass)."""
 
+    # True where a probe costs more than its step (a draft model catches up on the sequence
+    # first): such a proposer probes only while drafts all accepted would pay
+    dear_probes = False
+
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self.cost = VerifyCost()
@@ -97,9 +104,6 @@ class Proposer:
         """Work due before the step's forward pass; the seconds of it that the policy must
         not count as the cost of checking drafts (a draft model catching up on a prompt)."""
         return 0.0
-
-    def close(self) -> None:
-        """Release what the proposer holds (a draft model's ranks: none so far)."""
 
     def observe(self, batch: ScheduledBatch, samples: list[SampledTokens], seconds: float) -> None:
         """Learn from a step: its cost by rows, and each checked sequence's acceptance."""
@@ -154,6 +158,10 @@ class Proposer:
             state = seq.spec
             if state.wait:
                 state.wait -= 1
+                continue
+            if state.probe and self.dear_probes and not self.choose_k(1.0):
+                # not even drafts that are all accepted would pay at the measured costs
+                state.wait = state.cooldown = MAX_COOLDOWN_STEPS
                 continue
             k = config.draft_min if state.probe else self.choose_k(state.acceptance)
             state.probe = False
