@@ -250,7 +250,7 @@ class AsyncEngine:
             self.load_exception = exc
             self.ready.set()
             return
-        parallel = self.engine.runner.parallel
+        parallel = self.engine.executor.parallel
         if parallel is not None:
             parallel.on_failure(lambda error: self._commands.put(_Fatal(error)))
         self.state = EngineState.READY

@@ -10,7 +10,7 @@ import torch
 from pagecli.config import EngineConfig
 from pagecli.engine.block_manager import BlockManager
 from pagecli.engine.dtype_choice import choose_dtype
-from pagecli.engine.model_runner import ModelRunner
+from pagecli.engine.executor import Executor
 from pagecli.engine.scheduler import Scheduler
 from pagecli.engine.sequence import FinishReason, Sequence
 from pagecli.engine.spec_decode.proposer import Proposer
@@ -87,7 +87,7 @@ class LLMEngine:
             from pagecli.engine.spec_decode.proposer import NgramProposer
 
             self.proposer = NgramProposer(spec)
-        self.runner = ModelRunner(
+        self.executor = Executor(
             config,
             self.hf_config,
             self.source,
@@ -96,6 +96,7 @@ class LLMEngine:
             self.max_model_len,
             draft_block_bytes=getattr(self.proposer, "block_bytes", 0),
         )
+        self.runner = self.executor.runner  # rank 0's: the model, the KV cache, their figures
         if hasattr(self.proposer, "load"):
             self.proposer.load(self.runner)
         self.block_manager = BlockManager(
@@ -287,7 +288,7 @@ class LLMEngine:
             # a draft model writes the drafts the scheduler made room for; its catch-up
             # with earlier tokens is not the cost of checking drafts
             catch_up = self.proposer.prepare(batch) if self.proposer is not None else 0.0
-            samples = self.runner.run(batch)
+            samples = self.executor.execute(batch)
             seconds = time.perf_counter() - start - catch_up
             updated = self.scheduler.postprocess(batch, samples)
             if self.proposer is not None:
@@ -401,6 +402,4 @@ class LLMEngine:
     def close(self) -> None:
         """Stop the engine's tensor-parallel workers now (they also stop when the engine is
         collected or the process exits); a no-op with one rank."""
-        self.runner.close()
-        if self.proposer is not None:
-            self.proposer.close()
+        self.executor.close()

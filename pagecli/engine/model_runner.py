@@ -1,8 +1,10 @@
-"""Flat batch tensors, one forward pass per step, sampling; owns the model and the KV cache."""
+"""One rank's model and KV cache: flat batch tensors, the forward pass, sampling."""
 
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import torch
@@ -13,7 +15,6 @@ from pagecli.engine.kv_groups import plan_kv_groups
 from pagecli.engine.parallel import (
     ParallelGroup,
     StepInputs,
-    WorkerFailed,
     WorkerLink,
     attach_shm,
     join_group,
@@ -93,9 +94,25 @@ def release_freed_memory() -> bool:
     return bool(trim(0)) if trim is not None else False
 
 
+@dataclasses.dataclass
+class PreparedStep:
+    """One step made ready for the forward pass (ModelRunner.prepare_step): the flat inputs
+    and attention metadata, the rows of the logits to sample ([S]), each scheduled
+    sequence's first sampled row, and the structured outputs' mask being filled."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    sample_index: torch.Tensor  # [S]
+    rows: list[int]
+    mask: Future | None
+
+
 class ModelRunner:
-    """Runs the model over a `ScheduledBatch` and returns what each scheduled sequence drew
-    (`SampledTokens`: a speculative decode's rows are checked against its drafts)."""
+    """One rank's model and KV cache: a step's inputs (`prepare_step`), its forward pass
+    (`forward`, or `forward_logits` on each tensor-parallel rank) and what each scheduled
+    sequence drew (`sample`: a speculative decode's rows are checked against its drafts).
+    The executor (engine/executor.py) puts the three together on the engine's ranks."""
 
     def __init__(
         self,
@@ -107,8 +124,12 @@ class ModelRunner:
         max_model_len: int,
         link: WorkerLink | None = None,
         draft_block_bytes: int = 0,
+        plan: WeightPlan | None = None,
+        parallel: ParallelGroup | None = None,
     ) -> None:
-        """`link`: this process is a tensor-parallel worker (engine/parallel.py), not rank 0.
+        """`link`: this process is a tensor-parallel worker (engine/parallel.py), not rank 0;
+        `parallel`: rank 0's handle on the workers the executor started (engine/executor.py),
+        met once the weights are loaded. `plan`: the weight plan, where the caller made it.
         `draft_block_bytes`: a draft model's bytes per block id (speculative decoding), whose
         cache takes the same block ids out of the same --kv-cache-memory."""
         self.config = config
@@ -120,11 +141,10 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.vocab_size = hf_config.vocab_size  # the logits' width
-        dummy = config.load_format == "dummy" or not source.has_weights
-        plan = plan_weights(source, "none" if dummy else config.quantization, device, dtype)
+        plan = plan or runner_weight_plan(config, source, device, dtype)
         self.weight_plan = plan
         self.tp: TensorParallel | None = None  # this rank's collectives (size > 1)
-        self.parallel: ParallelGroup | None = None  # rank 0's handle on the workers
+        self.parallel = parallel  # rank 0's handle on the workers
         if device.type == "cpu":
             # the C kernels take torch.get_num_threads() as their OpenMP thread count
             self.thread_choice = self._choose_threads()
@@ -143,21 +163,10 @@ class ModelRunner:
         # bits at one row and beside its drafts (spec_decode/invariance.py)
         self.spec = config.speculative_config if device.type == "cpu" else None
         if size > 1:
-            shard = plan_shards(hf_config, size, _row_blocks(hf_config, plan))[self.rank]
+            shard = rank_shard(hf_config, size, plan, self.rank)
             self.tp = TensorParallel(shard)
-            full_config, hf_config = hf_config, shard.local_config(hf_config)
-            if link is None:  # rank 0: the workers load their shards while this one does
-                if plan.prepare is not None:
-                    plan.prepare()  # once here, not once per rank
-                self.parallel = ParallelGroup(size, device, _collective_floats(config, hf_config))
-                self.parallel.start(
-                    type(self), config, full_config, source, device, dtype, max_model_len
-                )
-        try:
-            self._build(hf_config, source, max_model_len, link)
-        except BaseException:
-            self.close()  # a failed start takes the workers with it
-            raise
+            hf_config = shard.local_config(hf_config)
+        self._build(hf_config, source, max_model_len, link)
 
     def _build(self, hf_config, source: ModelSource, max_model_len: int, link) -> None:
         """Load this rank's weights, meet the other ranks, allocate the KV cache."""
@@ -319,13 +328,10 @@ class ModelRunner:
             self.parallel.on_failure(lambda error: self.tp.abort())
             self.parallel.watch()
 
-    def close(self) -> None:
-        """Stop the tensor-parallel workers (a no-op without them): first end any collective
-        they wait in, then ask them to stop, then kill what is left."""
-        if self.parallel is not None:
-            if self.tp is not None:
-                self.tp.abort()
-            self.parallel.close()
+    def abort(self) -> None:
+        """End any collective this rank's peers wait in (a no-op with one rank)."""
+        if self.tp is not None:
+            self.tp.abort()
 
     def _meta_model(self, hf_config, max_model_len: int) -> CausalLM:
         """The model on the meta device, its layers already in their weights' formats (no
@@ -510,17 +516,18 @@ class ModelRunner:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def run(self, batch: ScheduledBatch) -> list[SampledTokens]:
-        """Forward the whole mixed batch once and sample, per scheduled sequence, the rows it
-        asks for (ScheduledSeq.num_rows): what it drew, in batch.seqs order."""
+    def step_kernels(self, batch: ScheduledBatch) -> AbstractContextManager:
+        """The kernel choices a step runs under: with speculative decoding, those that give
+        each row the bits it has alone (spec_decode/invariance.py); else the process's."""
         if self.spec is None:
-            return self._run(batch)
+            return nullcontext()
         rows = sum(s.num_new_tokens for s in batch.seqs)
-        with verify_kernels(rows, any(s.draft_token_ids for s in batch.seqs)):
-            return self._run(batch)
+        return verify_kernels(rows, any(s.draft_token_ids for s in batch.seqs))
 
     @torch.inference_mode()
-    def _run(self, batch: ScheduledBatch) -> list[SampledTokens]:
+    def prepare_step(self, batch: ScheduledBatch) -> PreparedStep:
+        """Everything before the forward pass: the block and state copies, the structured
+        outputs' mask (filled on its own thread meanwhile), the flat inputs."""
         self.copy_blocks(batch.swap_out, batch.swap_in, batch.block_copies)
         self._copy_states(batch)
         items = batch.seqs
@@ -530,34 +537,41 @@ class ModelRunner:
             for i, s in enumerate(items)
             if s.num_rows and s.seq.matcher is not None
         ]
-        # the grammar's mask is computed on its own thread while the model runs
         mask = self.bitmask.start(constrained) if constrained else None
         input_ids, positions, meta, sample_index = self._prepare(batch)
-        if self.parallel is not None:
-            logits = self._run_ranks(
-                StepInputs.from_step(input_ids, positions, meta, sample_index, batch)
-            )
-            return self._sample(items, rows, logits, mask)
+        return PreparedStep(input_ids, positions, meta, sample_index, rows, mask)
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledBatch, step: PreparedStep) -> torch.Tensor | None:
+        """This process's forward pass over the whole step (one rank): the sampled rows'
+        logits ([S, V]; None when nothing is sampled)."""
+        meta = step.meta
         if (
             self.graphs is not None
             and not batch.prefills
             and self.graphs.padded_size(meta.num_decode_tokens)
         ):
             hidden = self.graphs.run(  # [T, H]
-                input_ids,
-                positions,
+                step.input_ids,
+                step.positions,
                 meta.slot_mapping,
                 meta.decode_block_tables,
                 meta.decode_seq_lens,
             )
         else:
-            hidden = self.model(input_ids, positions, meta)  # [T, H]
+            hidden = self.model(step.input_ids, step.positions, meta)  # [T, H]
         for layer in self.model.state_layers:  # states at a snapshot boundary
             layer.snapshots.copy_(batch.snapshot_saves, layer.slots)
-        logits = None
-        if sample_index.numel():
-            logits = self.model.compute_logits(hidden[sample_index])  # [S, V]
-        return self._sample(items, rows, logits, mask)
+        if not step.sample_index.numel():
+            return None
+        return self.model.compute_logits(hidden[step.sample_index])  # [S, V]
+
+    @torch.inference_mode()
+    def sample(
+        self, batch: ScheduledBatch, step: PreparedStep, logits: torch.Tensor | None
+    ) -> list[SampledTokens]:
+        """What each scheduled sequence drew from the step's logits, in batch.seqs order."""
+        return self._sample(batch.seqs, step.rows, logits, step.mask)
 
     @torch.inference_mode()
     def logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
@@ -580,33 +594,8 @@ class ModelRunner:
             row += item.num_rows
         return starts
 
-    def _run_ranks(self, step: StepInputs) -> torch.Tensor | None:
-        """Rank 0's tensor-parallel step: hand the workers `step`, run this rank's shard.
-
-        A step that fails part way leaves the ranks out of step (a worker may wait in a
-        collective this rank never reaches), so the group ends with it: WorkerFailed when a
-        worker died or raised, else this rank's own error (a Ctrl-C, out of memory) after the
-        workers are stopped; later steps raise WorkerFailed."""
-        parallel = self.parallel
-        if parallel.failure is not None:
-            raise parallel.failure
-        parallel.send(step)
-        try:
-            return self._forward_logits(*step.tensors(self.device))
-        except BaseException as exc:
-            if _collective_failure(exc):
-                error = parallel.failed()
-            else:
-                parallel.failure = WorkerFailed(
-                    f"the tensor-parallel ranks stopped after a failed step ({type(exc).__name__})"
-                )
-                error = None
-            self.close()
-            if error is None:
-                raise
-            raise error from None
-
-    def _forward_logits(self, input_ids, positions, meta, sample_index) -> torch.Tensor | None:
+    @torch.inference_mode()
+    def forward_logits(self, input_ids, positions, meta, sample_index) -> torch.Tensor | None:
         """The tensor-parallel forward pass: this rank's shard, then the sampled rows'
         logits joined on rank 0 ([S, V]; None elsewhere, or when nothing is sampled)."""
         hidden = self.model(input_ids, positions, meta)  # [T, H]
@@ -620,10 +609,10 @@ class ModelRunner:
         """A worker rank's part of one step (rank 0 sent `step`)."""
         self.copy_blocks(step.swap_out, step.swap_in, step.block_copies)
         if self.spec is None:
-            self._forward_logits(*step.tensors(self.device))
+            self.forward_logits(*step.tensors(self.device))
             return
         with verify_kernels(len(step.input_ids), step.drafts):
-            self._forward_logits(*step.tensors(self.device))
+            self.forward_logits(*step.tensors(self.device))
 
     def _sample(self, items, rows, logits, mask) -> list[SampledTokens]:
         """Draw each item's tokens: one row per decode or finished prefill (n ids for a
@@ -890,6 +879,17 @@ def _cut_of(model: CausalLM, shard: RankShard | None):
     return cut_of
 
 
+def runner_weight_plan(config: EngineConfig, source: ModelSource, device, dtype) -> WeightPlan:
+    """How a runner holds the checkpoint's weights (loader/weight_plan.py)."""
+    dummy = config.load_format == "dummy" or not source.has_weights
+    return plan_weights(source, "none" if dummy else config.quantization, device, dtype)
+
+
+def rank_shard(hf_config, size: int, plan: WeightPlan, rank: int) -> RankShard:
+    """Rank `rank`'s part of the weights under tensor parallelism at `size`."""
+    return plan_shards(hf_config, size, _row_blocks(hf_config, plan))[rank]
+
+
 def _row_blocks(hf_config, plan: WeightPlan) -> dict[str, int]:
     """For each axis row-parallel weights are cut along, the widest block (values) of the
     block-format tensors cut along it: columns a tensor-parallel split must not cut."""
@@ -905,7 +905,7 @@ def _row_blocks(hf_config, plan: WeightPlan) -> dict[str, int]:
     return blocks
 
 
-def _collective_floats(config: EngineConfig, hf_config) -> int:
+def collective_floats(config: EngineConfig, hf_config) -> int:
     """Floats of one rank's slot for the CPU's shared-memory collectives: a step's hidden
     states ([tokens, hidden]) or its sampled rows' logits ([seqs, vocab rows of a rank])."""
     size = config.tensor_parallel_size
@@ -914,7 +914,7 @@ def _collective_floats(config: EngineConfig, hf_config) -> int:
     return max(hidden, logits)
 
 
-def _collective_failure(exc: BaseException) -> bool:
+def collective_failure(exc: BaseException) -> bool:
     """Whether a tensor-parallel step failed in a collective (a peer gone or aborted), not in
     this rank's own work."""
     import torch.distributed as dist

@@ -64,6 +64,8 @@ class _DraftView:
 class DraftProposer(Proposer):
     """k greedy drafts from the draft model for each decoding sequence the policy picks."""
 
+    dear_probes = True  # a probe first runs the sequence through the draft model
+
     def __init__(
         self,
         config: SpeculativeConfig,
@@ -238,10 +240,6 @@ class DraftProposer(Proposer):
     @staticmethod
     def _view(seq: Sequence, tokens: list[int], computed: int) -> _DraftView:
         return _DraftView(tokens, computed, [seq.block_tables[0]])
-
-    def close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
 
 
 def _check_vocab(name: str, source, target_vocab: dict[str, int] | None) -> None:
