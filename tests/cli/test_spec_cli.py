@@ -66,7 +66,6 @@ def test_the_shorthands_fold_into_the_config():
     "flags, word",
     [
         (["--speculative-config", '{"method": "ngram", "k": 3}'], "unknown key 'k'"),
-        (["--speculative-config", '{"model": "draft.gguf"}'], "draft model: draft.gguf"),
         (["-md", "draft.gguf"], "draft model: draft.gguf"),
         (["--spec-type", "ngram", "-md", "draft.gguf"], "pick one"),
         (["--speculative-config", "{bad"], "not JSON"),
