@@ -573,17 +573,6 @@ class ModelRunner:
         """What each scheduled sequence drew from the step's logits, in batch.seqs order."""
         return self._sample(batch.seqs, step.rows, logits, step.mask)
 
-    @torch.inference_mode()
-    def logits(self, batch: ScheduledBatch) -> torch.Tensor | None:
-        """The forward pass over `batch` and its sampled rows' logits ([S, V], in
-        `_prepare`'s row order), nothing drawn: a draft model's step (its block copies are
-        the caller's, engine/spec_decode/draft.py)."""
-        input_ids, positions, meta, sample_index = self._prepare(batch)
-        hidden = self.model(input_ids, positions, meta)  # [T, H]
-        if sample_index.numel() == 0:
-            return None
-        return self.model.compute_logits(hidden[sample_index])
-
     @staticmethod
     def _row_starts(items: list[ScheduledSeq]) -> list[int]:
         """Each item's first row among the step's sampled logits (items that sample no row

@@ -51,6 +51,7 @@ class _DraftView:
     token_ids: list[int]
     num_computed_tokens: int
     block_tables: list[list[int]]
+    matcher = None  # the draft's rows are never masked
 
     @property
     def block_table(self) -> list[int]:
@@ -203,7 +204,8 @@ class DraftProposer(Proposer):
                 else:
                     prefills.append(item)
                     order.append(i)
-            logits = runner.logits(ScheduledBatch(decodes=decodes, prefills=prefills))
+            step = ScheduledBatch(decodes=decodes, prefills=prefills)
+            logits = runner.forward(step, runner.prepare_step(step))
             ids = logits[:, : self.target_vocab_size].argmax(dim=-1).tolist()
             for i, token in zip(order, ids):
                 drafts[i].append(token)
@@ -233,7 +235,8 @@ class DraftProposer(Proposer):
             prefills = [
                 ScheduledSeq(self._view(seq, seq.token_ids, start), n) for seq, start, n in chunks
             ]
-            self.runner.logits(ScheduledBatch(prefills=prefills))
+            step = ScheduledBatch(prefills=prefills)
+            self.runner.forward(step, self.runner.prepare_step(step))
             for seq, start, n in chunks:
                 seq.num_draft_computed = start + n
 
