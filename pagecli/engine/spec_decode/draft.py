@@ -4,9 +4,11 @@
 The draft model has a KV cache of its own, with the target's block ids: the same block
 tables, the same block size and count, a page of the draft's layers per block. So the block
 manager allocates, shares, copies (copy-on-write), swaps and frees one set of blocks for
-both models: a step applies its block copies and swaps to the draft's cache too, rolling
-back rejected drafts frees both at once, and the prefix cache's blocks hold both models' K/V
-for their tokens. Both caches come out of one --kv-cache-memory.
+both models: a step applies its block copies and swaps to the draft's cache too, and rolling
+back rejected drafts frees both at once. Both caches come out of one --kv-cache-memory. A
+prefix hit shares the target's K/V only: the draft runs for the sequences it drafts for, so
+a cached block may lack its K/V, and a new sequence's catch-up writes it (the same values
+for the same tokens, in a shared block).
 
 `Sequence.num_draft_computed` counts the tokens whose K/V the draft holds there. The draft
 catches up lazily: a sequence's first drafts run its prompt through the draft model (in
