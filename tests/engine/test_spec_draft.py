@@ -19,7 +19,10 @@ from pagecli import LLM, SamplingParams
 from pagecli.errors import ModelLoadError
 from pagecli.loader.resolve import default_gguf_path, float_checkpoint, resolve_model
 from tests.engine.test_spec_decode import PROMPTS, same
-from tests.sizes import size
+from tests.sizes import FULL, size
+
+# `make test` runs one of each pair; PAGECLI_FULL_TESTS=1 runs both
+full_only = pytest.mark.skipif(not FULL, reason="PAGECLI_FULL_TESTS=1 runs it")
 
 SELF_DRAFT = {"model": str(default_gguf_path()), "num_speculative_tokens": 4}
 
@@ -58,7 +61,7 @@ def random_draft(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("max_num_seqs", [1, 8])
+@pytest.mark.parametrize("max_num_seqs", [1, pytest.param(8, marks=full_only)])
 def test_greedy_identity_with_its_own_weights_as_draft(max_num_seqs):
     params = SamplingParams(temperature=0, max_tokens=size(32, 128))
     off, _ = run(PROMPTS, params, None, max_num_seqs=max_num_seqs)
@@ -69,7 +72,7 @@ def test_greedy_identity_with_its_own_weights_as_draft(max_num_seqs):
     assert stats.num_steps < sum(len(o.token_ids) for o in on)
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", [pytest.param("recompute", marks=full_only), "swap"])
 def test_identity_through_chunks_prefix_hits_and_preemption(mode):
     """A small cache (preemption), a small token budget (chunked prefills and catch-ups
     of the draft in chunks), a prompt twice (prefix hits)."""
@@ -96,7 +99,7 @@ def test_stops_eos_and_max_tokens_inside_drafts():
         SamplingParams(temperature=0, max_tokens=64, stop_token_ids=[ids[12]]),
         SamplingParams(temperature=0, max_tokens=200),  # to EOS
     ]
-    for params in cases[: size(2, 4)]:
+    for params in cases[: size(1, 4)]:
         off, _ = run([prompt], params, None)
         on, stats = run([prompt], params, SELF_DRAFT)
         same(off, on)
@@ -107,9 +110,9 @@ def test_seeded_sampling_identity_with_forks():
     """n = 3 forks after the prefill: each sample's draft catches up on the shared prompt
     blocks; sampling draws once per emitted token, in order."""
     params = SamplingParams(
-        n=3, temperature=0.8, top_p=0.9, presence_penalty=0.3, seed=11, max_tokens=size(32, 96)
+        n=3, temperature=0.8, top_p=0.9, presence_penalty=0.3, seed=11, max_tokens=size(24, 96)
     )
-    prompts = PROMPTS[: size(2, 3)]
+    prompts = PROMPTS[: size(1, 3)]
     off, _ = run(prompts, params, None)
     on, stats = run(prompts, params, SELF_DRAFT)
     same(off, on)
@@ -118,10 +121,11 @@ def test_seeded_sampling_identity_with_forks():
 
 def test_a_random_draft_of_other_shapes(random_draft):
     """Its drafts are mostly wrong: every step rolls back, the output stays the target's."""
-    params = SamplingParams(temperature=0, max_tokens=size(32, 96))
+    params = SamplingParams(temperature=0, max_tokens=size(24, 96))
     spec = {"model": str(random_draft), "num_speculative_tokens": 3}
-    off, _ = run(PROMPTS, params, None, max_num_seqs=4)
-    on, stats = run(PROMPTS, params, spec, max_num_seqs=4)
+    prompts = PROMPTS[: size(3, 5)]
+    off, _ = run(prompts, params, None, max_num_seqs=4)
+    on, stats = run(prompts, params, spec, max_num_seqs=4)
     same(off, on)
     assert stats.spec_draft_tokens > 0
     assert stats.spec_acceptance_rate < 0.5
