@@ -13,7 +13,7 @@ from pagecli.engine.dtype_choice import choose_dtype
 from pagecli.engine.executor import Executor
 from pagecli.engine.scheduler import Scheduler
 from pagecli.engine.sequence import FinishReason, Sequence
-from pagecli.engine.spec_decode.proposer import Proposer
+from pagecli.engine.spec_decode.proposer import NgramProposer, Proposer
 from pagecli.engine.stats import EngineStats, StepTimer
 from pagecli.engine.structured import CompiledGrammar, GrammarCompiler, StructuredOutputError
 from pagecli.errors import GrammarRejected, RequestError
@@ -71,11 +71,12 @@ class LLMEngine:
         # speculative decoding's proposer (engine/spec_decode/), when configured; a draft
         # model is checked before the target's cache is sized (both share its budget)
         self.proposer: Proposer | None = None
+        draft = None
         spec = config.speculative_config
         if spec is not None and spec.method == "draft_model":
             from pagecli.engine.spec_decode.draft import DraftProposer
 
-            self.proposer = DraftProposer(
+            self.proposer = draft = DraftProposer(
                 spec,
                 config,
                 self.tokenizer.vocab() if self.tokenizer is not None else None,
@@ -84,8 +85,6 @@ class LLMEngine:
                 self.max_model_len,
             )
         elif spec is not None:
-            from pagecli.engine.spec_decode.proposer import NgramProposer
-
             self.proposer = NgramProposer(spec)
         self.executor = Executor(
             config,
@@ -94,11 +93,11 @@ class LLMEngine:
             self.device,
             self.dtype,
             self.max_model_len,
-            draft_block_bytes=getattr(self.proposer, "block_bytes", 0),
+            draft_block_bytes=draft.block_bytes if draft is not None else 0,
         )
         self.runner = self.executor.runner  # rank 0's: the model, the KV cache, their figures
-        if hasattr(self.proposer, "load"):
-            self.proposer.load(self.runner)
+        if draft is not None:
+            draft.load(self.runner)
         self.block_manager = BlockManager(
             self.runner.num_blocks,
             config.block_size,

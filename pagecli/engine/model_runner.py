@@ -519,10 +519,13 @@ class ModelRunner:
     def step_kernels(self, batch: ScheduledBatch) -> AbstractContextManager:
         """The kernel choices a step runs under: with speculative decoding, those that give
         each row the bits it has alone (spec_decode/invariance.py); else the process's."""
+        rows = sum(s.num_new_tokens for s in batch.seqs)
+        return self._kernels(rows, any(s.draft_token_ids for s in batch.seqs))
+
+    def _kernels(self, rows: int, drafts: bool) -> AbstractContextManager:
         if self.spec is None:
             return nullcontext()
-        rows = sum(s.num_new_tokens for s in batch.seqs)
-        return verify_kernels(rows, any(s.draft_token_ids for s in batch.seqs))
+        return verify_kernels(rows, drafts)
 
     @torch.inference_mode()
     def prepare_step(self, batch: ScheduledBatch) -> PreparedStep:
@@ -597,10 +600,7 @@ class ModelRunner:
     def run_worker_step(self, step: StepInputs) -> None:
         """A worker rank's part of one step (rank 0 sent `step`)."""
         self.copy_blocks(step.swap_out, step.swap_in, step.block_copies)
-        if self.spec is None:
-            self.forward_logits(*step.tensors(self.device))
-            return
-        with verify_kernels(len(step.input_ids), step.drafts):
+        with self._kernels(len(step.input_ids), step.drafts):
             self.forward_logits(*step.tensors(self.device))
 
     def _sample(self, items, rows, logits, mask) -> list[SampledTokens]:

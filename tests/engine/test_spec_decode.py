@@ -31,6 +31,15 @@ PROMPTS = [
 ]
 
 
+def tight_engine(mode: str) -> dict:
+    """Engine settings under which a few prompts preempt each other (`mode`: recompute or
+    swap) and prefill in chunks of 32 tokens."""
+    engine = dict(block_size=4, num_kv_blocks=32, max_num_batched_tokens=32, preemption_mode=mode)
+    if mode == "swap":
+        engine["swap_space"] = 0.05
+    return engine
+
+
 def run(prompts, params, spec: bool, **engine):
     llm = LLM(None, speculative_config=SPEC if spec else None, **engine)
     outputs = llm.generate(prompts, params)
@@ -84,9 +93,7 @@ def test_identity_through_chunks_prefix_hits_preemption_and_logprobs(mode):
     tokens are compared.)"""
     prompts = PROMPTS[:3] + PROMPTS[:1]
     params = SamplingParams(temperature=0, max_tokens=size(40, 96), logprobs=5)
-    engine = dict(block_size=4, num_kv_blocks=32, max_num_batched_tokens=32, preemption_mode=mode)
-    if mode == "swap":
-        engine["swap_space"] = 0.05
+    engine = tight_engine(mode)
     off, _ = run(prompts, params, False, **engine)
     on, stats = run(prompts, params, True, **engine)
     same(off, on)

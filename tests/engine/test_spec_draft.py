@@ -18,7 +18,7 @@ import pytest
 from pagecli import LLM, SamplingParams
 from pagecli.errors import ModelLoadError
 from pagecli.loader.resolve import default_gguf_path, float_checkpoint, resolve_model
-from tests.engine.test_spec_decode import PROMPTS, same
+from tests.engine.test_spec_decode import PROMPTS, same, tight_engine
 from tests.sizes import FULL, size
 
 # `make test` runs one of each pair; PAGECLI_FULL_TESTS=1 runs both
@@ -78,9 +78,7 @@ def test_identity_through_chunks_prefix_hits_and_preemption(mode):
     of the draft in chunks), a prompt twice (prefix hits)."""
     prompts = PROMPTS[:3] + PROMPTS[:1]
     params = SamplingParams(temperature=0, max_tokens=size(40, 96), logprobs=5)
-    engine = dict(block_size=4, num_kv_blocks=32, max_num_batched_tokens=32, preemption_mode=mode)
-    if mode == "swap":
-        engine["swap_space"] = 0.05
+    engine = tight_engine(mode)
     off, _ = run(prompts, params, None, **engine)
     on, stats = run(prompts, params, SELF_DRAFT, **engine)
     same(off, on)
