@@ -9,12 +9,13 @@ float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
 
     .venv/bin/python benchmarks/quant_kernels.py [--threads 2] [--repeats 7]
         [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2] [--tiles off,on]
-        [--int-dots off,on]
+        [--int-dots off,on] [--gemm blas,native]
         [--shape default|1b|8b]
 
 --prefetch names the cache levels the batch-1 kernels' software prefetch may fill (the
 default: the CPU's default only); --tiles whether batches of more than 8 rows multiply on
-AMX's tiles (csrc/gemm_quant_amx.c) or on the float32 panels (default: auto only). With
+AMX's tiles (csrc/gemm_quant_amx.c) or on the float32 panels (default: auto only); --gemm who
+multiplies the float32 panels: torch's sgemm (blas) or csrc/gemm_f32.c (native). With
 several choices, their passes alternate, so all see the same neighbours. GFLOP/s counts
 2 x rows x weights per pass.
 
@@ -81,6 +82,9 @@ def main() -> None:
     parser.add_argument(
         "--int-dots", default=None, help="off, on, auto or a list (default: auto): batch-1 VNNI"
     )
+    parser.add_argument(
+        "--gemm", default=None, help="blas, native, auto or a list (default: auto): the panels"
+    )
     parser.add_argument("--shape", default="default", choices=sorted(MODEL_SHAPES))
     args = parser.parse_args()
     hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[args.shape]
@@ -89,11 +93,13 @@ def main() -> None:
     levels = args.prefetch.split(",") if args.prefetch else [None]
     tiles = args.tiles.split(",") if args.tiles else [None]
     ints = args.int_dots.split(",") if args.int_dots else [None]
-    variants = [(lv, choice, i) for lv in levels for choice in tiles for i in ints]
+    gemms = args.gemm.split(",") if args.gemm else [None]
+    variants = [(lv, t, i, g) for lv in levels for t in tiles for i in ints for g in gemms]
     bandwidth = read_bandwidth() / 1e9
     print(f"{args.shape} shapes, {args.threads} threads, read bandwidth {bandwidth:.1f} GB/s")
     print(
-        f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'tiles':>6}{'int':>5}{'ms/pass':>9}"
+        f"{'format':<7}{'isa':<9}{'rows':>5}{'prefetch':>9}{'tiles':>6}{'int':>5}{'gemm':>7}"
+        f"{'ms/pass':>9}"
         f"{'MB':>7}"
         f"{'GB/s':>7}{'GFLOP/s':>9}"
     )
@@ -131,20 +137,30 @@ def main() -> None:
                     integer = "on" if quant_cpu.int_dots() else "off"
                     if rows != 1 or fmt not in quant_cpu.INT_DOTS_FORMATS:
                         integer = "-"
+                    gemm = quant_cpu.gemm() or "off"
+                    if rows <= FUSED_ROWS or tiled == "on":
+                        gemm = "-"  # the fused path, or the tiles
                     ms = statistics.median(times[variant]) * 1e3
                     print(
-                        f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{tiled:>6}{integer:>5}{ms:>9.2f}"
+                        f"{fmt:<7}{isa:<9}{rows:>5}{shown:>9}{tiled:>6}{integer:>5}{gemm:>7}"
+                        f"{ms:>9.2f}"
                         f"{total / 1e6:>7.1f}{total / (ms / 1e3) / 1e9:>7.1f}"
                         f"{2 * rows * values / (ms / 1e3) / 1e9:>9.0f}"
                     )
         apply(KernelSettings())
 
 
-def choose(isa: str, level: str | None, tiles: str | None, int_dots: str | None) -> None:
-    """The path, the prefetch level, and the tiles and int-dots choices (None: auto)."""
+def choose(
+    isa: str, level: str | None, tiles: str | None, int_dots: str | None, gemm: str | None
+) -> None:
+    """The path, the prefetch level, and the tiles, int-dots and GEMM choices (None: auto)."""
     apply(
         KernelSettings(
-            isa=isa, prefetch=level or "auto", tiles=tiles or "auto", int_dots=int_dots or "auto"
+            isa=isa,
+            prefetch=level or "auto",
+            tiles=tiles or "auto",
+            int_dots=int_dots or "auto",
+            gemm=gemm or "auto",
         )
     )
 

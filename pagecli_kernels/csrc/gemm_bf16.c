@@ -109,11 +109,11 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* (gemm_micro_fn: xt and w hold bfloat16 pairs, 32 bits each) */
 static void pairs_portable(const float *xt_pairs, const float *w_pairs, int64_t ldw,
-                           int64_t pairs, int rows, float *sums) {
+                           int64_t pairs, int rows, float *sums, int accumulate) {
     const uint32_t *xt = (const uint32_t *)xt_pairs, *w = (const uint32_t *)w_pairs;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < GEMM_TOKENS; j++) {
-            float total = 0.0f;
+            float total = accumulate ? sums[r * GEMM_TOKENS + j] : 0.0f;
             for (int64_t p0 = 0; p0 < pairs; p0 += PAIR_CHUNK) {
                 float s = 0.0f;
                 for (int64_t p = p0; p < min64(p0 + PAIR_CHUNK, pairs); p++) {
@@ -131,7 +131,7 @@ static void pairs_portable(const float *xt_pairs, const float *w_pairs, int64_t 
 /* One copy per constant R (1..GEMM_ROWS), as gemm_f32.c's micro_avx512_r. */
 TARGET_AVX512_BF16 static inline __attribute__((always_inline)) void
 pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs, float *sums,
-               const int R) {
+               int accumulate, const int R) {
     for (int64_t p0 = 0; p0 < pairs; p0 += PAIR_CHUNK) {
         __m512 acc[GEMM_ROWS][2];
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -147,7 +147,7 @@ pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs
         }
         for (int r = 0; r < R; r++) {
             float *s = sums + r * GEMM_TOKENS;
-            if (p0) {
+            if (p0 || accumulate) {
                 acc[r][0] = _mm512_add_ps(_mm512_load_ps(s), acc[r][0]);
                 acc[r][1] = _mm512_add_ps(_mm512_load_ps(s + 16), acc[r][1]);
             }
@@ -158,9 +158,10 @@ pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs
 }
 
 TARGET_AVX512_BF16 static void pairs_avx512(const float *xt_pairs, const float *w_pairs,
-                                            int64_t ldw, int64_t pairs, int rows, float *sums) {
+                                            int64_t ldw, int64_t pairs, int rows, float *sums,
+                                            int accumulate) {
     const uint32_t *xt = (const uint32_t *)xt_pairs, *w = (const uint32_t *)w_pairs;
-    GEMM_ROWS_SWITCH(rows, pairs_avx512_r, xt, w, ldw, pairs, sums)
+    GEMM_ROWS_SWITCH(rows, pairs_avx512_r, xt, w, ldw, pairs, sums, accumulate)
 }
 #endif
 

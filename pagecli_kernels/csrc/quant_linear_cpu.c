@@ -26,8 +26,8 @@
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
  *     that Python hands over (torch's MKL, run single-threaded inside the thread), or through
- *     gemm_f32.c's kernel where MKL would not run its AVX-512 code (pagecli_quant_gemm), or,
- *     with neither, through the fused path;
+ *     gemm_f32.c's kernel on CPUs that are not Intel's (pagecli_quant_gemm), or, with
+ *     neither, through the fused path;
  *   - larger m, on CPUs with AMX (pagecli_quant_tiles) and formats with a scale per 32 values
  *     that gemm_quant_amx.c splits (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K): AMX's tiles instead of the
  *     panels, BLAS or not.
@@ -63,6 +63,11 @@
 #define FUSED_ROWS_LIMIT 4096 /* the most pagecli_quant_set_fused_rows allows */
 #define CHUNK_VALUES 4096     /* weights dequantized at once by the fused path: 16 KiB */
 #define PANEL_BYTES (1 << 20) /* float32 panel of the sgemm path, per thread: in L2 */
+#define PANEL_PAD 16            /* floats after each row of a native GEMM's panel */
+/* The native GEMM's panels have at least this many rows, past PANEL_BYTES where k is long: it
+ * sweeps a panel a block of k at a time (gemm_sweep), so only a block of the panel needs to
+ * stay in the L2, and each pass over x then serves more rows. */
+#define NATIVE_PANEL_ROWS 128
 #define ROWS_X_BYTES (16 << 10) /* a piece of x the rows kernels take at once: in the L1 */
 #define ROWS_GROUP 8 /* rows of W against each piece of x in turn */
 
@@ -131,9 +136,10 @@ void pagecli_quant_set_blas(void *sgemm, void *set_threads_local) {
 }
 
 /* Multiply panels with gemm_f32.c (GEMM_NATIVE) or the BLAS (GEMM_BLAS), or choose (GEMM_AUTO):
- * the native kernel where the path is AVX-512 on a CPU that is not Intel's, whose AVX-512
- * code MKL does not run (gemm_f32.c says what was measured); or no panels (GEMM_OFF); -1 for
- * any other value. */
+ * the native kernel where the path is AVX-512 or AVX2 on a CPU that is not Intel's (MKL does
+ * not run its AVX-512 code there, and its AVX2 code was slower than the native kernel on a
+ * Zen 3: gemm_f32.c says what was measured); or no panels (GEMM_OFF); -1 for any other
+ * value. */
 int pagecli_quant_set_gemm(int choice) {
     if (choice < GEMM_AUTO || choice > GEMM_OFF) return -1;
     gemm_choice = choice;
@@ -145,7 +151,9 @@ int pagecli_quant_set_gemm(int choice) {
 int pagecli_quant_gemm(void) {
     if (gemm_choice == GEMM_OFF) return 0;
     if (gemm_choice == GEMM_NATIVE) return GEMM_NATIVE;
-    if (gemm_choice == GEMM_AUTO && pagecli_quant_isa() == ISA_AVX512 && !cpu_features()->intel)
+    const int isa = pagecli_quant_isa();
+    if (gemm_choice == GEMM_AUTO && (isa == ISA_AVX512 || isa == ISA_AVX2) &&
+        !cpu_features()->intel)
         return GEMM_NATIVE;
     return blas_sgemm ? GEMM_BLAS : 0;
 }
@@ -512,8 +520,9 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
 
 /* Rows of W per panel: the panel fits PANEL_BYTES, a multiple of 16 rows, and the panels
  * split evenly over the threads where W allows it. */
-static int64_t panel_rows(int64_t n, int64_t k, int num_threads) {
+static int64_t panel_rows(int64_t n, int64_t k, int num_threads, int native) {
     int64_t most = PANEL_BYTES / (int64_t)(k * sizeof(float));
+    if (native && most < NATIVE_PANEL_ROWS) most = NATIVE_PANEL_ROWS;
     most = most < 16 ? 16 : most - most % 16;
     const int64_t rounds = (n + most * num_threads - 1) / (most * num_threads);
     const int64_t per_panel = (n + rounds * num_threads - 1) / (rounds * num_threads);
@@ -537,9 +546,12 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
     float *const xt = packed_x; /* this thread's buffer, shared with the team below */
     const dequant_fn dequant = f->dequant[isa];
     const int64_t blocks_per_row = k / f->block_values;
-    const int64_t rows = panel_rows(n, k, num_threads);
+    const int64_t rows = panel_rows(n, k, num_threads, native);
     const int64_t num_panels = (n + rows - 1) / rows;
     const int in_place = f->type == QT_F32;
+    /* A dequantized panel's rows are k + PANEL_PAD floats apart: at k floats (a multiple of
+     * 4 KiB at the usual widths) the micro-kernel's rows would fall in the same L1 sets. */
+    const int64_t ldp = native ? k + PANEL_PAD : k;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -548,7 +560,7 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
             for (int64_t t = 0; t < (m + GEMM_TOKENS - 1) / GEMM_TOKENS; t++)
                 gemm_pack_x(isa, x, ldx, m, k, xt, t);
         }
-        if (!in_place) gemm_reserve(&panel_buf, &panel_cap, rows * k); /* NULL: failed */
+        if (!in_place) gemm_reserve(&panel_buf, &panel_cap, rows * ldp); /* NULL: failed */
         const int previous = !native && blas_set_threads_local ? blas_set_threads_local(1) : 0;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
@@ -559,9 +571,9 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
             const int64_t first = p * rows, count = min64(rows, n - first);
             const float *panel = in_place ? (const float *)(w + first * row_bytes) : panel_buf;
             for (int64_t r = 0; !in_place && r < count; r++)
-                dequant(w + (first + r) * row_bytes, panel_buf + r * k, blocks_per_row);
-            if (native) { /* rows k floats apart, in place or not */
-                gemm_panel(isa, xt, m, k, panel, k, count, y + first, ldy);
+                dequant(w + (first + r) * row_bytes, panel_buf + r * ldp, blocks_per_row);
+            if (native) {
+                gemm_panel(isa, xt, m, k, panel, in_place ? k : ldp, count, y + first, ldy);
                 continue;
             }
             /* Column-major view: y^T[first:first+count, :] = panel (count x k) @ x^T (k x m). */

@@ -347,10 +347,29 @@ def test_native_gemm_into_a_column_slice(gemm):
     assert_within(out[:, 12:42], x, weight, "q4_1")
 
 
+@pytest.mark.parametrize("rows", [12, 40])
+def test_native_gemm_adds_the_chunks_of_k_in_order(isa, gemm, rows):
+    """Each sum is its 64-value chunks' sums added one after another, over all of k, however the
+    sweep blocks k for the caches: a 1e8 first chunk then chunks summing to 3 stay at 1e8 in
+    float32 (each 3 rounds away), where blocks of 256 values summed apart (12, then 1e8 + 12)
+    would not. 12 tokens take the half micro-kernel, 40 a full strip and a half."""
+    if gemm != "native":
+        pytest.skip("the order of the sums is the native GEMM's promise")
+    k = 768
+    weight = float_rows(torch.ones(5, k))
+    x = torch.zeros(rows, k)
+    x[:, 0] = 1e8
+    x[:, 64 + 5 :: 64] = 3.0  # one 3 in each later chunk
+    got = quant_cpu.quant_linear(x, weight)
+    assert torch.equal(got, torch.full((rows, 5), 1e8))
+
+
 def test_gemm_auto_follows_the_cpu():
-    """Native where the path is AVX-512 on a CPU that is not Intel's (MKL runs its AVX-512
-    code on Intel's only), torch's sgemm elsewhere."""
-    want = "native" if quant_cpu.isa() == "avx512" and _vendor() != "GenuineIntel" else "blas"
+    """Native where the path is AVX-512 or AVX2 on a CPU that is not Intel's (MKL runs its
+    AVX-512 code on Intel's only, and its AVX2 code was the slower there), torch's sgemm
+    elsewhere."""
+    native = quant_cpu.isa() in ("avx512", "avx2") and _vendor() != "GenuineIntel"
+    want = "native" if native else "blas"
     assert quant_cpu.gemm() == want
     with kernel_settings(isa="portable"):
         assert quant_cpu.gemm() == "blas"
