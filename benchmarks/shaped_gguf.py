@@ -25,8 +25,10 @@ token reads (every layer tensor, the output projection and one embedding row) / 
 bandwidth measured in that round. Beside the prefill figures is their ceiling: the prefill's
 FLOPs (prefill_flops) / that round's FMA peak, which no product with float32 activations
 passes on a CPU without matrix tiles (llama.cpp rounds activations to 8 bits and is not bound
-by it). The llama.cpp binaries are the static builds in ../shared/peers/llama.cpp/bin. Quiet
-machines only.
+by it). A second table gives decode's rate per thread (weight bytes per token x tokens/s /
+threads) and the threads each engine would need at that rate to read 60 GB/s (a 16-core
+desktop) and 300 GB/s (a 64-core server); at --threads 1 it is the per-core rate. The
+llama.cpp binaries are the static builds in ../shared/peers/llama.cpp/bin. Quiet machines only.
 
     .venv/bin/python benchmarks/shaped_gguf.py [--shapes 1b,8b] [--mixes q4_0,q8_0,...]
         [--threads 2] [--rounds 3] [--repetitions 1] [--dir /tmp/pagecli-shaped]
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import resource
 import statistics
@@ -780,6 +783,40 @@ def report(args, files: list[Path], rounds: list[dict]) -> None:
         )
 
 
+ENGINES = ("pagecli", "llama.cpp")
+
+
+def per_thread_report(args, files: list[Path], rounds: list[dict], weight_bytes: dict) -> None:
+    """Decode's bytes per second per thread, and the threads that rate needs to reach a desktop's
+    and a server's bandwidth (at --threads 1: per core)."""
+    tg = f"tg{args.tg}"
+    print(
+        f"\nDecode per thread ({tg}): weight bytes per token x tokens/s / {args.threads} "
+        "threads, GB/s, and the threads each engine needs, at that rate, to read as fast as a "
+        "16-core desktop's 60 GB/s and a 64-core server's 300 GB/s (the rate is compute-bound "
+        "where it is below the read rate per thread; measured at --threads 1 it is per core)"
+    )
+    print(
+        "| file | read GB/s per thread | pagecli GB/s per thread | llama.cpp GB/s per thread | "
+        "threads for 60 GB/s, pagecli / llama.cpp | threads for 300 GB/s, pagecli / llama.cpp |"
+    )
+    print("| --- " * 6 + "|")
+    for path in files:
+        name = path.name
+        probe = statistics.median(r[name]["read_bandwidth_gb_s"] for r in rounds) / args.threads
+        per = {}
+        for engine in ENGINES:
+            rates = [r[name][engine]["tg"] for r in rounds if r[name][engine] is not None]
+            if rates:
+                per[engine] = statistics.median(rates) * weight_bytes[name] / args.threads / 1e9
+        shown = [f"{per[e]:.2f}" if e in per else "-" for e in ENGINES]
+        need = [
+            " / ".join(str(math.ceil(target / per[e])) if e in per else "-" for e in ENGINES)
+            for target in (60, 300)
+        ]
+        print(f"| {name} | {probe:.1f} | {shown[0]} | {shown[1]} | {need[0]} | {need[1]} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="1b,8b", help=f"comma-separated: {', '.join(SHAPES)}")
@@ -822,6 +859,7 @@ def main() -> None:
         }  # fmt: skip
         args.json.write_text(json.dumps(result, indent=2))
     report(args, files, rounds)
+    per_thread_report(args, files, rounds, weight_bytes)
 
 
 if __name__ == "__main__":
