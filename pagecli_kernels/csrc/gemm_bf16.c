@@ -109,7 +109,8 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* (gemm_micro_fn: xt and w hold bfloat16 pairs, 32 bits each) */
 static void pairs_portable(const float *xt_pairs, const float *w_pairs, int64_t ldw,
-                           int64_t pairs, int rows, float *sums, int accumulate) {
+                           int64_t pairs, int rows, int tokens, float *sums, int accumulate) {
+    (void)tokens;
     const uint32_t *xt = (const uint32_t *)xt_pairs, *w = (const uint32_t *)w_pairs;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < GEMM_TOKENS; j++) {
@@ -158,8 +159,9 @@ pairs_avx512_r(const uint32_t *xt, const uint32_t *w, int64_t ldw, int64_t pairs
 }
 
 TARGET_AVX512_BF16 static void pairs_avx512(const float *xt_pairs, const float *w_pairs,
-                                            int64_t ldw, int64_t pairs, int rows, float *sums,
-                                            int accumulate) {
+                                            int64_t ldw, int64_t pairs, int rows, int tokens,
+                                            float *sums, int accumulate) {
+    (void)tokens;
     const uint32_t *xt = (const uint32_t *)xt_pairs, *w = (const uint32_t *)w_pairs;
     GEMM_ROWS_SWITCH(rows, pairs_avx512_r, xt, w, ldw, pairs, sums, accumulate)
 }

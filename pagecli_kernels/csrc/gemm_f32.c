@@ -144,7 +144,8 @@ static void write_sums(const float *sums, int rows, int64_t tokens, float *y, in
 }
 
 static void micro_portable(const float *xt, const float *w, int64_t ldw, int64_t k, int rows,
-                           float *sums, int accumulate) {
+                           int tokens, float *sums, int accumulate) {
+    (void)tokens;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < GEMM_TOKENS; j++) {
             float total = accumulate ? sums[r * GEMM_TOKENS + j] : 0.0f;
@@ -224,7 +225,8 @@ micro_avx512_r(const float *xt, const float *w, int64_t ldw, int64_t k, float *s
 }
 
 TARGET_AVX512 static void micro_avx512(const float *xt, const float *w, int64_t ldw, int64_t k,
-                                       int rows, float *sums, int accumulate) {
+                                       int rows, int tokens, float *sums, int accumulate) {
+    (void)tokens;
     GEMM_ROWS_SWITCH(rows, micro_avx512_r, xt, w, ldw, k, sums, accumulate)
 }
 
@@ -252,7 +254,9 @@ micro_half_avx512_r(const float *xt, const float *w, int64_t ldw, int64_t k, flo
 }
 
 TARGET_AVX512 static void micro_half_avx512(const float *xt, const float *w, int64_t ldw,
-                                            int64_t k, int rows, float *sums, int accumulate) {
+                                            int64_t k, int rows, int tokens, float *sums,
+                                            int accumulate) {
+    (void)tokens;
     GEMM_ROWS_SWITCH(rows, micro_half_avx512_r, xt, w, ldw, k, sums, accumulate)
 }
 
@@ -304,31 +308,54 @@ micro_avx2_rows(const float *xt, const float *w, int64_t ldw, int64_t k0, int64_
     }
 }
 
-/* The micro-block over `halves` 16-token halves of the strip (1: the first 16 tokens only). */
+/* R rows (at most GEMM_ROWS) x the 8 tokens from `at`: a last half of at most 8 tokens (12
+ * sums, one vector of x), the same sums lane by lane. */
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-micro_avx2_halves(const float *xt, const float *w, int64_t ldw, int64_t k, int rows,
-                  float *sums, int accumulate, const int halves) {
+micro_avx2_quarter(const float *xt, const float *w, int64_t ldw, int64_t k0, int64_t end,
+                   float *sums, int add, const int R) {
+    __m256 acc[GEMM_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t kk = k0; kk < end; kk++) {
+        const __m256 x0 = _mm256_load_ps(xt + kk * GEMM_TOKENS);
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r * ldw + kk), x0, acc[r]);
+    }
+    for (int r = 0; r < R; r++) {
+        float *s = sums + r * GEMM_TOKENS;
+        if (add) acc[r] = _mm256_add_ps(_mm256_load_ps(s), acc[r]);
+        _mm256_store_ps(s, acc[r]);
+    }
+}
+
+/* The micro-block's first `tokens` tokens (1..GEMM_TOKENS): 16-token halves by parts of
+ * AVX2_ROWS rows, and a last half of at most 8 tokens by micro_avx2_quarter over all rows. The
+ * sums past `tokens` in a half that is computed are zeros' sums; the others are left. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+micro_avx2_tokens(const float *xt, const float *w, int64_t ldw, int64_t k, int rows, int tokens,
+                  float *sums, int accumulate) {
+    const int halves = tokens > 16 ? 2 : 1, last = tokens - 16 * (halves - 1);
+    const int full = last > 8 ? halves : halves - 1; /* halves taken whole */
     for (int64_t k0 = 0; k0 < k; k0 += GEMM_CHUNK) {
         const int64_t end = min64(k0 + GEMM_CHUNK, k);
+        const int add = k0 || accumulate;
         for (int r0 = 0; r0 < rows; r0 += AVX2_ROWS) {
             const int count = rows - r0 < AVX2_ROWS ? rows - r0 : AVX2_ROWS;
-            for (int half = 0; half < halves; half++)
-                micro_avx2_rows(xt, w + r0 * ldw, ldw, k0, end, sums + r0 * GEMM_TOKENS,
-                                k0 || accumulate, half, count);
+            for (int half = 0; half < full; half++)
+                micro_avx2_rows(xt, w + r0 * ldw, ldw, k0, end, sums + r0 * GEMM_TOKENS, add,
+                                half, count);
+        }
+        if (full < halves) {
+            const int at = 16 * full;
+            GEMM_ROWS_SWITCH(rows, micro_avx2_quarter, xt + at, w, ldw, k0, end, sums + at, add)
         }
     }
 }
 
 TARGET_AVX2 static void micro_avx2(const float *xt, const float *w, int64_t ldw, int64_t k,
-                                   int rows, float *sums, int accumulate) {
-    micro_avx2_halves(xt, w, ldw, k, rows, sums, accumulate, 2);
+                                   int rows, int tokens, float *sums, int accumulate) {
+    micro_avx2_tokens(xt, w, ldw, k, rows, tokens, sums, accumulate);
 }
 
-/* micro_avx2 for a strip's first 16 tokens only, as micro_half_avx512. */
-TARGET_AVX2 static void micro_half_avx2(const float *xt, const float *w, int64_t ldw, int64_t k,
-                                        int rows, float *sums, int accumulate) {
-    micro_avx2_halves(xt, w, ldw, k, rows, sums, accumulate, 1);
-}
 #endif
 
 /* gemm_sweep without a store for the sums (where none could be had): each micro-block's
@@ -344,7 +371,8 @@ static void gemm_sweep_unblocked(int isa, gemm_micro_fn micro, gemm_micro_fn mic
             for (int64_t t = t0; t < min64(t0 + STRIP_GROUP, strips); t++) {
                 const int64_t tok = t * GEMM_TOKENS;
                 const gemm_micro_fn fn = micro_half && m - tok <= 16 ? micro_half : micro;
-                fn(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows, sums, 0);
+                fn(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows,
+                   (int)min64(GEMM_TOKENS, m - tok), sums, 0);
                 gemm_write_sums(isa, sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0,
                                 ldy);
             }
@@ -384,8 +412,8 @@ void gemm_sweep(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half, const fl
                     const int64_t tok = t * GEMM_TOKENS;
                     const gemm_micro_fn fn = micro_half && m - tok <= 16 ? micro_half : micro;
                     float *sums = kblocks ? store + (b * STRIP_GROUP + t - t0) * block_floats : one;
-                    fn(xt + (t * k + k0) * GEMM_TOKENS, w + r0 * ldw + k0, ldw, kc, rows, sums,
-                       k0 > 0);
+                    fn(xt + (t * k + k0) * GEMM_TOKENS, w + r0 * ldw + k0, ldw, kc, rows,
+                       (int)min64(GEMM_TOKENS, m - tok), sums, k0 > 0);
                     if (last)
                         gemm_write_sums(isa, sums, rows, min64(GEMM_TOKENS, m - tok),
                                         y + tok * ldy + r0, ldy);
@@ -401,7 +429,7 @@ void gemm_panel(int isa, const float *xt, int64_t m, int64_t k, const float *w, 
     gemm_micro_fn micro = micro_portable, micro_half = NULL;
 #if QUANT_X86
     if (isa == ISA_AVX512) micro = micro_avx512, micro_half = micro_half_avx512;
-    if (isa == ISA_AVX2) micro = micro_avx2, micro_half = micro_half_avx2;
+    if (isa == ISA_AVX2) micro = micro_avx2; /* it takes the strip's tokens by halves itself */
 #endif
     gemm_sweep(isa, micro, micro_half, xt, m, k, w, ldw, count, y, ldy);
 }

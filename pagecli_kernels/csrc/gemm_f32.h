@@ -39,10 +39,12 @@ int gemm_reserve(float **buf, int64_t *cap, int64_t need);
 void gemm_pack_x(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, float *xt,
                  int64_t strip);
 /* sums[r * GEMM_TOKENS + j] = the dot product of packed token j with w's row r (rows ldw
- * values apart) over k 32-bit values, for r < rows <= GEMM_ROWS; with `accumulate`, added to
- * the sums already there as if their k values had come first (the next chunks of one sum) */
+ * values apart) over k 32-bit values, for r < rows <= GEMM_ROWS and j < tokens <= GEMM_TOKENS
+ * (the strip's tokens; a kernel may compute zero sums past them, or leave them); with
+ * `accumulate`, added to the sums already there as if their k values had come first (the
+ * next chunks of one sum) */
 typedef void (*gemm_micro_fn)(const float *xt, const float *w, int64_t ldw, int64_t k, int rows,
-                              float *sums, int accumulate);
+                              int tokens, float *sums, int accumulate);
 void gemm_write_sums(int isa, const float *sums, int rows, int64_t tokens, float *y,
                      int64_t ldy);
 void gemm_sweep(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half, const float *xt,
