@@ -71,7 +71,7 @@
 /* A product of at most one strip of input rows (GEMM_TOKENS: a MoE expert's tokens in a
  * prefill) reads each panel value once, so the panel is kept small enough to be read back from
  * the L2 (512 KiB on a Zen 3) rather than the L3: Q4_K 1536 x 2048 over 32 rows, 2 Zen 3
- * threads, 136-143 GFLOP/s against 100-113 with the panels above. */
+ * threads, 136-148 GFLOP/s against 100-113 with the panels above. */
 #define ONE_STRIP_PANEL_BYTES (1 << 18)
 #define ROWS_X_BYTES (16 << 10) /* a piece of x the rows kernels take at once: in the L1 */
 #define ROWS_GROUP 8 /* rows of W against each piece of x in turn */
