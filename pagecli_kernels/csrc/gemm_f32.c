@@ -360,27 +360,6 @@ TARGET_AVX2 static void micro_avx2(const float *xt, const float *w, int64_t ldw,
 
 #endif
 
-/* gemm_sweep without a store for the sums (where none could be had): each micro-block's
- * sums over all of k at once. */
-static void gemm_sweep_unblocked(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half,
-                                 const float *xt, int64_t m, int64_t k, const float *w,
-                                 int64_t ldw, int64_t count, float *y, int64_t ldy) {
-    float sums[GEMM_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
-    const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
-    for (int64_t t0 = 0; t0 < strips; t0 += STRIP_GROUP)
-        for (int64_t r0 = 0; r0 < count; r0 += GEMM_ROWS) {
-            const int rows = (int)min64(GEMM_ROWS, count - r0);
-            for (int64_t t = t0; t < min64(t0 + STRIP_GROUP, strips); t++) {
-                const int64_t tok = t * GEMM_TOKENS;
-                const gemm_micro_fn fn = micro_half && m - tok <= 16 ? micro_half : micro;
-                fn(xt + t * k * GEMM_TOKENS, w + r0 * ldw, ldw, k, rows,
-                   (int)min64(GEMM_TOKENS, m - tok), sums, 0);
-                gemm_write_sums(isa, sums, rows, min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0,
-                                ldy);
-            }
-        }
-}
-
 /* y[tok][r] = the dot product of x's row tok with w's row r, for tok < m and r < count, through
  * `micro` (w's rows ldw 32-bit values apart, x packed by gemm_pack_x; k values of 32 bits each:
  * floats here, bfloat16 pairs in gemm_bf16.c), and through `micro_half` (NULL: none) for a
@@ -400,13 +379,14 @@ void gemm_sweep(int isa, gemm_micro_fn micro, gemm_micro_fn micro_half, const fl
     const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int64_t blocks = (count + GEMM_ROWS - 1) / GEMM_ROWS;
     const int64_t block_floats = GEMM_ROWS * GEMM_TOKENS;
-    const int kblocks = k > SWEEP_K; /* one block of k needs no store */
-    if (kblocks && gemm_reserve(&store, &store_cap, blocks * STRIP_GROUP * block_floats))
-        return gemm_sweep_unblocked(isa, micro, micro_half, xt, m, k, w, ldw, count, y, ldy);
+    /* one block of k (k is short, or no store could be had) keeps each sum in `one` */
+    const int kblocks = k > SWEEP_K &&
+                        !gemm_reserve(&store, &store_cap, blocks * STRIP_GROUP * block_floats);
+    const int64_t step = kblocks ? SWEEP_K : k;
     for (int64_t t0 = 0; t0 < strips; t0 += STRIP_GROUP) {
         const int64_t t1 = min64(t0 + STRIP_GROUP, strips);
-        for (int64_t k0 = 0; k0 < k; k0 += SWEEP_K) {
-            const int64_t kc = min64(SWEEP_K, k - k0), last = k0 + kc == k;
+        for (int64_t k0 = 0; k0 < k; k0 += step) {
+            const int64_t kc = min64(step, k - k0), last = k0 + kc == k;
             for (int64_t b = 0; b < blocks; b++) {
                 const int64_t r0 = b * GEMM_ROWS;
                 const int rows = (int)min64(GEMM_ROWS, count - r0);
