@@ -214,14 +214,20 @@ typedef int (*int_split_fn)(const float *x, int64_t num_blocks, const struct int
 typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, int rows,
                             const struct int_split *x, float *out);
 
-/* The integer path of AVX2 (quant_k.c): out[i] = dot(dequant(row), x_i) for the m <=
+/* The integer paths' kernels for several input rows (quant_k.c: AVX2's for any number of
+ * rows, AVX-512 VNNI's for 2 or more): out[i] = dot(dequant(row), x_i) for the m <=
  * INT_ROWS_MAX inputs split into xs[0..m), one weight row at a time. The products of a
  * super-block are summed as integers (exact, in any order) and scaled per super-block in
  * float32 in the same order for every input, so an output has the same bits whatever m is
  * and whichever rows are beside it. */
 #define INT_ROWS_MAX 4
+/* A long row is taken in pieces of whole super-blocks (so that the inputs' parts of a piece
+ * stay in the L1), in order: `phase` ROWS_FIRST starts the sums at zero (else they are
+ * loaded from `state`, INT_STATE floats per input, 64-byte aligned), ROWS_LAST reduces them
+ * into out (else they are stored back), as the rows kernels do. */
+#define INT_STATE 32
 typedef void (*int_rows_fn)(const void *row, int64_t num_blocks, const struct int_split *xs,
-                            int m, float *out);
+                            int m, float *state, int phase, float *out);
 
 /* The small-batch kernels (small_fn): out[i * R + r] = dot(dequant(W row r), x[i * ldx ...])
  * for the R = SMALL_ROWS(m) rows at w, w + row_bytes, ... and m = 2..SMALL_MAX_M input rows:
@@ -241,8 +247,9 @@ struct quant_format {
     rows_fn rows[3];       /* per cpu_isa; NULL: dequantize into a buffer, then dot */
     wide_fn wide[3];       /* per cpu_isa; NULL: rows() one at a time */
     int wide_rows;         /* rows a wide kernel takes at once; 0: WIDE_ROWS */
-    int_split_fn split;        /* the integer batch-1 path (AVX-512 VNNI); NULL: none */
-    int_wide_fn int_wide;
+    int_split_fn split;        /* the integer path of AVX-512 VNNI; NULL: none */
+    int_wide_fn int_wide;      /* its batch-1 kernel */
+    int_rows_fn int_rows;      /* its kernel for 2 or more input rows (the same bits) */
     small_fn small;            /* 2-4 input rows, AVX-512 (below); NULL: the rows kernel */
     int_split_fn split2;       /* the integer path of AVX2 (any number of input rows) */
     int_rows_fn int_rows2;

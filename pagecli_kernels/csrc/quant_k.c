@@ -857,6 +857,159 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
+/* Several input rows (int_rows_fn): one weight row at a time against M <= INT_ROWS_MAX inputs,
+ * each split as above, so that a super-block's weight words are made once for all of them
+ * (batched decode, and the rows that check a speculative step's drafts). A super-block's
+ * integer sums are exact in any order (one chain per part here, across both halves), and each
+ * input's float32 work is the batch-1 kernel's, in its order: the conversion of the two sums,
+ * their scaling, the minimums' sums, the reduction at the end. So an output has the bits it
+ * has at batch 1 (int_wide_*), whatever M is and whichever inputs are beside it. */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+int_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
+           float *out, const int M) {
+    const block_q4_K *blocks = row;
+    const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
+    const __m512i nib = _mm512_set1_epi16(0x0F);
+    __m512i pick[2][2]; /* as in int_wide_q4_K */
+    for (int h = 0; h < 2; h++)
+        for (int odd = 0; odd < 2; odd++) {
+            int16_t idx[32];
+            for (int i = 0; i < 32; i++) idx[i] = (int16_t)(4 * h + 2 * (i >= 16) + odd);
+            pick[h][odd] = _mm512_loadu_si512((const void *)idx);
+        }
+    __m512 acc[INT_ROWS_MAX];
+    __m256 accm[INT_ROWS_MAX];
+    for (int i = 0; i < M; i++) {
+        const int fresh = phase & ROWS_FIRST;
+        acc[i] = fresh ? _mm512_setzero_ps() : _mm512_load_ps(state + INT_STATE * i);
+        accm[i] = fresh ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i + 16);
+    }
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q4_K *b = blocks + s;
+        for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
+            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
+        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
+        uint32_t u[3];
+        memcpy(u, b->scales, sizeof u);
+        const uint32_t sc[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
+        const uint32_t m[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
+        const __m512i scw =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const void *)sc)));
+        const __m256 ms = _mm256_mul_ps(
+            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
+        for (int i = 0; i < M; i++)
+            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
+        __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
+        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
+            const __m512i se = _mm512_permutexvar_epi16(pick[h][0], scw);
+            const __m512i so = _mm512_permutexvar_epi16(pick[h][1], scw);
+            const __m512i w[4] = {
+                _mm512_mullo_epi16(_mm512_and_si512(q, nib), se),
+                _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib), so),
+                _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 8), nib), se),
+                _mm512_mullo_epi16(_mm512_srli_epi16(q, 12), so)};
+            for (int i = 0; i < M; i++) {
+                const int16_t *A = xs[i].a + s * QK_K + 128 * h, *B = xs[i].b + s * QK_K + 128 * h;
+                for (int k = 0; k < 4; k++) {
+                    ia[i] = _mm512_dpwssd_epi32(ia[i], w[k],
+                                                _mm512_loadu_si512((const void *)(A + 32 * k)));
+                    ib[i] = _mm512_dpwssd_epi32(ib[i], w[k],
+                                                _mm512_loadu_si512((const void *)(B + 32 * k)));
+                }
+            }
+        }
+        const float d = _cvtsh_ss(b->d);
+        for (int i = 0; i < M; i++) {
+            const float ds = d * xs[i].scale[s]; /* exact: f16 times a power of two */
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]), _mm512_set1_ps(ds), acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[i]), _mm512_set1_ps(ds * 0x1p-15f),
+                                     acc[i]);
+        }
+    }
+    for (int i = 0; i < M; i++) {
+        if (phase & ROWS_LAST) {
+            out[i] = _mm512_reduce_add_ps(acc[i]) - hsum256(accm[i]);
+        } else {
+            _mm512_store_ps(state + INT_STATE * i, acc[i]);
+            _mm256_store_ps(state + INT_STATE * i + 16, accm[i]);
+        }
+    }
+}
+
+TARGET_VNNI static inline __attribute__((always_inline)) void
+int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
+           float *out, const int M) {
+    const block_q6_K *blocks = row;
+    const int l2 = pagecli_quant_prefetch_l2;
+    __m512i pick[4]; /* as in int_wide_q6_K */
+    for (int c = 0; c < 4; c++) {
+        int16_t idx[32];
+        for (int i = 0; i < 32; i++) idx[i] = (int16_t)(2 * c + (i >= 16));
+        pick[c] = _mm512_loadu_si512((const void *)idx);
+    }
+    __m512 acc[INT_ROWS_MAX];
+    for (int i = 0; i < M; i++)
+        acc[i] = (phase & ROWS_FIRST) ? _mm512_setzero_ps() : _mm512_load_ps(state + INT_STATE * i);
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q6_K *b = blocks + s;
+        for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
+            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        const __m512i scw[2] = {
+            _mm512_castsi256_si512(sc16),
+            _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11))};
+        __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
+        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i v[2];
+            q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
+            for (int c = 0; c < 4; c++) {
+                const __m256i bytes = (c & 1) ? _mm512_extracti64x4_epi64(v[c >> 1], 1)
+                                              : _mm512_castsi512_si256(v[c >> 1]);
+                const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
+                                                      _mm512_permutexvar_epi16(pick[c], scw[h]));
+                const int64_t o = s * QK_K + 128 * h + 32 * c;
+                for (int i = 0; i < M; i++) {
+                    ia[i] = _mm512_dpwssd_epi32(ia[i], wv,
+                                                _mm512_loadu_si512((const void *)(xs[i].a + o)));
+                    ib[i] = _mm512_dpwssd_epi32(ib[i], wv,
+                                                _mm512_loadu_si512((const void *)(xs[i].b + o)));
+                }
+            }
+        }
+        const float d = _cvtsh_ss(b->d);
+        for (int i = 0; i < M; i++) {
+            const float ds = d * xs[i].scale[s]; /* exact: f16 times a power of two */
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]), _mm512_set1_ps(ds), acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[i]), _mm512_set1_ps(ds * 0x1p-15f),
+                                     acc[i]);
+        }
+    }
+    for (int i = 0; i < M; i++) {
+        if (phase & ROWS_LAST)
+            out[i] = _mm512_reduce_add_ps(acc[i]);
+        else
+            _mm512_store_ps(state + INT_STATE * i, acc[i]);
+    }
+}
+
+#define INT_DISPATCH(name)                                                                     \
+    TARGET_VNNI static void int_rows_##name(const void *row, int64_t nb,                       \
+                                            const struct int_split *xs, int m, float *state,   \
+                                            int phase, float *out) {                           \
+        switch (m) {                                                                           \
+        case 1: int_##name##_m(row, nb, xs, state, phase, out, 1); break;                      \
+        case 2: int_##name##_m(row, nb, xs, state, phase, out, 2); break;                      \
+        case 3: int_##name##_m(row, nb, xs, state, phase, out, 3); break;                      \
+        default: int_##name##_m(row, nb, xs, state, phase, out, 4); break;                     \
+        }                                                                                      \
+    }
+INT_DISPATCH(q4_K)
+INT_DISPATCH(q6_K)
+
 /* ---- Q4_K and Q6_K on integer products (AVX2) ------------------------------------------
  * The AVX2 float kernels above are bound by widening and converting every weight (about 3.5
  * cycles per 8 weights per row on Zen 3, where llama.cpp's 8-bit dots decode the same file
@@ -930,12 +1083,17 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
 /* Q4_K: per super-block at most 32 products of |q * sc| <= 945 and |A|, |B| <= 2^14 per
  * int32 lane (4.9e8 < 2^31). */
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
+int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
+            float *out, const int M) {
     const block_q4_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
     const __m256i nib = _mm256_set1_epi16(0x0F);
     __m256 acc[INT_ROWS_MAX], accm[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) acc[i] = accm[i] = _mm256_setzero_ps();
+    for (int i = 0; i < M; i++) {
+        const int fresh = phase & ROWS_FIRST;
+        acc[i] = fresh ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i);
+        accm[i] = fresh ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i + 16);
+    }
     for (int64_t s = 0; s < nb; s++) {
         const block_q4_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
@@ -978,18 +1136,27 @@ int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
         const float d = _cvtsh_ss(b->d);
         for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
     }
-    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]) - hsum256(accm[i]);
+    for (int i = 0; i < M; i++) {
+        if (phase & ROWS_LAST) {
+            out[i] = hsum256(acc[i]) - hsum256(accm[i]);
+        } else {
+            _mm256_store_ps(state + INT_STATE * i, acc[i]);
+            _mm256_store_ps(state + INT_STATE * i + 16, accm[i]);
+        }
+    }
 }
 
 /* Q6_K: |(q - 32) * sc| <= 4096, so a lane takes at most 16 products (a half's) before it
  * is converted: 2^30. */
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
+int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
+            float *out, const int M) {
     const block_q6_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2;
     int8_t q[32] __attribute__((aligned(32)));
     __m256 acc[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
+    for (int i = 0; i < M; i++)
+        acc[i] = (phase & ROWS_FIRST) ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i);
     for (int64_t s = 0; s < nb; s++) {
         const block_q6_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
@@ -1018,17 +1185,23 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
             for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
         }
     }
-    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]);
+    for (int i = 0; i < M; i++) {
+        if (phase & ROWS_LAST)
+            out[i] = hsum256(acc[i]);
+        else
+            _mm256_store_ps(state + INT_STATE * i, acc[i]);
+    }
 }
 
 #define INT2_DISPATCH(name)                                                                    \
     TARGET_AVX2 static void int2_rows_##name(const void *row, int64_t nb,                      \
-                                             const struct int_split *xs, int m, float *out) {  \
+                                             const struct int_split *xs, int m, float *state,  \
+                                             int phase, float *out) {                          \
         switch (m) {                                                                           \
-        case 1: int2_##name##_m(row, nb, xs, out, 1); break;                                   \
-        case 2: int2_##name##_m(row, nb, xs, out, 2); break;                                   \
-        case 3: int2_##name##_m(row, nb, xs, out, 3); break;                                   \
-        default: int2_##name##_m(row, nb, xs, out, 4); break;                                  \
+        case 1: int2_##name##_m(row, nb, xs, state, phase, out, 1); break;                     \
+        case 2: int2_##name##_m(row, nb, xs, state, phase, out, 2); break;                     \
+        case 3: int2_##name##_m(row, nb, xs, state, phase, out, 3); break;                     \
+        default: int2_##name##_m(row, nb, xs, state, phase, out, 4); break;                    \
         }                                                                                      \
     }
 INT2_DISPATCH(q4_K)
@@ -1043,11 +1216,11 @@ INT2_DISPATCH(q6_K)
 #endif
 
 #if QUANT_X86
-#define INT_PATH(name) split_x_##name, int_wide_##name
+#define INT_PATH(name) split_x_##name, int_wide_##name, int_rows_##name
 #define SMALL(name) small_##name##_avx512
 #define INT2(name) split2_x, int2_rows_##name
 #else
-#define INT_PATH(name) NULL, NULL
+#define INT_PATH(name) NULL, NULL, NULL
 #define SMALL(name) NULL
 #define INT2(name) NULL, NULL
 #endif

@@ -474,7 +474,7 @@ AVX2_KERNELS(iq4_xs, QK_K, AVX2_WALK_IQ4_XS)
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, rows_##name##_avx2, rows_##name##_avx512}
 #define WIDE(name)                                                                             \
-    , {NULL, wide_##name##_avx2, wide_##name##_avx512}, 0, NULL, NULL, small_##name##_avx512
+    , {NULL, wide_##name##_avx2, wide_##name##_avx512}, .small = small_##name##_avx512
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #define WIDE(name)

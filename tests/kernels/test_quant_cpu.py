@@ -652,8 +652,8 @@ def test_bf16_linear_takes_bfloat16_only():
         )
 
 
-# ---- the integer paths (csrc/quant_k.c: x split into two int16 parts; AVX-512 VNNI at
-# batch 1, AVX2 at any batch) ----
+# ---- the integer paths (csrc/quant_k.c: x split into two int16 parts; AVX-512 VNNI and
+# AVX2, any batch up to fused_rows) ----
 
 
 def _cpu_flags() -> set[str]:
@@ -701,14 +701,13 @@ def test_int_dots_auto_follows_the_cpu():
 
 @pytest.mark.parametrize("rows", [2, 3, 5, 8, 17])
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
-def test_int_dots_of_several_rows_match_float64_and_each_row_alone(fmt, rows):
-    """AVX2's integer path takes any number of input rows (fused_rows 17 here), each with the
-    bits it has alone, within the float kernels' float64 tolerance."""
-    if "avx2" not in quant_cpu.supported_isas():
-        pytest.skip("this CPU does not run the avx2 path")
+def test_int_dots_of_several_rows_match_float64_and_each_row_alone(int_dots, fmt, rows):
+    """Both integer paths take any number of input rows (fused_rows 17 here), each with the
+    bits it has alone (on AVX-512 VNNI: the batch-1 kernel's over WIDE_ROWS rows of W),
+    within the float kernels' float64 tolerance."""
     weight = random_weight(fmt, 37, 17 * 256, seed=rows)
     x = torch.randn(rows, 17 * 256, generator=torch.Generator().manual_seed(rows))
-    with kernel_settings(isa="avx2", int_dots="on", fused_rows=17):
+    with kernel_settings(fused_rows=17):
         got = quant_cpu.quant_linear(x, weight)
         alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(rows)])
         with kernel_settings(int_dots="off"):

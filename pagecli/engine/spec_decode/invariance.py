@@ -8,8 +8,8 @@ the same bits in either batch:
   one row; the panels and tiles that larger batches take sum in their own order. Steps
   without drafts keep the process's choice, so prefills have the bits they have without
   speculation;
-- the integer batch-1 dots of AVX-512 VNNI are turned off for every step, since batches of
-  more rows have no integer path there (AVX2's integer path takes any batch: it stays);
+- the integer paths of Q4_K and Q6_K (AVX-512 VNNI, AVX2) need nothing: their kernels for
+  several input rows give each row its batch-1 bits (csrc/quant_k.c);
 - attention needs nothing here: it cuts contexts by sequences, not rows
   (pagecli_kernels/native.py: choose_split_tokens).
 Settings the user chose (`--kernels`) are kept. Each step that needs a change runs under it
@@ -32,8 +32,6 @@ def verify_kernel_settings(kernels: KernelSettings, rows: int, drafts: bool) -> 
     changes: dict[str, object] = {}
     if drafts and kernels.fused_rows == 0 and rows > quant_cpu.fused_rows():
         changes["fused_rows"] = min(rows, FUSED_ROWS_MAX)
-    if kernels.int_dots == "auto" and quant_cpu.int_dots() and quant_cpu.isa() == "avx512":
-        changes["int_dots"] = "off"  # VNNI's batch-1 path (AVX2's takes any batch)
     return dataclasses.replace(kernels, **changes) if changes else kernels
 
 
