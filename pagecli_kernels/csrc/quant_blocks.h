@@ -221,13 +221,8 @@ typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks
  * float32 in the same order for every input, so an output has the same bits whatever m is
  * and whichever rows are beside it. */
 #define INT_ROWS_MAX 4
-/* A long row is taken in pieces of whole super-blocks (so that the inputs' parts of a piece
- * stay in the L1), in order: `phase` ROWS_FIRST starts the sums at zero (else they are
- * loaded from `state`, INT_STATE floats per input, 64-byte aligned), ROWS_LAST reduces them
- * into out (else they are stored back), as the rows kernels do. */
-#define INT_STATE 32
 typedef void (*int_rows_fn)(const void *row, int64_t num_blocks, const struct int_split *xs,
-                            int m, float *state, int phase, float *out);
+                            int m, float *out);
 
 /* The small-batch kernels (small_fn): out[i * R + r] = dot(dequant(W row r), x[i * ldx ...])
  * for the R = SMALL_ROWS(m) rows at w, w + row_bytes, ... and m = 2..SMALL_MAX_M input rows:

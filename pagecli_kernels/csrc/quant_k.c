@@ -865,8 +865,7 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
  * their scaling, the minimums' sums, the reduction at the end. So an output has the bits it
  * has at batch 1 (int_wide_*), whatever M is and whichever inputs are beside it. */
 TARGET_VNNI static inline __attribute__((always_inline)) void
-int_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
-           float *out, const int M) {
+int_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q4_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
     const __m512i nib = _mm512_set1_epi16(0x0F);
@@ -879,11 +878,7 @@ int_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state
         }
     __m512 acc[INT_ROWS_MAX];
     __m256 accm[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) {
-        const int fresh = phase & ROWS_FIRST;
-        acc[i] = fresh ? _mm512_setzero_ps() : _mm512_load_ps(state + INT_STATE * i);
-        accm[i] = fresh ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i + 16);
-    }
+    for (int i = 0; i < M; i++) acc[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const block_q4_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
@@ -929,19 +924,11 @@ int_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state
                                      acc[i]);
         }
     }
-    for (int i = 0; i < M; i++) {
-        if (phase & ROWS_LAST) {
-            out[i] = _mm512_reduce_add_ps(acc[i]) - hsum256(accm[i]);
-        } else {
-            _mm512_store_ps(state + INT_STATE * i, acc[i]);
-            _mm256_store_ps(state + INT_STATE * i + 16, accm[i]);
-        }
-    }
+    for (int i = 0; i < M; i++) out[i] = _mm512_reduce_add_ps(acc[i]) - hsum256(accm[i]);
 }
 
 TARGET_VNNI static inline __attribute__((always_inline)) void
-int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
-           float *out, const int M) {
+int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q6_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2;
     __m512i pick[4]; /* as in int_wide_q6_K */
@@ -951,8 +938,7 @@ int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state
         pick[c] = _mm512_loadu_si512((const void *)idx);
     }
     __m512 acc[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++)
-        acc[i] = (phase & ROWS_FIRST) ? _mm512_setzero_ps() : _mm512_load_ps(state + INT_STATE * i);
+    for (int i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const block_q6_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
@@ -988,23 +974,17 @@ int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state
                                      acc[i]);
         }
     }
-    for (int i = 0; i < M; i++) {
-        if (phase & ROWS_LAST)
-            out[i] = _mm512_reduce_add_ps(acc[i]);
-        else
-            _mm512_store_ps(state + INT_STATE * i, acc[i]);
-    }
+    for (int i = 0; i < M; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
 #define INT_DISPATCH(name)                                                                     \
     TARGET_VNNI static void int_rows_##name(const void *row, int64_t nb,                       \
-                                            const struct int_split *xs, int m, float *state,   \
-                                            int phase, float *out) {                           \
+                                            const struct int_split *xs, int m, float *out) {   \
         switch (m) {                                                                           \
-        case 1: int_##name##_m(row, nb, xs, state, phase, out, 1); break;                      \
-        case 2: int_##name##_m(row, nb, xs, state, phase, out, 2); break;                      \
-        case 3: int_##name##_m(row, nb, xs, state, phase, out, 3); break;                      \
-        default: int_##name##_m(row, nb, xs, state, phase, out, 4); break;                     \
+        case 1: int_##name##_m(row, nb, xs, out, 1); break;                                    \
+        case 2: int_##name##_m(row, nb, xs, out, 2); break;                                    \
+        case 3: int_##name##_m(row, nb, xs, out, 3); break;                                    \
+        default: int_##name##_m(row, nb, xs, out, 4); break;                                   \
         }                                                                                      \
     }
 INT_DISPATCH(q4_K)
@@ -1083,17 +1063,12 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
 /* Q4_K: per super-block at most 32 products of |q * sc| <= 945 and |A|, |B| <= 2^14 per
  * int32 lane (4.9e8 < 2^31). */
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
-            float *out, const int M) {
+int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q4_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
     const __m256i nib = _mm256_set1_epi16(0x0F);
     __m256 acc[INT_ROWS_MAX], accm[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) {
-        const int fresh = phase & ROWS_FIRST;
-        acc[i] = fresh ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i);
-        accm[i] = fresh ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i + 16);
-    }
+    for (int i = 0; i < M; i++) acc[i] = accm[i] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const block_q4_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
@@ -1136,27 +1111,18 @@ int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *stat
         const float d = _cvtsh_ss(b->d);
         for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
     }
-    for (int i = 0; i < M; i++) {
-        if (phase & ROWS_LAST) {
-            out[i] = hsum256(acc[i]) - hsum256(accm[i]);
-        } else {
-            _mm256_store_ps(state + INT_STATE * i, acc[i]);
-            _mm256_store_ps(state + INT_STATE * i + 16, accm[i]);
-        }
-    }
+    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]) - hsum256(accm[i]);
 }
 
 /* Q6_K: |(q - 32) * sc| <= 4096, so a lane takes at most 16 products (a half's) before it
  * is converted: 2^30. */
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *state, int phase,
-            float *out, const int M) {
+int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q6_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2;
     int8_t q[32] __attribute__((aligned(32)));
     __m256 acc[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++)
-        acc[i] = (phase & ROWS_FIRST) ? _mm256_setzero_ps() : _mm256_load_ps(state + INT_STATE * i);
+    for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const block_q6_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
@@ -1185,23 +1151,17 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *stat
             for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
         }
     }
-    for (int i = 0; i < M; i++) {
-        if (phase & ROWS_LAST)
-            out[i] = hsum256(acc[i]);
-        else
-            _mm256_store_ps(state + INT_STATE * i, acc[i]);
-    }
+    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]);
 }
 
 #define INT2_DISPATCH(name)                                                                    \
     TARGET_AVX2 static void int2_rows_##name(const void *row, int64_t nb,                      \
-                                             const struct int_split *xs, int m, float *state,  \
-                                             int phase, float *out) {                          \
+                                             const struct int_split *xs, int m, float *out) {  \
         switch (m) {                                                                           \
-        case 1: int2_##name##_m(row, nb, xs, state, phase, out, 1); break;                     \
-        case 2: int2_##name##_m(row, nb, xs, state, phase, out, 2); break;                     \
-        case 3: int2_##name##_m(row, nb, xs, state, phase, out, 3); break;                     \
-        default: int2_##name##_m(row, nb, xs, state, phase, out, 4); break;                    \
+        case 1: int2_##name##_m(row, nb, xs, out, 1); break;                                   \
+        case 2: int2_##name##_m(row, nb, xs, out, 2); break;                                   \
+        case 3: int2_##name##_m(row, nb, xs, out, 3); break;                                   \
+        default: int2_##name##_m(row, nb, xs, out, 4); break;                                  \
         }                                                                                      \
     }
 INT2_DISPATCH(q4_K)

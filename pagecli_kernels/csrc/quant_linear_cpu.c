@@ -21,7 +21,8 @@
  *     speculative decoding's verify rows need). Q4_K and Q6_K take the integer paths
  *     instead (pagecli_quant_int_dots): on AVX-512 VNNI, a batch-1 kernel over WIDE_ROWS
  *     rows of W (int_batch_one) and a kernel for 2 or more input rows (int_rows) that gives
- *     each input the batch-1 bits; on AVX2 the latter alone, for any m up to there.
+ *     each input the batch-1 bits, taken only under INT_ON (see int_choice); on AVX2 the
+ *     latter alone, for any m up to there.
  *     Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
@@ -205,9 +206,13 @@ int pagecli_quant_tiles(void) {
 }
 
 /* Whether products of the formats with an integer path (Q4_K, Q6_K: struct int_split) take
- * it (INT_AUTO): the fused path's products of any number of rows, on the AVX-512 path of a
- * CPU with AVX512_VNNI and on the AVX2 path, each row with its batch-1 bits; or off (the
- * float kernels). INT_ON is refused where the CPU runs neither. */
+ * it. INT_AUTO: batch-1 products on the AVX-512 path of a CPU with AVX512_VNNI, and the fused
+ * path's products of any number of rows on the AVX2 path. INT_ON: the fused path's products
+ * of any number of rows on either path, each row with its batch-1 bits (speculative
+ * decoding's steps with drafts ask for it); under auto, AVX-512's 2-8 rows keep the float
+ * kernels, which decoded 4-8 sequences of a 1B Q4_K_M 1.3-1.4x faster on a Zen 4 (Q6_K's
+ * small-batch kernel shares each load of x between two weight rows). INT_OFF: the float
+ * kernels. INT_ON is refused where the CPU runs neither. */
 enum { INT_AUTO = 0, INT_OFF = 1, INT_ON = 2 };
 #ifdef INT_DEFAULT_OFF /* benchmarks/kernel_variants.py: the float kernels' variant */
 static int int_choice = INT_OFF;
@@ -348,8 +353,7 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
 static int small_batches = 1;
 
 /* 0 (auto: the small-batch kernels for 2-8 input rows, pieces of x where it does not fit the
- * L1, in the rows kernels and the integer paths) or 1 (neither: the rows kernel over whole
- * rows, the same bits; tests); -1 for another
+ * L1) or 1 (neither: the rows kernel over whole rows, the same bits; tests); -1 for another
  * choice. */
 int pagecli_quant_set_small_batches(int choice) {
     if (choice < 0 || choice > 1) return -1;
@@ -364,11 +368,7 @@ int pagecli_quant_small_batches(void) { return small_batches; }
  * VNNI's for 2 or more): each of the m input rows split once, then each thread's weight rows
  * one at a time against up to INT_ROWS_MAX inputs at a time (m cut into even groups: 5 =
  * 3 + 2), ROWS_GROUP rows of W against each group of inputs in turn while they are in the
- * cache. Where a group's parts of x (1 KiB per input per 256 values) pass 2 * ROWS_X_BYTES,
- * each weight row is taken in pieces of whole super-blocks whose parts take ROWS_X_BYTES,
- * the ROWS_GROUP rows in turn against each piece, each (row, input)'s sums kept in `state`
- * between pieces (the same order of sums: the same bits). Returns 0 where split_rows gives
- * nothing. */
+ * cache. Returns 0 where split_rows gives nothing. */
 static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_format *f,
                     const uint8_t *w, int64_t row_bytes, int64_t n, int64_t blocks,
                     const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
@@ -377,32 +377,15 @@ static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_f
     if (!parts) return 0;
     const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
     const int64_t passes = (m + INT_ROWS_MAX - 1) / INT_ROWS_MAX;
-    const int64_t block_x = (m + passes - 1) / passes * f->block_values * 2 * (int64_t)sizeof(int16_t);
-    const int64_t piece = !small_batches || blocks * block_x <= 2 * ROWS_X_BYTES
-                              ? blocks
-                              : (ROWS_X_BYTES / block_x > 0 ? ROWS_X_BYTES / block_x : 1);
 #pragma omp parallel for num_threads(num_threads) schedule(guided, 1)
     for (int64_t g = 0; g < groups; g++) {
-        float state[ROWS_GROUP][INT_ROWS_MAX * INT_STATE] __attribute__((aligned(64)));
         const int64_t r0 = g * ROWS_GROUP, count_rows = min64(ROWS_GROUP, n - r0);
         for (int64_t i = 0, p = 0; p < passes; p++) {
             const int count = (int)((m - i) / (passes - p));
-            for (int64_t b0 = 0; b0 < blocks; b0 += piece) {
-                const int64_t nb = min64(piece, blocks - b0), values = b0 * f->block_values;
-                const int phase =
-                    (b0 == 0 ? ROWS_FIRST : 0) | (b0 + nb == blocks ? ROWS_LAST : 0);
-                struct int_split view[INT_ROWS_MAX]; /* the inputs' parts from block b0 on */
-                for (int t = 0; t < count; t++)
-                    view[t] = (struct int_split){parts[i + t].a + values, parts[i + t].b + values,
-                                                 parts[i + t].scale + b0,
-                                                 parts[i + t].sums + values / 32};
-                for (int64_t r = 0; r < count_rows; r++) {
-                    float out[INT_ROWS_MAX];
-                    kernel(w + (r0 + r) * row_bytes + b0 * f->block_bytes, nb, view, count,
-                           state[r], phase, out);
-                    if (phase & ROWS_LAST)
-                        for (int t = 0; t < count; t++) y[(i + t) * ldy + r0 + r] = out[t];
-                }
+            for (int64_t r = 0; r < count_rows; r++) {
+                float out[INT_ROWS_MAX];
+                kernel(w + (r0 + r) * row_bytes, blocks, parts + i, count, out);
+                for (int t = 0; t < count; t++) y[(i + t) * ldy + r0 + r] = out[t];
             }
             i += count;
         }
@@ -460,7 +443,8 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     if (m == 1 && f->int_wide && isa == ISA_AVX512 && pagecli_quant_int_dots() &&
         int_batch_one(f, w, row_bytes, n, blocks_per_row, x, y, num_threads))
         return;
-    if (m >= 2 && f->int_rows && isa == ISA_AVX512 && pagecli_quant_int_dots() &&
+    if (m >= 2 && f->int_rows && isa == ISA_AVX512 && int_choice == INT_ON &&
+        pagecli_quant_int_dots() &&
         int_rows(f->split, f->int_rows, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy,
                  num_threads))
         return;

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from pagecli.engine.spec_decode.invariance import verify_kernel_settings
 from pagecli_kernels import quant_cpu, reference
 from pagecli_kernels.quant_formats import FORMATS, QuantWeight, float_rows
-from pagecli_kernels.settings import kernel_settings
+from pagecli_kernels.settings import applied, kernel_settings
 
 # |y - y_ref| <= TOL * (|x| @ |W|.T) per output. The weights are exact in float32 (each is an
 # f16 scale times a small integer, or a difference of two such products), so every format's
@@ -238,8 +239,9 @@ def test_a_row_has_the_bits_it_has_alone_in_any_batch_up_to_fused_rows(isa, fuse
     """Speculative decoding's verify rows: every output of a batch of 2 to `fused_rows`
     input rows (8 under auto; 17 = 1 + 16 drafts) is bit for bit the output of its input row
     alone, whose one-row product takes the wide kernels. Every format, float32 and bfloat16
-    rows included, on every path."""
-    with kernel_settings(fused_rows=fused_rows):
+    rows included, on every path, under the integer-path choice of a step with drafts."""
+    drafts = verify_kernel_settings(applied(), rows=2, drafts=True)
+    with kernel_settings(fused_rows=fused_rows, int_dots=drafts.int_dots):
         most = quant_cpu.fused_rows()
         assert most == (fused_rows or 8)
         for weight in _weights_of_every_format():
@@ -652,8 +654,8 @@ def test_bf16_linear_takes_bfloat16_only():
         )
 
 
-# ---- the integer paths (csrc/quant_k.c: x split into two int16 parts; AVX-512 VNNI and
-# AVX2, any batch up to fused_rows) ----
+# ---- the integer paths (csrc/quant_k.c: x split into two int16 parts; AVX-512 VNNI at
+# batch 1, or at any batch up to fused_rows when on; AVX2 at any batch) ----
 
 
 def _cpu_flags() -> set[str]:
@@ -702,9 +704,9 @@ def test_int_dots_auto_follows_the_cpu():
 @pytest.mark.parametrize("rows", [2, 3, 5, 8, 17])
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 def test_int_dots_of_several_rows_match_float64_and_each_row_alone(int_dots, fmt, rows):
-    """Both integer paths take any number of input rows (fused_rows 17 here), each with the
-    bits it has alone (on AVX-512 VNNI: the batch-1 kernel's over WIDE_ROWS rows of W),
-    within the float kernels' float64 tolerance."""
+    """Both integer paths take any number of input rows when on (fused_rows 17 here), each
+    with the bits it has alone (on AVX-512 VNNI: the batch-1 kernel's over WIDE_ROWS rows of
+    W), within the float kernels' float64 tolerance."""
     weight = random_weight(fmt, 37, 17 * 256, seed=rows)
     x = torch.randn(rows, 17 * 256, generator=torch.Generator().manual_seed(rows))
     with kernel_settings(fused_rows=17):
@@ -715,6 +717,25 @@ def test_int_dots_of_several_rows_match_float64_and_each_row_alone(int_dots, fmt
     assert_within(got, x, weight, fmt)
     assert torch.equal(got.view(torch.int32), alone.view(torch.int32))
     assert not torch.equal(got, floats)  # the integer path ran
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_only_steps_with_drafts_take_vnnis_integer_path_for_several_rows(fmt):
+    """Under auto, AVX-512 VNNI's integer path takes batch 1 only (2-8 rows are faster on the
+    float kernels); a step with drafts turns it on for every batch, so that its rows have the
+    bits they have alone."""
+    if not _int_dots_run():
+        pytest.skip("this CPU has no AVX512_VNNI")
+    weight = random_weight(fmt, 37, 17 * 256, seed=7)
+    x = torch.randn(4, 17 * 256, generator=torch.Generator().manual_seed(7))
+    with kernel_settings(isa="avx512"):
+        alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(4)])
+        assert not torch.equal(quant_cpu.quant_linear(x, weight), alone)  # the float kernels
+        drafts = verify_kernel_settings(applied(), rows=4, drafts=True)
+        assert drafts.int_dots == "on"
+        with kernel_settings(int_dots=drafts.int_dots):
+            got = quant_cpu.quant_linear(x, weight)
+    assert torch.equal(got.view(torch.int32), alone.view(torch.int32))
 
 
 @pytest.mark.parametrize("cols", [768, 8192])
