@@ -64,7 +64,8 @@ class KernelSettings:
     gemm: Gemm = "auto"
     # batches of the 32-value-scale formats on AMX's tiles (on: needs AMX and AVX-512)
     tiles: Switch = "auto"
-    # Q4_K/Q6_K products through integer dots (AVX-512 VNNI or AVX2, up to fused_rows rows)
+    # Q4_K/Q6_K products through integer dots (auto: AVX-512 VNNI at batch 1, AVX2 at any
+    # batch; on: any batch on both)
     int_dots: Switch = "auto"
     # the small-batch kernels for 2-8 input rows (off: whole rows, the same bits)
     small_batches: SmallBatches = "auto"
