@@ -859,7 +859,7 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
 
 /* Several input rows (int_rows_fn): one weight row at a time against M <= INT_ROWS_MAX inputs,
  * each split as above, so that a super-block's weight words are made once for all of them
- * (batched decode, and the rows that check a speculative step's drafts). A super-block's
+ * (under int_dots on: the rows that check a speculative step's drafts). A super-block's
  * integer sums are exact in any order (one chain per part here, across both halves), and each
  * input's float32 work is the batch-1 kernel's, in its order: the conversion of the two sums,
  * their scaling, the minimums' sums, the reduction at the end. So an output has the bits it
