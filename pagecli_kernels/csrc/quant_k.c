@@ -732,10 +732,42 @@ static int split_x_q6_K(const float *x, int64_t num_blocks, const struct int_spl
     return split_x(x, num_blocks, out, 0);
 }
 
-/* One row's super-block: ia/ib[h] += the products of half h, four chains in all. */
-TARGET_VNNI static inline __attribute__((always_inline)) void int_q4_K_block(
-    const block_q4_K *b, const int16_t *A, const int16_t *B, const __m512i pick[2][2],
-    __m256 xsum, float scale, __m512 *acc, __m256 *accm) {
+/* The word permutes that give each of Q4_K's 32 words (half h, nibble k: int_q4_K_block) its
+ * sub-block's scale: pick[h][k & 1]. */
+TARGET_VNNI static inline __attribute__((always_inline)) void q4_K_int_picks(__m512i pick[2][2]) {
+    for (int h = 0; h < 2; h++)
+        for (int odd = 0; odd < 2; odd++) {
+            int16_t idx[32];
+            for (int i = 0; i < 32; i++) idx[i] = (int16_t)(4 * h + 2 * (i >= 16) + odd);
+            pick[h][odd] = _mm512_loadu_si512((const void *)idx);
+        }
+}
+
+/* Q6_K's: scale words for values 32c..32c+32 of a half, words 0..15 scale 2c, 16..31 2c+1. */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_K_int_picks(__m512i pick[4]) {
+    for (int c = 0; c < 4; c++) {
+        int16_t idx[32];
+        for (int i = 0; i < 32; i++) idx[i] = (int16_t)(2 * c + (i >= 16));
+        pick[c] = _mm512_loadu_si512((const void *)idx);
+    }
+}
+
+/* acc += d * s * (SA + SB * 2^-15) for a super-block's int32 sums SA, SB of an input split
+ * with scale s. */
+TARGET_VNNI static inline __attribute__((always_inline)) void int_scale(__m512i ia, __m512i ib,
+                                                                          float d, float scale,
+                                                                          __m512 *acc) {
+    const float ds = d * scale; /* exact: f16 times a power of two */
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ds), *acc);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(ds * 0x1p-15f), *acc);
+}
+
+/* Super-block s of one weight row against M inputs xs[0..M): the weight words of each half
+ * made once, then for each input two chains (A, B) per half, added as integers (exact), and
+ * the input's float32 scaling in one order whatever M is: acc[i], accm[i]. */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+int_q4_K_block(const block_q4_K *b, int64_t s, const struct int_split *xs, const int M,
+               const __m512i pick[2][2], __m512 *acc, __m256 *accm) {
     const __m512i nib = _mm512_set1_epi16(0x0F);
     const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
     uint32_t u[3];
@@ -747,33 +779,32 @@ TARGET_VNNI static inline __attribute__((always_inline)) void int_q4_K_block(
     const __m256 ms = _mm256_mul_ps(
         _mm256_set1_ps(_cvtsh_ss(b->dmin)),
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
-    *accm = _mm256_fmadd_ps(ms, xsum, *accm);
-    __m512i ia[2], ib[2];
+    for (int i = 0; i < M; i++)
+        accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
+    __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
+    for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
         const __m512i se = _mm512_permutexvar_epi16(pick[h][0], scw);
         const __m512i so = _mm512_permutexvar_epi16(pick[h][1], scw);
-        const __m512i w0 = _mm512_mullo_epi16(_mm512_and_si512(q, nib), se);
-        const __m512i w1 = _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib), so);
-        const __m512i w2 = _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 8), nib), se);
-        const __m512i w3 = _mm512_mullo_epi16(_mm512_srli_epi16(q, 12), so);
-        const int16_t *ah = A + 128 * h, *bh = B + 128 * h;
-        ia[h] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w0,
-                                    _mm512_loadu_si512((const void *)ah));
-        ib[h] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w0,
-                                    _mm512_loadu_si512((const void *)bh));
-        ia[h] = _mm512_dpwssd_epi32(ia[h], w1, _mm512_loadu_si512((const void *)(ah + 32)));
-        ib[h] = _mm512_dpwssd_epi32(ib[h], w1, _mm512_loadu_si512((const void *)(bh + 32)));
-        ia[h] = _mm512_dpwssd_epi32(ia[h], w2, _mm512_loadu_si512((const void *)(ah + 64)));
-        ib[h] = _mm512_dpwssd_epi32(ib[h], w2, _mm512_loadu_si512((const void *)(bh + 64)));
-        ia[h] = _mm512_dpwssd_epi32(ia[h], w3, _mm512_loadu_si512((const void *)(ah + 96)));
-        ib[h] = _mm512_dpwssd_epi32(ib[h], w3, _mm512_loadu_si512((const void *)(bh + 96)));
+        const __m512i w[4] = {
+            _mm512_mullo_epi16(_mm512_and_si512(q, nib), se),
+            _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib), so),
+            _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 8), nib), se),
+            _mm512_mullo_epi16(_mm512_srli_epi16(q, 12), so)};
+        for (int i = 0; i < M; i++) {
+            const int16_t *A = xs[i].a + s * QK_K + 128 * h, *B = xs[i].b + s * QK_K + 128 * h;
+            __m512i ha = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                ha = _mm512_dpwssd_epi32(ha, w[k], _mm512_loadu_si512((const void *)(A + 32 * k)));
+                hb = _mm512_dpwssd_epi32(hb, w[k], _mm512_loadu_si512((const void *)(B + 32 * k)));
+            }
+            ia[i] = _mm512_add_epi32(ia[i], ha);
+            ib[i] = _mm512_add_epi32(ib[i], hb);
+        }
     }
-    const float ds = _cvtsh_ss(b->d) * scale; /* exact: f16 times a power of two */
-    const __m512 sa = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[0], ia[1]));
-    const __m512 sb = _mm512_cvtepi32_ps(_mm512_add_epi32(ib[0], ib[1]));
-    *acc = _mm512_fmadd_ps(sa, _mm512_set1_ps(ds), *acc);
-    *acc = _mm512_fmadd_ps(sb, _mm512_set1_ps(ds * 0x1p-15f), *acc);
+    const float d = _cvtsh_ss(b->d);
+    for (int i = 0; i < M; i++) int_scale(ia[i], ib[i], d, xs[i].scale[s], &acc[i]);
 }
 
 /* `rows` (<= WIDE_ROWS) rows, one after another per super-block: interleaving them (the rows
@@ -783,146 +814,91 @@ TARGET_VNNI static void int_wide_q4_K(const void *w, int64_t row_bytes, int64_t 
     const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);
     const int l2 = pagecli_quant_prefetch_l2;
     __m512i pick[2][2];
-    for (int h = 0; h < 2; h++)
-        for (int odd = 0; odd < 2; odd++) {
-            int16_t idx[32];
-            for (int i = 0; i < 32; i++) idx[i] = (int16_t)(4 * h + 2 * (i >= 16) + odd);
-            pick[h][odd] = _mm512_loadu_si512((const void *)idx);
-        }
+    q4_K_int_picks(pick);
     __m512 acc[WIDE_ROWS];
     __m256 accm[WIDE_ROWS];
     for (int r = 0; r < WIDE_ROWS; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < nb; s++) {
-        const __m256 xsum = _mm256_loadu_ps(xs->sums + 8 * s);
+    for (int64_t s = 0; s < nb; s++)
         for (int r = 0; r < rows; r++) {
             const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + r * row_bytes) + s;
             WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q4_K))
-            int_q4_K_block(b, xs->a + s * QK_K, xs->b + s * QK_K, pick, xsum, xs->scale[s],
-                           &acc[r], &accm[r]);
+            int_q4_K_block(b, s, xs, 1, pick, &acc[r], &accm[r]);
         }
-    }
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum256(accm[r]);
 }
 
 /* Q6_K: the 6-bit values of each half minus 32 (q6_half_bytes), widened to words and times
  * their 8-bit scale ((q - 32) * sc: |.| <= 4096), against A and B in order; at most 16
- * products per int32 lane per super-block (1.07e9 < 2^31). */
-TARGET_VNNI static inline __attribute__((always_inline)) void int_q6_K_block(
-    const block_q6_K *b, const int16_t *A, const int16_t *B, const __m512i pick[4], float scale,
-    __m512 *acc) {
+ * products per int32 lane per super-block (1.07e9 < 2^31). As int_q4_K_block, M inputs. */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+int_q6_K_block(const block_q6_K *b, int64_t s, const struct int_split *xs, const int M,
+               const __m512i pick[4], __m512 *acc) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
     const __m512i scw[2] = {_mm512_castsi256_si512(sc16),
                             _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11))};
-    __m512i ia[2], ib[2];
+    __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
+    for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
-        __m512i v[2];
+        __m512i v[2], ha[INT_ROWS_MAX], hb[INT_ROWS_MAX];
         q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
-        ia[h] = ib[h] = _mm512_setzero_si512();
+        for (int i = 0; i < M; i++) ha[i] = hb[i] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             const __m256i bytes = (c & 1) ? _mm512_extracti64x4_epi64(v[c >> 1], 1)
                                           : _mm512_castsi512_si256(v[c >> 1]);
             const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
                                                   _mm512_permutexvar_epi16(pick[c], scw[h]));
-            const int16_t *ah = A + 128 * h + 32 * c, *bh = B + 128 * h + 32 * c;
-            ia[h] = _mm512_dpwssd_epi32(ia[h], wv, _mm512_loadu_si512((const void *)ah));
-            ib[h] = _mm512_dpwssd_epi32(ib[h], wv, _mm512_loadu_si512((const void *)bh));
+            const int64_t o = s * QK_K + 128 * h + 32 * c;
+            for (int i = 0; i < M; i++) {
+                ha[i] = _mm512_dpwssd_epi32(ha[i], wv,
+                                            _mm512_loadu_si512((const void *)(xs[i].a + o)));
+                hb[i] = _mm512_dpwssd_epi32(hb[i], wv,
+                                            _mm512_loadu_si512((const void *)(xs[i].b + o)));
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            ia[i] = _mm512_add_epi32(ia[i], ha[i]);
+            ib[i] = _mm512_add_epi32(ib[i], hb[i]);
         }
     }
-    const float ds = _cvtsh_ss(b->d) * scale; /* exact: f16 times a power of two */
-    const __m512 sa = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[0], ia[1]));
-    const __m512 sb = _mm512_cvtepi32_ps(_mm512_add_epi32(ib[0], ib[1]));
-    *acc = _mm512_fmadd_ps(sa, _mm512_set1_ps(ds), *acc);
-    *acc = _mm512_fmadd_ps(sb, _mm512_set1_ps(ds * 0x1p-15f), *acc);
+    const float d = _cvtsh_ss(b->d);
+    for (int i = 0; i < M; i++) int_scale(ia[i], ib[i], d, xs[i].scale[s], &acc[i]);
 }
 
 TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t nb, int rows,
                                       const struct int_split *xs, float *out) {
     const int64_t ahead = wide_prefetch_distance(row_bytes, WIDE_ROWS);
     const int l2 = pagecli_quant_prefetch_l2;
-    /* scale words for values 32c..32c+32 of a half: words 0..15 scale 2c, 16..31 scale 2c+1 */
     __m512i pick[4];
-    for (int c = 0; c < 4; c++) {
-        int16_t idx[32];
-        for (int i = 0; i < 32; i++) idx[i] = (int16_t)(2 * c + (i >= 16));
-        pick[c] = _mm512_loadu_si512((const void *)idx);
-    }
+    q6_K_int_picks(pick);
     __m512 acc[WIDE_ROWS];
     for (int r = 0; r < WIDE_ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++)
         for (int r = 0; r < rows; r++) {
             const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
             WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q6_K))
-            int_q6_K_block(b, xs->a + s * QK_K, xs->b + s * QK_K, pick, xs->scale[s], &acc[r]);
+            int_q6_K_block(b, s, xs, 1, pick, &acc[r]);
         }
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-/* Several input rows (int_rows_fn): one weight row at a time against M <= INT_ROWS_MAX inputs,
- * each split as above, so that a super-block's weight words are made once for all of them
- * (under int_dots on: the rows that check a speculative step's drafts). A super-block's
- * integer sums are exact in any order (one chain per part here, across both halves), and each
- * input's float32 work is the batch-1 kernel's, in its order: the conversion of the two sums,
- * their scaling, the minimums' sums, the reduction at the end. So an output has the bits it
+/* Several input rows (int_rows_fn, under int_dots on: the rows that check a speculative
+ * step's drafts): one weight row at a time against M <= INT_ROWS_MAX inputs, each
+ * super-block's weight words made once for all of them by the blocks above, which give each
+ * input the float32 work of the batch-1 kernels in their order: an output has the bits it
  * has at batch 1 (int_wide_*), whatever M is and whichever inputs are beside it. */
 TARGET_VNNI static inline __attribute__((always_inline)) void
 int_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q4_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
-    const __m512i nib = _mm512_set1_epi16(0x0F);
-    __m512i pick[2][2]; /* as in int_wide_q4_K */
-    for (int h = 0; h < 2; h++)
-        for (int odd = 0; odd < 2; odd++) {
-            int16_t idx[32];
-            for (int i = 0; i < 32; i++) idx[i] = (int16_t)(4 * h + 2 * (i >= 16) + odd);
-            pick[h][odd] = _mm512_loadu_si512((const void *)idx);
-        }
+    __m512i pick[2][2];
+    q4_K_int_picks(pick);
     __m512 acc[INT_ROWS_MAX];
     __m256 accm[INT_ROWS_MAX];
     for (int i = 0; i < M; i++) acc[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
-        const block_q4_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
-            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
-        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
-        uint32_t u[3];
-        memcpy(u, b->scales, sizeof u);
-        const uint32_t sc[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
-        const uint32_t m[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
-        const __m512i scw =
-            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const void *)sc)));
-        const __m256 ms = _mm256_mul_ps(
-            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
-        for (int i = 0; i < M; i++)
-            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
-        __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
-        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
-            const __m512i se = _mm512_permutexvar_epi16(pick[h][0], scw);
-            const __m512i so = _mm512_permutexvar_epi16(pick[h][1], scw);
-            const __m512i w[4] = {
-                _mm512_mullo_epi16(_mm512_and_si512(q, nib), se),
-                _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib), so),
-                _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 8), nib), se),
-                _mm512_mullo_epi16(_mm512_srli_epi16(q, 12), so)};
-            for (int i = 0; i < M; i++) {
-                const int16_t *A = xs[i].a + s * QK_K + 128 * h, *B = xs[i].b + s * QK_K + 128 * h;
-                for (int k = 0; k < 4; k++) {
-                    ia[i] = _mm512_dpwssd_epi32(ia[i], w[k],
-                                                _mm512_loadu_si512((const void *)(A + 32 * k)));
-                    ib[i] = _mm512_dpwssd_epi32(ib[i], w[k],
-                                                _mm512_loadu_si512((const void *)(B + 32 * k)));
-                }
-            }
-        }
-        const float d = _cvtsh_ss(b->d);
-        for (int i = 0; i < M; i++) {
-            const float ds = d * xs[i].scale[s]; /* exact: f16 times a power of two */
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]), _mm512_set1_ps(ds), acc[i]);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[i]), _mm512_set1_ps(ds * 0x1p-15f),
-                                     acc[i]);
-        }
+            prefetch_w(l2, (const char *)(blocks + s) + PREFETCH_BYTES + p);
+        int_q4_K_block(blocks + s, s, xs, M, pick, acc, accm);
     }
     for (int i = 0; i < M; i++) out[i] = _mm512_reduce_add_ps(acc[i]) - hsum256(accm[i]);
 }
@@ -931,64 +907,31 @@ TARGET_VNNI static inline __attribute__((always_inline)) void
 int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q6_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2;
-    __m512i pick[4]; /* as in int_wide_q6_K */
-    for (int c = 0; c < 4; c++) {
-        int16_t idx[32];
-        for (int i = 0; i < 32; i++) idx[i] = (int16_t)(2 * c + (i >= 16));
-        pick[c] = _mm512_loadu_si512((const void *)idx);
-    }
+    __m512i pick[4];
+    q6_K_int_picks(pick);
     __m512 acc[INT_ROWS_MAX];
     for (int i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
-        const block_q6_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
-            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-        const __m512i scw[2] = {
-            _mm512_castsi256_si512(sc16),
-            _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11))};
-        __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
-        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            __m512i v[2];
-            q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
-            for (int c = 0; c < 4; c++) {
-                const __m256i bytes = (c & 1) ? _mm512_extracti64x4_epi64(v[c >> 1], 1)
-                                              : _mm512_castsi512_si256(v[c >> 1]);
-                const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
-                                                      _mm512_permutexvar_epi16(pick[c], scw[h]));
-                const int64_t o = s * QK_K + 128 * h + 32 * c;
-                for (int i = 0; i < M; i++) {
-                    ia[i] = _mm512_dpwssd_epi32(ia[i], wv,
-                                                _mm512_loadu_si512((const void *)(xs[i].a + o)));
-                    ib[i] = _mm512_dpwssd_epi32(ib[i], wv,
-                                                _mm512_loadu_si512((const void *)(xs[i].b + o)));
-                }
-            }
-        }
-        const float d = _cvtsh_ss(b->d);
-        for (int i = 0; i < M; i++) {
-            const float ds = d * xs[i].scale[s]; /* exact: f16 times a power of two */
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]), _mm512_set1_ps(ds), acc[i]);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[i]), _mm512_set1_ps(ds * 0x1p-15f),
-                                     acc[i]);
-        }
+            prefetch_w(l2, (const char *)(blocks + s) + PREFETCH_BYTES + p);
+        int_q6_K_block(blocks + s, s, xs, M, pick, acc);
     }
     for (int i = 0; i < M; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
-#define INT_DISPATCH(name)                                                                     \
-    TARGET_VNNI static void int_rows_##name(const void *row, int64_t nb,                       \
+/* int_rows_fn for the kernels `prefix`_`name`_m, M = m (<= INT_ROWS_MAX) a constant each. */
+#define INT_ROWS_DISPATCH(target, prefix, name)                                                \
+    target static void prefix##_rows_##name(const void *row, int64_t nb,                       \
                                             const struct int_split *xs, int m, float *out) {   \
         switch (m) {                                                                           \
-        case 1: int_##name##_m(row, nb, xs, out, 1); break;                                    \
-        case 2: int_##name##_m(row, nb, xs, out, 2); break;                                    \
-        case 3: int_##name##_m(row, nb, xs, out, 3); break;                                    \
-        default: int_##name##_m(row, nb, xs, out, 4); break;                                   \
+        case 1: prefix##_##name##_m(row, nb, xs, out, 1); break;                               \
+        case 2: prefix##_##name##_m(row, nb, xs, out, 2); break;                               \
+        case 3: prefix##_##name##_m(row, nb, xs, out, 3); break;                               \
+        default: prefix##_##name##_m(row, nb, xs, out, 4); break;                              \
         }                                                                                      \
     }
-INT_DISPATCH(q4_K)
-INT_DISPATCH(q6_K)
+INT_ROWS_DISPATCH(TARGET_VNNI, int, q4_K)
+INT_ROWS_DISPATCH(TARGET_VNNI, int, q6_K)
 
 /* ---- Q4_K and Q6_K on integer products (AVX2) ------------------------------------------
  * The AVX2 float kernels above are bound by widening and converting every weight (about 3.5
@@ -1154,18 +1097,8 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
     for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]);
 }
 
-#define INT2_DISPATCH(name)                                                                    \
-    TARGET_AVX2 static void int2_rows_##name(const void *row, int64_t nb,                      \
-                                             const struct int_split *xs, int m, float *out) {  \
-        switch (m) {                                                                           \
-        case 1: int2_##name##_m(row, nb, xs, out, 1); break;                                   \
-        case 2: int2_##name##_m(row, nb, xs, out, 2); break;                                   \
-        case 3: int2_##name##_m(row, nb, xs, out, 3); break;                                   \
-        default: int2_##name##_m(row, nb, xs, out, 4); break;                                  \
-        }                                                                                      \
-    }
-INT2_DISPATCH(q4_K)
-INT2_DISPATCH(q6_K)
+INT_ROWS_DISPATCH(TARGET_AVX2, int2, q4_K)
+INT_ROWS_DISPATCH(TARGET_AVX2, int2, q6_K)
 
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
