@@ -12,6 +12,8 @@
 int pagecli_quant_isa(void);
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
                          int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);
+int pagecli_quant_fused_rows(void); /* batches of up to this many rows: the fused kernels */
+int64_t pagecli_quant_row_bytes(int type, int64_t k); /* -1: unknown type or shape */
 
 /* quantize_cpu.c: float32 rows -> Q4_K blocks (0, or -1 a type it does not make, -2 a shape) */
 int pagecli_quantize_rows(int ggml_type, const float *x, int64_t rows, int64_t cols,

@@ -41,7 +41,8 @@
  *                 then their softmax), then each chosen expert once over
  *                 all its tokens (gathered), its outputs times their routing weights added
  *                 per token in ascending expert order, and a gated shared expert; its table
- *                 of MOE_FIELDS gives the projections (pagecli_moe runs the same for the loop)
+ *                 of MOE_FIELDS gives the projections (pagecli_moe runs the same for the loop);
+ *                 decode-sized steps run all chosen experts in one parallel region (moe_decode)
  *   OP_DELTANET   a Gated DeltaNet layer's step from its input projection x[src] into
  *                 x[dst] (gated_delta_cpu.c; float32): its table of DELTA_FIELDS gives the
  *                 weights, the state stores and the shape; each sequence's state slot and
@@ -78,6 +79,7 @@
  * Returns 0, or LAYERS_E_* (the failing op is not reported: the binding checked the program,
  * so a failure is the step's arguments, and the first layer already fails).
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -225,6 +227,35 @@ static int linear(const int64_t *proj, const void *x, int64_t m, int64_t k, void
     if (status == 0 && dtype) narrow_bf16(y32, y, m * n, num_threads);
     if (timings) timings[0] += omp_get_wtime() - start;
     return status == 0 ? 0 : status == -3 ? LAYERS_E_MEMORY : LAYERS_E_FORMAT;
+}
+
+/* Columns [c0, c1) of linear's y for float32 x and y, on the calling thread: the parts'
+ * rows in that range, then their bias. A row of W sums the same whatever rows are computed
+ * beside it on the fused kernels (batches of up to pagecli_quant_fused_rows rows), so a
+ * projection cut into column ranges gives linear's bits there. */
+static int linear_cols(const int64_t *proj, const float *x, int64_t m, int64_t k, float *y,
+                       int64_t n, int64_t c0, int64_t c1) {
+    if (proj[P_NUM_PARTS] < 1 || proj[P_NUM_PARTS] > MAX_PARTS) return LAYERS_E_PARTS;
+    int64_t first = 0; /* the part's first output column */
+    for (int p = 0; p < proj[P_NUM_PARTS]; p++) {
+        const int type = (int)proj[P_PARTS + 3 * p];
+        const uint8_t *w = PTR(proj[P_PARTS + 3 * p + 1]);
+        const int64_t rows = proj[P_PARTS + 3 * p + 2];
+        const int64_t lo = c0 > first ? c0 : first, hi = c1 < first + rows ? c1 : first + rows;
+        if (lo < hi) {
+            const int64_t row_bytes = pagecli_quant_row_bytes(type, k);
+            if (row_bytes < 0) return LAYERS_E_FORMAT;
+            const int status = pagecli_quant_linear(type, w + (lo - first) * row_bytes, hi - lo,
+                                                    k, x, k, m, y + lo, n, 1);
+            if (status) return status == -3 ? LAYERS_E_MEMORY : LAYERS_E_FORMAT;
+        }
+        first += rows;
+    }
+    if (first != n) return LAYERS_E_PARTS;
+    const float *bias = PTR(proj[P_BIAS]);
+    for (int64_t t = 0; bias && t < m; ++t)
+        for (int64_t j = c0; j < c1; ++j) y[t * n + j] += bias[j];
+    return 0;
 }
 
 /* What one step shares with every op. */
@@ -442,6 +473,94 @@ static int expert_mlp(const int64_t *m, const int64_t *gate_up, const int64_t *d
     return linear(down, a, n, inter, y, H, 0, NULL, NULL, num_threads, timings);
 }
 
+/* Piece t's share [lo, hi) of n columns cut into nt pieces, in whole groups of 16. */
+static void column_share(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
+    const int64_t per = ((n + nt - 1) / nt + 15) / 16 * 16;
+    *lo = t * per < n ? t * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+/* Whether expert c's tokens (rows [starts[c], starts[c + 1]) of `rows`) are consecutive: then
+ * its inputs are x's own rows, else they are gathered. */
+static int consecutive(const int64_t *rows, const int64_t *starts, int64_t c) {
+    for (int64_t i = starts[c] + 1; i < starts[c + 1]; ++i)
+        if (rows[i] != rows[i - 1] + 1) return 0;
+    return 1;
+}
+
+/* The chosen experts of a decode-sized step (T up to the fused kernels' rows) in one parallel
+ * region: the threads take pieces of the chosen experts' gate_up columns (two pieces a thread
+ * of each expert, dynamically: a thread slowed by a neighbour on its core takes fewer), then
+ * each its share of the activation rows, then pieces of the down projections' columns, then
+ * each its share of the hidden columns of the weighted sums (each token's experts added in
+ * ascending order, as the loop adds them). The loop forks and joins the threads twice for
+ * each expert (16 times a layer at top 8), which at batch 1 on many cores costs more than an
+ * expert's few rows a thread; here it is three barriers a layer. Expert c has the flat rows
+ * [starts[c], starts[c + 1]) of rows (its tokens), rw (their routing weights) and the scratch
+ * xg [*, H] (its inputs, where they are not consecutive rows of xin), gu [*, 2I], a [*, I],
+ * yo [*, H]. The bits are the loop's: linear_cols gives linear's, and each row's activation
+ * and each sum are computed as there. */
+static int moe_decode(const int64_t *m, const int64_t *chosen, const int64_t *starts,
+                      int64_t count, const int64_t *rows, const float *rw, const float *xin,
+                      int64_t H, int64_t inter, int act_kind, float *xg, float *gu, float *a,
+                      float *yo, float *sums, int num_threads) {
+    const int64_t *tables = PTR(m[MOE_TABLES]), total = starts[count];
+    for (int64_t c = 0; c < count; ++c) /* at batch 1 none: each expert has x's row */
+        if (!consecutive(rows, starts, c))
+            for (int64_t i = starts[c]; i < starts[c + 1]; ++i)
+                memcpy(xg + i * H, xin + rows[i] * H, sizeof(float) * (size_t)H);
+    int status = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads(), pieces = 2 * nt;
+        int mine = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < count * pieces; ++item) {
+            const int64_t c = item / pieces;
+            const float *xc = consecutive(rows, starts, c) ? xin + rows[starts[c]] * H
+                                                           : xg + starts[c] * H;
+            int64_t lo, hi;
+            column_share(2 * inter, (int)(item % pieces), pieces, &lo, &hi);
+            if (lo < hi && !mine)
+                mine = linear_cols(PTR(tables[2 * chosen[c]]), xc, starts[c + 1] - starts[c], H,
+                                   gu + starts[c] * 2 * inter, 2 * inter, lo, hi);
+        }
+        const int64_t r0 = total * t / nt, r1 = total * (t + 1) / nt; /* activation rows */
+        if (r0 < r1 && act_kind == 2)
+            pagecli_swiglu_oai(gu + r0 * 2 * inter, a + r0 * inter, r1 - r0, inter, 2 * inter,
+                               inter, 0, as_float(m[MOE_ALPHA]), as_float(m[MOE_LIMIT]), 1);
+        else if (r0 < r1)
+            pagecli_act_mul(gu + r0 * 2 * inter, a + r0 * inter, r1 - r0, inter, 2 * inter, inter,
+                            0, act_kind, 1);
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < count * pieces; ++item) {
+            const int64_t c = item / pieces;
+            int64_t lo, hi;
+            column_share(H, (int)(item % pieces), pieces, &lo, &hi);
+            if (lo < hi && !mine)
+                mine = linear_cols(PTR(tables[2 * chosen[c] + 1]), a + starts[c] * inter,
+                                   starts[c + 1] - starts[c], inter, yo + starts[c] * H, H, lo,
+                                   hi);
+        }
+        int64_t lo, hi;
+        column_share(H, t, nt, &lo, &hi);
+        for (int64_t i = 0; i < total; ++i) { /* in ascending expert order, as the loop */
+            float *sum = sums + rows[i] * H;
+            const float *y = yo + i * H, w = rw[i];
+            for (int64_t h = lo; h < hi; ++h) {
+                const float scaled = y[h] * w;
+                sum[h] += scaled;
+            }
+        }
+        if (mine) {
+#pragma omp critical(moe_decode_status)
+            if (!status) status = mine;
+        }
+    }
+    return status;
+}
+
 /* The sparse MoE MLP (OP_MOE) of x [T, H] (rows ldx apart) into out [T, ldo] (float32). */
 static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t H,
                float *out, int64_t ldo, int num_threads, double *timings) {
@@ -452,12 +571,19 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
         routing < 0 || routing > 1)
         return LAYERS_E_PROGRAM;
     const int64_t *tables = PTR(m[MOE_TABLES]);
-    /* scratch: the unit-stride input [T, H], logits [T, E], routing weights [T, k], an
-     * expert's rows' weights [T], its gathered rows [T, H], gate_up [T, 2 wide], act
-     * [T, wide], its outputs [T, H], the sums [T, H], the shared expert's gate [T] */
-    const int64_t floats = T * H + T * E + T * k + T + T * H + 3 * T * wide + 2 * T * H + T;
+    /* decode-sized steps take moe_decode, with every chosen expert's rows at once: R rows of
+     * scratch (the loop reuses T of them for one expert at a time) */
+    const int decode = num_threads > 1 && T <= pagecli_quant_fused_rows();
+    const int64_t R = decode ? T * k : T;
+    /* scratch: the unit-stride input [T, H], logits [T, E], routing weights [T, k], the
+     * chosen rows' weights [T k], gathered rows [R, H], gate_up [R, 2 wide], act [R, wide],
+     * outputs [R, H], the sums [T, H], the shared expert's gate [T] */
+    const int64_t floats = T * H + T * E + T * k + T * k + R * H + 3 * R * wide + R * H +
+                           T * H + T;
     float *buf = malloc(sizeof(float) * (size_t)floats);
-    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(T * k + T));
+    /* each token's choices [T, k]; the chosen rows' tokens [T k], expert by expert; the chosen
+     * experts in ascending order [E] and where their rows start [E + 1]; a count [E + 1] */
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(2 * T * k + 3 * E + 2));
     char *taken = malloc((size_t)E);
     if (!buf || !ids || !taken) {
         free(buf);
@@ -466,9 +592,10 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
         return LAYERS_E_MEMORY;
     }
     float *xin = buf, *logits = xin + T * H, *weights = logits + T * E, *rw = weights + T * k;
-    float *xg = rw + T, *gu = xg + T * H, *act = gu + 2 * T * wide, *yo = act + T * wide;
-    float *sums = yo + T * H, *shared_gate = sums + T * H;
-    int64_t *choice = ids, *rows = choice + T * k;
+    float *xg = rw + T * k, *gu = xg + R * H, *act = gu + 2 * R * wide, *yo = act + R * wide;
+    float *sums = yo + R * H, *shared_gate = sums + T * H;
+    int64_t *choice = ids, *rows = choice + T * k, *chosen = rows + T * k;
+    int64_t *starts = chosen + E, *next = starts + E + 1;
     for (int64_t t = 0; t < T; ++t) memcpy(xin + t * H, x + t * ldx, sizeof(float) * (size_t)H);
     int status = linear(PTR(m[MOE_ROUTER]), xin, T, H, logits, E, 0, NULL, NULL, num_threads,
                         timings);
@@ -499,24 +626,43 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
         } else if (m[MOE_NORM])
             for (int64_t j = 0; j < k; ++j) weights[t * k + j] /= picked;
     }
+    /* the chosen rows grouped by expert, ascending, each expert's tokens in order */
+    int64_t count = 0;
+    if (status == 0) {
+        memset(next, 0, sizeof(int64_t) * (size_t)(E + 1)); /* then each expert's next row */
+        for (int64_t i = 0; i < T * k; ++i) next[choice[i] + 1]++;
+        for (int64_t e = 0; e < E; ++e) next[e + 1] += next[e];
+        for (int64_t i = 0; i < T * k; ++i) {
+            const int64_t at = next[choice[i]]++;
+            rows[at] = i / k;
+            rw[at] = weights[i];
+        }
+        for (int64_t e = 0; e < E; ++e) /* next[e]: expert e's end, next[e - 1] its start */
+            if (next[e] > (e ? next[e - 1] : 0)) {
+                chosen[count] = e;
+                starts[count++] = e ? next[e - 1] : 0;
+            }
+        starts[count] = T * k;
+    }
     memset(sums, 0, sizeof(float) * (size_t)(T * H));
+    if (status == 0 && decode) {
+        const double start = timings ? omp_get_wtime() : 0.0;
+        status = moe_decode(m, chosen, starts, count, rows, rw, xin, H, inter, act_kind, xg, gu,
+                            act, yo, sums, num_threads);
+        if (timings) timings[0] += omp_get_wtime() - start; /* mostly the projections */
+    }
     /* each chosen expert once over all its tokens, in ascending expert order */
-    for (int64_t e = 0; e < E && status == 0; ++e) {
-        int64_t n = 0;
-        for (int64_t t = 0; t < T; ++t)
-            for (int64_t j = 0; j < k; ++j)
-                if (choice[t * k + j] == e) {
-                    rows[n] = t;
-                    rw[n++] = weights[t * k + j];
-                }
-        if (n == 0) continue;
+    for (int64_t c = 0; c < count && status == 0 && !decode; ++c) {
+        const int64_t e = chosen[c], n = starts[c + 1] - starts[c];
+        const int64_t *tokens = rows + starts[c];
+        const float *tw = rw + starts[c];
         for (int64_t i = 0; i < n; ++i)
-            memcpy(xg + i * H, xin + rows[i] * H, sizeof(float) * (size_t)H);
+            memcpy(xg + i * H, xin + tokens[i] * H, sizeof(float) * (size_t)H);
         status = expert_mlp(m, PTR(tables[2 * e]), PTR(tables[2 * e + 1]), xg, n, H, inter,
                             act_kind, gu, act, yo, num_threads, timings);
         for (int64_t i = 0; i < n && status == 0; ++i) {
-            float *sum = sums + rows[i] * H;
-            const float *y = yo + i * H, w = rw[i];
+            float *sum = sums + tokens[i] * H;
+            const float *y = yo + i * H, w = tw[i];
             for (int64_t h = 0; h < H; ++h) {
                 const float scaled = y[h] * w;
                 sum[h] += scaled;

@@ -302,6 +302,24 @@ static const dot_fn DOTS[3] = {dot_portable, NULL, NULL};
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* `for (int64_t I = 0; I < N; I++) BODY` on num_threads threads under the OpenMP pragma text
+ * PRAGMA, or on the calling thread alone when num_threads is 1: a region of one thread still
+ * makes a team, about a microsecond, as much as forking two threads, and
+ * layer_program_cpu.c's moe_decode calls the fused paths from inside its own region, once for
+ * each thread, expert and part. */
+#define FOR_THREADS(PRAGMA, num_threads, I, N, ...)                                            \
+    do {                                                                                       \
+        if ((num_threads) == 1) {                                                              \
+            for (int64_t I = 0; I < (N); I++) {                                                \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        } else {                                                                               \
+            _Pragma(PRAGMA) for (int64_t I = 0; I < (N); I++) {                                \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
 /* The m input rows of x split by `split` (struct int_split) into the calling thread's buffer,
  * grown as needed: one struct per row, then each row's parts. NULL where a row cannot be split
  * (the float kernels then take the call) or the buffer cannot grow. */
@@ -341,11 +359,12 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
     if (!parts) return 0;
     const int_wide_fn kernel = f->int_wide;
     const int64_t groups = (n + WIDE_ROWS - 1) / WIDE_ROWS;
-#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
-    for (int64_t g = 0; g < groups; g++) {
+    FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 2)", num_threads, g,
+                groups, {
         const int rows = (int)min64(WIDE_ROWS, n - g * WIDE_ROWS);
-        kernel(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks, rows, parts, y + g * WIDE_ROWS);
-    }
+        kernel(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks, rows, parts,
+               y + g * WIDE_ROWS);
+    });
     return 1;
 }
 
@@ -377,8 +396,8 @@ static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_f
     if (!parts) return 0;
     const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
     const int64_t passes = (m + INT_ROWS_MAX - 1) / INT_ROWS_MAX;
-#pragma omp parallel for num_threads(num_threads) schedule(guided, 1)
-    for (int64_t g = 0; g < groups; g++) {
+    FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 1)", num_threads, g,
+                groups, {
         const int64_t r0 = g * ROWS_GROUP, count_rows = min64(ROWS_GROUP, n - r0);
         for (int64_t i = 0, p = 0; p < passes; p++) {
             const int count = (int)((m - i) / (passes - p));
@@ -389,7 +408,7 @@ static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_f
             }
             i += count;
         }
-    }
+    });
     return 1;
 }
 
@@ -411,13 +430,14 @@ static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t 
                         int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m,
                         float *y, int64_t ldy, int num_threads) {
     const int64_t group = SMALL_ROWS(m), groups = n / group;
-#pragma omp parallel for num_threads(num_threads) schedule(guided, 2)
-    for (int64_t g = 0; g < groups; g++) {
+    FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 2)", num_threads, g,
+                groups, {
         float out[8];
         f->small(w + g * group * row_bytes, row_bytes, blocks, x, ldx, (int)m, out);
         for (int64_t i = 0; i < m; i++)
-            for (int64_t r = 0; r < group; r++) y[i * ldy + g * group + r] = out[i * group + r];
-    }
+            for (int64_t r = 0; r < group; r++)
+                y[i * ldy + g * group + r] = out[i * group + r];
+    });
     for (int64_t row = groups * group; row < n; row++) {
         float acc[ROWS_MAX];
         f->rows[ISA_AVX512](w + row * row_bytes, blocks, x, ldx, (int)m, acc, NULL,
@@ -456,9 +476,10 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         const int64_t groups = n / group;
         /* guided: the threads rarely finish a static half at once (one of them also ran the
          * Python step, or shares its core); the shrinking chunks even out the end */
-#pragma omp parallel for num_threads(num_threads) schedule(guided, 8 / group)
-        for (int64_t g = 0; g < groups; g++)
+        FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 8 / group)",
+                    num_threads, g, groups, {
             wide(w + g * group * row_bytes, row_bytes, blocks_per_row, x, y + g * group);
+        });
         const int64_t done = groups * group;
         if (done == n) return;
         w += done * row_bytes; /* the last rows, fewer than a group, take the paths below */
@@ -484,8 +505,8 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         const int64_t piece = rows_piece_blocks(f, m, blocks_per_row);
         const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
         const int64_t pieces = (blocks_per_row + piece - 1) / piece;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t g = 0; g < groups; g++) {
+        FOR_THREADS("omp parallel for num_threads(num_threads) schedule(static)", num_threads, g,
+                    groups, {
             float state[ROWS_GROUP][ROWS_STATE] __attribute__((aligned(64)));
             const int64_t r0 = g * ROWS_GROUP, count_rows = min64(ROWS_GROUP, n - r0);
             const int64_t next_rows = pieces > 1 ? min64(ROWS_GROUP, n - r0 - ROWS_GROUP) : 0;
@@ -511,30 +532,26 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
                     }
                 }
             }
-        }
+        });
         return;
     }
-#pragma omp parallel num_threads(num_threads)
-    {
+    FOR_THREADS("omp parallel for num_threads(num_threads) schedule(static)", num_threads, row, n, {
         float buf[CHUNK_VALUES] __attribute__((aligned(64)));
-#pragma omp for schedule(static)
-        for (int64_t row = 0; row < n; row++) {
-            const uint8_t *blocks = w + row * row_bytes;
-            for (int64_t i0 = 0; i0 < m; i0 += FUSED_MAX_ROWS) {
-                const int64_t count = min64(FUSED_MAX_ROWS, m - i0);
-                float acc[FUSED_MAX_ROWS] = {0};
-                for (int64_t b0 = 0; b0 < blocks_per_row; b0 += chunk_blocks) {
-                    const int64_t num_blocks = min64(chunk_blocks, blocks_per_row - b0);
-                    const int64_t offset = b0 * f->block_values;
-                    const int64_t len = num_blocks * f->block_values;
-                    dequant(blocks + b0 * f->block_bytes, buf, num_blocks);
-                    for (int64_t i = 0; i < count; i++)
-                        acc[i] += dot(buf, x + (i0 + i) * ldx + offset, len);
-                }
-                for (int64_t i = 0; i < count; i++) y[(i0 + i) * ldy + row] = acc[i];
+        const uint8_t *blocks = w + row * row_bytes;
+        for (int64_t i0 = 0; i0 < m; i0 += FUSED_MAX_ROWS) {
+            const int64_t count = min64(FUSED_MAX_ROWS, m - i0);
+            float acc[FUSED_MAX_ROWS] = {0};
+            for (int64_t b0 = 0; b0 < blocks_per_row; b0 += chunk_blocks) {
+                const int64_t num_blocks = min64(chunk_blocks, blocks_per_row - b0);
+                const int64_t offset = b0 * f->block_values;
+                const int64_t len = num_blocks * f->block_values;
+                dequant(blocks + b0 * f->block_bytes, buf, num_blocks);
+                for (int64_t i = 0; i < count; i++)
+                    acc[i] += dot(buf, x + (i0 + i) * ldx + offset, len);
             }
+            for (int64_t i = 0; i < count; i++) y[(i0 + i) * ldy + row] = acc[i];
         }
-    }
+    });
 }
 
 /* Rows of W per panel within `bytes` of float32, a multiple of 16 rows, the panels split
@@ -638,6 +655,13 @@ int pagecli_quant_set_fused_rows(int rows) {
 
 /* The number of input rows up to which batches take the fused path now. */
 int pagecli_quant_fused_rows(void) { return fused_rows; }
+
+/* Bytes of one row of k values of `type` (-1: an unknown type, or k not whole blocks). */
+int64_t pagecli_quant_row_bytes(int type, int64_t k) {
+    const struct quant_format *f = format_of(type);
+    if (!f || k % f->block_values) return -1;
+    return k / f->block_values * f->block_bytes;
+}
 
 /* y[m, n] = x[m, k] @ dequant(W[n, k]).T */
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,

@@ -91,6 +91,31 @@ def test_grouped_experts_equal_a_per_token_loop_bit_for_bit(kind, fmt, fused_row
     assert torch.equal(grouped, alone)
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 8])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "float32"])
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_one_region_decode_equals_the_per_expert_loop_bit_for_bit(kind, fmt, tokens):
+    """Decode-sized steps on several threads run every chosen expert in one parallel region,
+    each thread a share of each projection's columns (csrc/layer_program_cpu.c: moe_decode);
+    one thread runs the per-expert loop. At 3 threads the shares cut the gate_up rows across
+    the gate and up parts and leave one thread no hidden columns."""
+    moe = _moe(SPECS[kind], fmt, seed=7)
+    table = moe.native_table()
+    assert table is not None
+    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(8))
+    previous = torch.get_num_threads()
+    try:
+        outputs = {}
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outputs[threads] = fused_cpu.moe(x, table[0])
+    finally:
+        torch.set_num_threads(previous)
+    assert outputs[1].abs().sum() > 0
+    assert torch.equal(outputs[2], outputs[1])
+    assert torch.equal(outputs[3], outputs[1])
+
+
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_native_moe_follows_the_torch_loop(kind):
     moe = _moe(SPECS[kind], "q8_0", seed=5)
