@@ -488,8 +488,17 @@ static int consecutive(const int64_t *rows, const int64_t *starts, int64_t c) {
     return 1;
 }
 
+/* Pieces of an expert's projection of n columns for nt threads: two a thread, each of at
+ * least MOE_PIECE_ROWS rows (each piece's call splits its input again on the integer paths,
+ * a microsecond or less beside tens of microseconds of rows). */
+#define MOE_PIECE_ROWS 64
+static int projection_pieces(int64_t n, int nt) {
+    const int64_t most = (n + MOE_PIECE_ROWS - 1) / MOE_PIECE_ROWS;
+    return (int)(2 * nt < most ? 2 * nt : most);
+}
+
 /* The chosen experts of a decode-sized step (T up to the fused kernels' rows) in one parallel
- * region: the threads take pieces of the chosen experts' gate_up columns (two pieces a thread
+ * region: the threads take pieces of the chosen experts' gate_up columns (projection_pieces
  * of each expert, dynamically: a thread slowed by a neighbour on its core takes fewer), then
  * each its share of the activation rows, then pieces of the down projections' columns, then
  * each its share of the hidden columns of the weighted sums (each token's experts added in
@@ -512,7 +521,8 @@ static int moe_decode(const int64_t *m, const int64_t *chosen, const int64_t *st
     int status = 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads(), pieces = 2 * nt;
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int pieces = projection_pieces(2 * inter, nt);
         int mine = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < count * pieces; ++item) {
@@ -533,11 +543,12 @@ static int moe_decode(const int64_t *m, const int64_t *chosen, const int64_t *st
             pagecli_act_mul(gu + r0 * 2 * inter, a + r0 * inter, r1 - r0, inter, 2 * inter, inter,
                             0, act_kind, 1);
 #pragma omp barrier
+        const int down_pieces = projection_pieces(H, nt);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < count * pieces; ++item) {
-            const int64_t c = item / pieces;
+        for (int64_t item = 0; item < count * down_pieces; ++item) {
+            const int64_t c = item / down_pieces;
             int64_t lo, hi;
-            column_share(H, (int)(item % pieces), pieces, &lo, &hi);
+            column_share(H, (int)(item % down_pieces), down_pieces, &lo, &hi);
             if (lo < hi && !mine)
                 mine = linear_cols(PTR(tables[2 * chosen[c] + 1]), a + starts[c] * inter,
                                    starts[c + 1] - starts[c], inter, yo + starts[c] * H, H, lo,

@@ -96,10 +96,14 @@ def test_grouped_experts_equal_a_per_token_loop_bit_for_bit(kind, fmt, fused_row
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_one_region_decode_equals_the_per_expert_loop_bit_for_bit(kind, fmt, tokens):
     """Decode-sized steps on several threads run every chosen expert in one parallel region,
-    each thread a share of each projection's columns (csrc/layer_program_cpu.c: moe_decode);
-    one thread runs the per-expert loop. At 3 threads the shares cut the gate_up rows across
-    the gate and up parts and leave one thread no hidden columns."""
-    moe = _moe(SPECS[kind], fmt, seed=7)
+    the threads taking pieces of each projection's columns (csrc/layer_program_cpu.c:
+    moe_decode); one thread runs the per-expert loop. Experts 96 wide: the pieces of 64 rows
+    cut the gate_up rows across the gate and up parts, and at 3 threads one thread has no
+    hidden columns of the sums."""
+    spec = moe_specs(96)[kind]
+    if spec.shared_intermediate_size:  # whole blocks of 32 (144 is not)
+        spec = dataclasses.replace(spec, shared_intermediate_size=192)
+    moe = _moe(spec, fmt, seed=7)
     table = moe.native_table()
     assert table is not None
     x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(8))
