@@ -362,8 +362,7 @@ static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t
     FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 2)", num_threads, g,
                 groups, {
         const int rows = (int)min64(WIDE_ROWS, n - g * WIDE_ROWS);
-        kernel(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks, rows, parts,
-               y + g * WIDE_ROWS);
+        kernel(w + g * WIDE_ROWS * row_bytes, row_bytes, blocks, rows, parts, y + g * WIDE_ROWS);
     });
     return 1;
 }
@@ -435,8 +434,7 @@ static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t 
         float out[8];
         f->small(w + g * group * row_bytes, row_bytes, blocks, x, ldx, (int)m, out);
         for (int64_t i = 0; i < m; i++)
-            for (int64_t r = 0; r < group; r++)
-                y[i * ldy + g * group + r] = out[i * group + r];
+            for (int64_t r = 0; r < group; r++) y[i * ldy + g * group + r] = out[i * group + r];
     });
     for (int64_t row = groups * group; row < n; row++) {
         float acc[ROWS_MAX];
