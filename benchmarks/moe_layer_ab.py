@@ -33,9 +33,7 @@ sys.path.insert(0, str(HERE))
 from quant_vs_llamacpp import cpu_name  # noqa: E402
 
 from pagecli.layers.moe import MoESpec, SparseMoE  # noqa: E402
-from pagecli.layers.quant_linear import QuantLinear  # noqa: E402
-from pagecli.loader.quantize import quantize_weight  # noqa: E402
-from pagecli_kernels.quant_formats import float_rows  # noqa: E402
+from tests.kernels.test_moe_cpu import quantized_layer  # noqa: E402
 
 HIDDEN, WIDTH, TOP_K = 2048, 768, 8
 
@@ -49,16 +47,6 @@ def library_path(checkout: Path) -> str:
     return out.strip().splitlines()[-1]
 
 
-def quantized(linear: torch.nn.Linear, fmt: str, sizes: list[int]) -> QuantLinear:
-    layer = QuantLinear(linear.in_features, sizes, bias=False)
-    start = 0
-    for i, size in enumerate(sizes):
-        rows = linear.weight.data[start : start + size].contiguous()
-        start += size
-        layer.set_part(i, float_rows(rows) if fmt == "float32" else quantize_weight("w", rows, fmt))
-    return layer
-
-
 def layer(experts: int) -> tuple[SparseMoE, torch.Tensor]:
     torch.manual_seed(0)
     moe = SparseMoE(MoESpec(experts, TOP_K, WIDTH, norm_topk_prob=True), HIDDEN)
@@ -66,9 +54,9 @@ def layer(experts: int) -> tuple[SparseMoE, torch.Tensor]:
         for p in moe.parameters():
             p.normal_(0.0, 0.05)
     for e in moe.experts:
-        e.gate_up_proj = quantized(e.gate_up_proj, "q4_k", [WIDTH, WIDTH])
-        e.down_proj = quantized(e.down_proj, "q4_k", [HIDDEN])
-    moe.gate = quantized(moe.gate, "float32", [experts])
+        e.gate_up_proj = quantized_layer(e.gate_up_proj, "q4_k", [WIDTH, WIDTH])
+        e.down_proj = quantized_layer(e.down_proj, "q4_k", [HIDDEN])
+    moe.gate = quantized_layer(moe.gate, "float32", [experts])
     return moe, moe.native_table()[0]
 
 

@@ -458,18 +458,38 @@ static int op_deltanet(const Step *s, const int64_t *op) {
     return status == 0 ? 0 : status == -2 ? LAYERS_E_MEMORY : LAYERS_E_STATE;
 }
 
-/* The gated MLP of one expert over n gathered rows x [n, H] into y [n, H] (float32), with
- * scratch gate_up [n, 2I] and act [n, I]; act 2: the clamped SwiGLU of the table m. */
-static int expert_mlp(const int64_t *m, const int64_t *gate_up, const int64_t *down,
-                      const float *x, int64_t n, int64_t H, int64_t inter, int act, float *gu,
-                      float *a, float *y, int num_threads, double *timings) {
-    int status = linear(gate_up, x, n, H, gu, 2 * inter, 0, NULL, NULL, num_threads, timings);
-    if (status) return status;
+/* An expert's activation over n rows of gate_up [n, 2I] into a [n, I] (float32); act 2: the
+ * clamped SwiGLU of the table m. */
+static void expert_act(const int64_t *m, const float *gu, float *a, int64_t n, int64_t inter,
+                       int act, int num_threads) {
     if (act == 2)
         pagecli_swiglu_oai(gu, a, n, inter, 2 * inter, inter, 0, as_float(m[MOE_ALPHA]),
                            as_float(m[MOE_LIMIT]), num_threads);
     else
         pagecli_act_mul(gu, a, n, inter, 2 * inter, inter, 0, act, num_threads);
+}
+
+/* sums[tokens[i]][lo, hi) += y[i][lo, hi) * w[i] for i < n (rows H apart): each expert's
+ * outputs times their routing weights, added per token in the order the rows come. */
+static void add_weighted(float *sums, const int64_t *tokens, const float *w, const float *y,
+                         int64_t n, int64_t H, int64_t lo, int64_t hi) {
+    for (int64_t i = 0; i < n; ++i) {
+        float *sum = sums + tokens[i] * H;
+        for (int64_t h = lo; h < hi; ++h) {
+            const float scaled = y[i * H + h] * w[i];
+            sum[h] += scaled;
+        }
+    }
+}
+
+/* The gated MLP of one expert over n gathered rows x [n, H] into y [n, H] (float32), with
+ * scratch gate_up [n, 2I] and act [n, I]. */
+static int expert_mlp(const int64_t *m, const int64_t *gate_up, const int64_t *down,
+                      const float *x, int64_t n, int64_t H, int64_t inter, int act, float *gu,
+                      float *a, float *y, int num_threads, double *timings) {
+    int status = linear(gate_up, x, n, H, gu, 2 * inter, 0, NULL, NULL, num_threads, timings);
+    if (status) return status;
+    expert_act(m, gu, a, n, inter, act, num_threads);
     return linear(down, a, n, inter, y, H, 0, NULL, NULL, num_threads, timings);
 }
 
@@ -536,12 +556,8 @@ static int moe_decode(const int64_t *m, const int64_t *chosen, const int64_t *st
                                    gu + starts[c] * 2 * inter, 2 * inter, lo, hi);
         }
         const int64_t r0 = total * t / nt, r1 = total * (t + 1) / nt; /* activation rows */
-        if (r0 < r1 && act_kind == 2)
-            pagecli_swiglu_oai(gu + r0 * 2 * inter, a + r0 * inter, r1 - r0, inter, 2 * inter,
-                               inter, 0, as_float(m[MOE_ALPHA]), as_float(m[MOE_LIMIT]), 1);
-        else if (r0 < r1)
-            pagecli_act_mul(gu + r0 * 2 * inter, a + r0 * inter, r1 - r0, inter, 2 * inter, inter,
-                            0, act_kind, 1);
+        if (r0 < r1)
+            expert_act(m, gu + r0 * 2 * inter, a + r0 * inter, r1 - r0, inter, act_kind, 1);
 #pragma omp barrier
         const int down_pieces = projection_pieces(H, nt);
 #pragma omp for schedule(dynamic, 1)
@@ -556,14 +572,7 @@ static int moe_decode(const int64_t *m, const int64_t *chosen, const int64_t *st
         }
         int64_t lo, hi;
         column_share(H, t, nt, &lo, &hi);
-        for (int64_t i = 0; i < total; ++i) { /* in ascending expert order, as the loop */
-            float *sum = sums + rows[i] * H;
-            const float *y = yo + i * H, w = rw[i];
-            for (int64_t h = lo; h < hi; ++h) {
-                const float scaled = y[h] * w;
-                sum[h] += scaled;
-            }
-        }
+        add_weighted(sums, rows, rw, yo, total, H, lo, hi); /* in ascending expert order */
         if (mine) {
 #pragma omp critical(moe_decode_status)
             if (!status) status = mine;
@@ -671,14 +680,7 @@ static int moe(const int64_t *m, const float *x, int64_t ldx, int64_t T, int64_t
             memcpy(xg + i * H, xin + tokens[i] * H, sizeof(float) * (size_t)H);
         status = expert_mlp(m, PTR(tables[2 * e]), PTR(tables[2 * e + 1]), xg, n, H, inter,
                             act_kind, gu, act, yo, num_threads, timings);
-        for (int64_t i = 0; i < n && status == 0; ++i) {
-            float *sum = sums + tokens[i] * H;
-            const float *y = yo + i * H, w = tw[i];
-            for (int64_t h = 0; h < H; ++h) {
-                const float scaled = y[h] * w;
-                sum[h] += scaled;
-            }
-        }
+        if (status == 0) add_weighted(sums, tokens, tw, yo, n, H, 0, H);
     }
     if (status == 0 && shared) { /* sigmoid(gate(x)) * shared(x), added to every token */
         status = linear(PTR(m[MOE_SHARED_GATE]), xin, T, H, shared_gate, 1, 0, NULL, NULL,

@@ -29,7 +29,7 @@ def built():
         pytest.fail(f"the native CPU kernel did not build: {native.unavailable_reason()}")
 
 
-def _quantized(linear: torch.nn.Linear, fmt: str, sizes: list[int]) -> QuantLinear:
+def quantized_layer(linear: torch.nn.Linear, fmt: str, sizes: list[int]) -> QuantLinear:
     """`linear` as a QuantLinear of `fmt` blocks (float32 rows: F32), its bias kept."""
     from pagecli.loader.quantize import quantize_weight
     from pagecli_kernels.quant_formats import float_rows
@@ -56,11 +56,11 @@ def _moe(spec: MoESpec, fmt: str, seed: int) -> SparseMoE:
             p.normal_(0.0, 0.5 if name.endswith("bias") else 0.15)
     experts = list(moe.experts) + ([moe.shared_expert] if moe.shared_expert else [])
     for e in experts:
-        e.gate_up_proj = _quantized(e.gate_up_proj, fmt, [e.intermediate_size] * 2)
-        e.down_proj = _quantized(e.down_proj, fmt, [HIDDEN])
-    moe.gate = _quantized(moe.gate, "float32", [spec.num_experts])  # llama.cpp keeps it F32
+        e.gate_up_proj = quantized_layer(e.gate_up_proj, fmt, [e.intermediate_size] * 2)
+        e.down_proj = quantized_layer(e.down_proj, fmt, [HIDDEN])
+    moe.gate = quantized_layer(moe.gate, "float32", [spec.num_experts])  # llama.cpp keeps it F32
     if moe.shared_expert_gate is not None:
-        moe.shared_expert_gate = _quantized(moe.shared_expert_gate, "float32", [1])
+        moe.shared_expert_gate = quantized_layer(moe.shared_expert_gate, "float32", [1])
     return moe
 
 
