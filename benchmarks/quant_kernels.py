@@ -135,7 +135,7 @@ def main() -> None:
                     if rows <= FUSED_ROWS or fmt not in quant_cpu.TILES_FORMATS:
                         tiled = "-"  # the fused path, or a format without AMX's tiles
                     integer = "on" if quant_cpu.int_dots() else "off"
-                    if rows > FUSED_ROWS or fmt not in quant_cpu.INT_DOTS_FORMATS:
+                    if rows > FUSED_ROWS or fmt not in quant_cpu.int_dots_formats():
                         integer = "-"  # the panels, or a format without an integer path
                     gemm = quant_cpu.gemm() or "off"
                     if rows <= FUSED_ROWS or tiled == "on":

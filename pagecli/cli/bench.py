@@ -283,8 +283,8 @@ def bench(
             names = {name for joined in formats.values() for name in joined.split("+")}
             tiled = not names.isdisjoint(quant_cpu.TILES_FORMATS)
             info["cpu_quant_tiles"] = tiled and quant_cpu.tiles()
-            # whether its Q4_K/Q6_K products take an integer path (VNNI batch-1, AVX2)
-            integer = not names.isdisjoint(quant_cpu.INT_DOTS_FORMATS)
+            # whether its products take an integer path (VNNI batch-1 K-quants, AVX2)
+            integer = not names.isdisjoint(quant_cpu.int_dots_formats())
             info["cpu_quant_int_dots"] = integer and quant_cpu.int_dots()
         if quant_cpu.library() is not None:  # who multiplies prefill and batched panels
             info["cpu_gemm"] = quant_cpu.gemm()

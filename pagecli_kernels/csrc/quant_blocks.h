@@ -224,6 +224,22 @@ typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks
 typedef void (*int_rows_fn)(const void *row, int64_t num_blocks, const struct int_split *xs,
                             int m, float *out);
 
+/* The split of the AVX2 integer paths (quant_k.c): x in the values' own order, one scale per
+ * group of `values` (a multiple of 32). */
+int pagecli_split2_groups(const float *x, int64_t groups, int values, const struct int_split *out);
+
+/* int_rows_fn for the kernels `prefix`_`name`_m, M = m (<= INT_ROWS_MAX) a constant each. */
+#define INT_ROWS_DISPATCH(target, prefix, name)                                                \
+    target static void prefix##_rows_##name(const void *row, int64_t nb,                       \
+                                            const struct int_split *xs, int m, float *out) {   \
+        switch (m) {                                                                           \
+        case 1: prefix##_##name##_m(row, nb, xs, out, 1); break;                               \
+        case 2: prefix##_##name##_m(row, nb, xs, out, 2); break;                               \
+        case 3: prefix##_##name##_m(row, nb, xs, out, 3); break;                               \
+        default: prefix##_##name##_m(row, nb, xs, out, 4); break;                              \
+        }                                                                                      \
+    }
+
 /* The small-batch kernels (small_fn): out[i * R + r] = dot(dequant(W row r), x[i * ldx ...])
  * for the R = SMALL_ROWS(m) rows at w, w + row_bytes, ... and m = 2..SMALL_MAX_M input rows:
  * a small batch's decode, the weights dequantized once for all m inputs and each load of x
@@ -248,6 +264,8 @@ struct quant_format {
     small_fn small;            /* 2-4 input rows, AVX-512 (below); NULL: the rows kernel */
     int_split_fn split2;       /* the integer path of AVX2 (any number of input rows) */
     int_rows_fn int_rows2;
+    int_wide_fn int_wide2;     /* its batch-1 kernel over several rows of W; NULL: int_rows2 */
+    int int2_batch_one;        /* 1: under auto, that path takes batch 1 only (Q4_0, Q4_1) */
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough

@@ -919,17 +919,6 @@ int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, 
     for (int i = 0; i < M; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
-/* int_rows_fn for the kernels `prefix`_`name`_m, M = m (<= INT_ROWS_MAX) a constant each. */
-#define INT_ROWS_DISPATCH(target, prefix, name)                                                \
-    target static void prefix##_rows_##name(const void *row, int64_t nb,                       \
-                                            const struct int_split *xs, int m, float *out) {   \
-        switch (m) {                                                                           \
-        case 1: prefix##_##name##_m(row, nb, xs, out, 1); break;                               \
-        case 2: prefix##_##name##_m(row, nb, xs, out, 2); break;                               \
-        case 3: prefix##_##name##_m(row, nb, xs, out, 3); break;                               \
-        default: prefix##_##name##_m(row, nb, xs, out, 4); break;                              \
-        }                                                                                      \
-    }
 INT_ROWS_DISPATCH(TARGET_VNNI, int, q4_K)
 INT_ROWS_DISPATCH(TARGET_VNNI, int, q6_K)
 
@@ -945,15 +934,17 @@ INT_ROWS_DISPATCH(TARGET_VNNI, int, q6_K)
  * float64 tolerance. Every input row takes the same function, one weight row at a time, so
  * a row's output has the same bits at 1 input row as at any other count. */
 
-/* The split of x in the values' own order (struct int_split; -1 where a value is not
- * finite or the scale leaves float32's normal range). */
-TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct int_split *out) {
+/* The split of x in the values' own order, a scale per group of `values` (256 for the
+ * K-quants, 32 for the 32-value formats of quant_q4_q8.c): struct int_split; -1 where a value
+ * is not finite or a scale leaves float32's normal range. */
+TARGET_AVX2 int pagecli_split2_groups(const float *x, int64_t groups, int values,
+                                      const struct int_split *out) {
     const __m256 sign = _mm256_set1_ps(-0.0f), limit = _mm256_set1_ps(FLT_MAX);
     const __m256 wide = _mm256_set1_ps(32768.0f);
-    for (int64_t s = 0; s < num_blocks; s++) {
-        const float *xs = x + s * QK_K;
+    for (int64_t s = 0; s < groups; s++) {
+        const float *xs = x + s * values;
         __m256 most = _mm256_setzero_ps();
-        for (int i = 0; i < QK_K; i += 8) {
+        for (int i = 0; i < values; i += 8) {
             const __m256 v = _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i));
             if (_mm256_movemask_ps(_mm256_cmp_ps(v, limit, _CMP_LE_OQ)) != 0xFF) return -1;
             most = _mm256_max_ps(most, v);
@@ -967,8 +958,8 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
         if (top > 0.0f && (shift < -100 || shift > 100)) return -1;
         const __m256 inv = _mm256_set1_ps(ldexpf(1.0f, -shift));
         out->scale[s] = ldexpf(1.0f, shift);
-        int16_t *a = out->a + s * QK_K, *b = out->b + s * QK_K;
-        for (int j = 0; j < 8; j++) {
+        int16_t *a = out->a + s * values, *b = out->b + s * values;
+        for (int j = 0; j < values / 32; j++) {
             __m256i ai[4], bi[4];
             __m256 sum = _mm256_setzero_ps();
             for (int q = 0; q < 4; q++) {
@@ -981,7 +972,7 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
                 ai[q] = _mm256_cvtps_epi32(hi);
                 bi[q] = _mm256_cvtps_epi32(lo);
             }
-            out->sums[8 * s + j] = hsum256(sum);
+            out->sums[s * (values / 32) + j] = hsum256(sum);
             for (int q = 0; q < 4; q += 2) { /* |values| <= 2^14: the packs never saturate */
                 const __m256i pa = /* packs interleave the 128-bit halves: put them back */
                     _mm256_permute4x64_epi64(_mm256_packs_epi32(ai[q], ai[q + 1]), 0xD8);
@@ -993,6 +984,10 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
         }
     }
     return 0;
+}
+
+TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct int_split *out) {
+    return pagecli_split2_groups(x, num_blocks, QK_K, out);
 }
 
 /* acc[i] += scale_i * d * (SA + SB * 2^-15) for a super-block's int32 sums of input i. */

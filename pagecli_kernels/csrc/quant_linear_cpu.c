@@ -22,7 +22,8 @@
  *     instead (pagecli_quant_int_dots): on AVX-512 VNNI, a batch-1 kernel over WIDE_ROWS
  *     rows of W (int_batch_one) and a kernel for 2 or more input rows (int_rows) that gives
  *     each input the batch-1 bits, taken only under INT_ON (see int_choice); on AVX2 the
- *     latter alone, for any m up to there.
+ *     latter alone, for any m up to there, and for Q4_0 and Q4_1 too, at batch 1 (at any m
+ *     under INT_ON).
  *     Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
@@ -206,13 +207,15 @@ int pagecli_quant_tiles(void) {
 }
 
 /* Whether products of the formats with an integer path (Q4_K, Q6_K: struct int_split) take
- * it. INT_AUTO: batch-1 products on the AVX-512 path of a CPU with AVX512_VNNI, and the fused
- * path's products of any number of rows on the AVX2 path. INT_ON: the fused path's products
- * of any number of rows on either path, each row with its batch-1 bits (speculative
- * decoding's steps with drafts ask for it); under auto, AVX-512's 2-8 rows keep the float
- * kernels, which decoded 4-8 sequences of a 1B Q4_K_M 1.3-1.4x faster on a Zen 4 (Q6_K's
- * small-batch kernel shares each load of x between two weight rows). INT_OFF: the float
- * kernels. INT_ON is refused where the CPU runs neither. */
+ * it; on the AVX2 path also Q4_0 and Q4_1 (quant_q4_q8.c). INT_AUTO: batch-1 products on the
+ * AVX-512 path of a CPU with AVX512_VNNI, the fused path's Q4_K and Q6_K products of any
+ * number of rows and Q4_0 and Q4_1's batch-1 products on the AVX2 path. INT_ON: the fused
+ * path's products of any number of rows on either path, each row with its batch-1 bits
+ * (speculative decoding's steps with drafts ask for it); under auto, AVX-512's 2-8 rows keep
+ * the float kernels, which decoded 4-8 sequences of a 1B Q4_K_M 1.3-1.4x faster on a Zen 4
+ * (Q6_K's small-batch kernel shares each load of x between two weight rows), and so do AVX2's
+ * 4-8 rows of Q4_0 and Q4_1 (1.4-1.6x faster there, 1B shape, AMD EPYC Zen 3). INT_OFF: the
+ * float kernels. INT_ON is refused where the CPU runs neither. */
 enum { INT_AUTO = 0, INT_OFF = 1, INT_ON = 2 };
 #ifdef INT_DEFAULT_OFF /* benchmarks/kernel_variants.py: the float kernels' variant */
 static int int_choice = INT_OFF;
@@ -350,14 +353,14 @@ static const struct int_split *split_rows(int_split_fn split, int64_t block_valu
     return parts;
 }
 
-/* The integer batch-1 path of AVX-512 VNNI: x split once, then WIDE_ROWS rows at a time, the
- * last rows (fewer) through the same kernel, so that a row's result does not depend on its
- * neighbours. Returns 0 where split_rows gives nothing. */
-static int int_batch_one(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
-                         int64_t n, int64_t blocks, const float *x, float *y, int num_threads) {
-    const struct int_split *parts = split_rows(f->split, f->block_values, blocks, x, 0, 1);
+/* The integer batch-1 paths (AVX-512 VNNI's; AVX2's for Q4_0 and Q4_1): x split once, then
+ * WIDE_ROWS rows at a time, the last rows (fewer) through the same kernel, so that a row's
+ * result does not depend on its neighbours. Returns 0 where split_rows gives nothing. */
+static int int_batch_one(int_split_fn split, int_wide_fn kernel, const struct quant_format *f,
+                         const uint8_t *w, int64_t row_bytes, int64_t n, int64_t blocks,
+                         const float *x, float *y, int num_threads) {
+    const struct int_split *parts = split_rows(split, f->block_values, blocks, x, 0, 1);
     if (!parts) return 0;
-    const int_wide_fn kernel = f->int_wide;
     const int64_t groups = (n + WIDE_ROWS - 1) / WIDE_ROWS;
     FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 2)", num_threads, g,
                 groups, {
@@ -459,14 +462,20 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const wide_fn wide = f->wide[isa];
     const int64_t group = f->wide_rows ? f->wide_rows : WIDE_ROWS;
     if (m == 1 && f->int_wide && isa == ISA_AVX512 && pagecli_quant_int_dots() &&
-        int_batch_one(f, w, row_bytes, n, blocks_per_row, x, y, num_threads))
+        int_batch_one(f->split, f->int_wide, f, w, row_bytes, n, blocks_per_row, x, y,
+                      num_threads))
         return;
     if (m >= 2 && f->int_rows && isa == ISA_AVX512 && int_choice == INT_ON &&
         pagecli_quant_int_dots() &&
         int_rows(f->split, f->int_rows, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy,
                  num_threads))
         return;
+    if (m == 1 && f->int_wide2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
+        int_batch_one(f->split2, f->int_wide2, f, w, row_bytes, n, blocks_per_row, x, y,
+                      num_threads))
+        return;
     if (f->int_rows2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
+        (m == 1 || !f->int2_batch_one || int_choice == INT_ON) &&
         int_rows(f->split2, f->int_rows2, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y,
                  ldy, num_threads))
         return;

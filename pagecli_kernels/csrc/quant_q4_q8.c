@@ -10,6 +10,8 @@
  */
 #include "quant_blocks.h"
 
+#include <math.h>
+
 #if QUANT_X86
 #include <immintrin.h>
 #endif
@@ -457,6 +459,88 @@ AVX2_BLOCK32_KERNELS(q4_1)
 AVX2_BLOCK32_KERNELS(iq4_nl)
 AVX2_BLOCK32_KERNELS(mxfp4)
 
+/* ---- the 4-bit formats of 32-value blocks on integer products (AVX2) -------------------
+ * As for Q4_K and Q6_K on AVX2 (quant_k.c), each input row is split into two int16 parts,
+ * here with a scale per 32-value block: x = s_b * (A + B * 2^-15), s_b a power of two
+ * (pagecli_split2_groups: 29 bits relative to the block's largest value). Each weight's
+ * integer (q - 8 for Q4_0, q for Q4_1) multiplies A and B with vpmaddwd: four products per int32 lane a block, |.| < 2^24, so the sums and their
+ * conversion are exact. Each block's two sums are scaled by d * s_b (exact: the block's
+ * scale times a power of two) into two float32 accumulators, and Q4_1's minimums add
+ * m * sum(x_b), block after block. The float kernels widened, converted and scaled every
+ * weight before its product; these decode a 1B-shaped Q4_1 at one row about 1.5x as fast
+ * (benchmarks/RESULTS.md). Every input row takes the same function, so a row's output has
+ * the same bits at any number of input rows. */
+
+TARGET_AVX2 static int split2_x32(const float *x, int64_t num_blocks, const struct int_split *out) {
+    return pagecli_split2_groups(x, num_blocks, 32, out);
+}
+
+/* A block's 32 nibbles as int16 words: values 0..15 in lo, 16..31 in hi, less `bias`. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
+    const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i low = _mm256_set1_epi16(0xF), b = _mm256_set1_epi16((short)bias);
+    *lo = _mm256_sub_epi16(_mm256_and_si256(q, low), b);
+    *hi = _mm256_sub_epi16(_mm256_srli_epi16(q, 4), b);
+}
+
+/* Per format: the block's words; Q4_1 also adds its minimum. */
+#define INT2_Q4_0(b, lo, hi) int2_nibbles((b)->qs, 8, lo, hi)
+#define INT2_Q4_1(b, lo, hi) int2_nibbles((b)->qs, 0, lo, hi)
+
+/* One block of one weight row against input i: its two sums scaled into acc and accb, and
+ * Q4_1's minimum into mins (fmaf: the same rounding wherever it is inlined). The batch-1 and
+ * several-row kernels below both run this, block after block, so a row has the same bits
+ * in either. */
+#define INT2_BLOCK(type, WORDS, HAS_MIN, blk, k, xs, acc, accb, mins)                             \
+    do {                                                                                       \
+        __m256i lo_, hi_;                                                                      \
+        WORDS((blk), &lo_, &hi_);                                                                \
+        const int16_t *A_ = (xs).a + 32 * (k), *B_ = (xs).b + 32 * (k);                        \
+        const __m256i ia_ =                                                                    \
+            _mm256_add_epi32(_mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)A_)),     \
+                             _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(A_ + 16)))); \
+        const __m256i ib_ =                                                                    \
+            _mm256_add_epi32(_mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)B_)),     \
+                             _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(B_ + 16)))); \
+        /* exact: the block's scale times a power of two */                                    \
+        const float ds_ = pagecli_f16_table[(blk)->d] * (xs).scale[k];                           \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia_), _mm256_set1_ps(ds_), acc);              \
+        accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib_), _mm256_set1_ps(ds_ * 0x1p-15f), accb); \
+        if (HAS_MIN)                                                                           \
+            mins = fmaf(pagecli_f16_table[((const block_q4_1 *)(blk))->m], (xs).sums[k], mins); \
+    } while (0)
+
+/* int2_<name>_m: one weight row of 32-value blocks against M <= INT_ROWS_MAX split inputs;
+ * int2_wide_<name>: `rows` (<= WIDE_ROWS) weight rows against one input, one after another
+ * (side by side a block at a time, their accumulators left the registers: 0.9x). */
+#define INT2_BLOCK32(name, type, WORDS, HAS_MIN)                                               \
+    TARGET_AVX2 static inline __attribute__((always_inline)) void int2_##name##_m(            \
+        const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {    \
+        const type *blocks = row;                                                              \
+        const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one */                \
+        __m256 acc[INT_ROWS_MAX], accb[INT_ROWS_MAX];                                          \
+        float mins[INT_ROWS_MAX];                                                              \
+        for (int i = 0; i < M; i++) acc[i] = accb[i] = _mm256_setzero_ps(), mins[i] = 0.0f;    \
+        for (int64_t k = 0; k < nb; k++) {                                                     \
+            prefetch_w(l2, (const char *)(blocks + k) + PREFETCH_BYTES);                       \
+            for (int i = 0; i < M; i++)                                                        \
+                INT2_BLOCK(type, WORDS, HAS_MIN, blocks + k, k, xs[i], acc[i], accb[i], mins[i]); \
+        }                                                                                      \
+        for (int i = 0; i < M; i++) out[i] = hsum256(_mm256_add_ps(acc[i], accb[i])) + mins[i]; \
+    }                                                                                          \
+    INT_ROWS_DISPATCH(TARGET_AVX2, int2, name)                                                 \
+    TARGET_AVX2 static void int2_wide_##name(const void *w, int64_t row_bytes, int64_t nb,    \
+                                             int rows, const struct int_split *xs, float *out) { \
+        for (int r = 0; r < rows; r++)                                                         \
+            int2_##name##_m((const uint8_t *)w + r * row_bytes, nb, xs, out + r, 1);           \
+    }
+
+INT2_BLOCK32(q4_0, block_q4_0, INT2_Q4_0, 0)
+INT2_BLOCK32(q4_1, block_q4_1, INT2_Q4_1, 1)
+/* IQ4_NL and MXFP4 took the same path with their levels looked up (a byte shuffle, widened):
+ * slower than their float kernels (MXFP4 at one row 0.85x, 1B shape, AMD EPYC Zen 3). */
+
 /* IQ4_XS (AVX2): each sub-block as an IQ4_NL block under its own scale */
 #define AVX2_WALK_IQ4_XS(name, b, base, EMIT)                                                  \
     do {                                                                                       \
@@ -475,15 +559,19 @@ AVX2_KERNELS(iq4_xs, QK_K, AVX2_WALK_IQ4_XS)
         {NULL, rows_##name##_avx2, rows_##name##_avx512}
 #define WIDE(name)                                                                             \
     , {NULL, wide_##name##_avx2, wide_##name##_avx512}, .small = small_##name##_avx512
+#define INT2(name)                                                                             \
+    , .split2 = split2_x32, .int_rows2 = int2_rows_##name, .int_wide2 = int2_wide_##name,     \
+      .int2_batch_one = 1
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #define WIDE(name)
+#define INT2(name)
 #endif
 
 const struct quant_format FORMAT_Q8_0 = {QT_Q8_0, QK8_0, sizeof(block_q8_0),
                                          PATHS(q8_0) WIDE(q8_0)};
 const struct quant_format FORMAT_Q4_0 = {QT_Q4_0, QK4_0, sizeof(block_q4_0),
-                                         PATHS(q4_0) WIDE(q4_0)};
+                                         PATHS(q4_0) WIDE(q4_0) INT2(q4_0)};
 const struct quant_format FORMAT_IQ4_NL = {QT_IQ4_NL, QK4_0, sizeof(block_iq4_nl),
                                            PATHS(iq4_nl) WIDE(iq4_nl)};
 const struct quant_format FORMAT_MXFP4 = {QT_MXFP4, QK4_0, sizeof(block_mxfp4),
@@ -496,4 +584,4 @@ const struct quant_format FORMAT_IQ4_XS = {QT_IQ4_XS, QK_K, sizeof(block_iq4_xs)
                                            PATHS(iq4_xs)};
 #endif
 const struct quant_format FORMAT_Q4_1 = {QT_Q4_1, QK4_1, sizeof(block_q4_1),
-                                         PATHS(q4_1) WIDE(q4_1)};
+                                         PATHS(q4_1) WIDE(q4_1) INT2(q4_1)};

@@ -654,8 +654,17 @@ def test_bf16_linear_takes_bfloat16_only():
         )
 
 
-# ---- the integer paths (csrc/quant_k.c: x split into two int16 parts; AVX-512 VNNI at
-# batch 1, or at any batch up to fused_rows when on; AVX2 at any batch) ----
+# ---- the integer paths (csrc/quant_k.c, quant_q4_q8.c: x split into two int16 parts;
+# AVX-512 VNNI at batch 1, or at any batch up to fused_rows when on; AVX2 at any batch for
+# Q4_K and Q6_K, at batch 1 for Q4_0 and Q4_1, or at any batch when on) ----
+
+INT_FORMATS = ["q4_k", "q6_k", "q4_0", "q4_1"]
+
+
+def _int_path_for(isa: str, fmt: str) -> None:
+    """Skip where the path `isa` has no integer kernel for `fmt`."""
+    if fmt not in quant_cpu.INT_DOTS_FORMATS and isa != "avx2":
+        pytest.skip(f"{fmt} has an integer path on the AVX2 path only")
 
 
 def _cpu_flags() -> set[str]:
@@ -702,11 +711,12 @@ def test_int_dots_auto_follows_the_cpu():
 
 
 @pytest.mark.parametrize("rows", [2, 3, 5, 8, 17])
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_int_dots_of_several_rows_match_float64_and_each_row_alone(int_dots, fmt, rows):
     """Both integer paths take any number of input rows when on (fused_rows 17 here), each
-    with the bits it has alone (on AVX-512 VNNI: the batch-1 kernel's over WIDE_ROWS rows of
-    W), within the float kernels' float64 tolerance."""
+    with the bits it has alone (the batch-1 kernel's over WIDE_ROWS rows of W on AVX-512
+    VNNI, and for Q4_0 and Q4_1 on AVX2), within the float kernels' float64 tolerance."""
+    _int_path_for(int_dots, fmt)
     weight = random_weight(fmt, 37, 17 * 256, seed=rows)
     x = torch.randn(rows, 17 * 256, generator=torch.Generator().manual_seed(rows))
     with kernel_settings(fused_rows=17):
@@ -719,16 +729,20 @@ def test_int_dots_of_several_rows_match_float64_and_each_row_alone(int_dots, fmt
     assert not torch.equal(got, floats)  # the integer path ran
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
-def test_only_steps_with_drafts_take_vnnis_integer_path_for_several_rows(fmt):
-    """Under auto, AVX-512 VNNI's integer path takes batch 1 only (2-8 rows are faster on the
-    float kernels); a step with drafts turns it on for every batch, so that its rows have the
-    bits they have alone."""
-    if not _int_dots_run():
+@pytest.mark.parametrize(
+    "isa_path, fmt", [("avx512", "q4_k"), ("avx512", "q6_k"), ("avx2", "q4_0"), ("avx2", "q4_1")]
+)
+def test_only_steps_with_drafts_take_the_integer_path_for_several_rows(isa_path, fmt):
+    """Under auto, AVX-512 VNNI's integer path, and AVX2's for Q4_0 and Q4_1, take batch 1
+    only (2-8 rows are faster on the float kernels); a step with drafts turns them on for
+    every batch, so that its rows have the bits they have alone."""
+    if isa_path == "avx512" and not _int_dots_run():
         pytest.skip("this CPU has no AVX512_VNNI")
+    if isa_path not in quant_cpu.supported_isas():
+        pytest.skip(f"this CPU does not run the {isa_path} path")
     weight = random_weight(fmt, 37, 17 * 256, seed=7)
     x = torch.randn(4, 17 * 256, generator=torch.Generator().manual_seed(7))
-    with kernel_settings(isa="avx512"):
+    with kernel_settings(isa=isa_path):
         alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(4)])
         assert not torch.equal(quant_cpu.quant_linear(x, weight), alone)  # the float kernels
         drafts = verify_kernel_settings(applied(), rows=4, drafts=True)
@@ -740,10 +754,11 @@ def test_only_steps_with_drafts_take_vnnis_integer_path_for_several_rows(fmt):
 
 @pytest.mark.parametrize("cols", [768, 8192])
 @pytest.mark.parametrize("outputs", [1, 3, 37, 301])
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_int_dots_match_float64(int_dots, fmt, cols, outputs):
     """One input row, through the integer path: within the float32 tolerance of the float64
     product, and not the float kernels' bits (so the path ran)."""
+    _int_path_for(int_dots, fmt)
     weight = random_weight(fmt, outputs, cols, seed=outputs)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(cols + outputs))
     got = quant_cpu.quant_linear(x, weight)
@@ -755,8 +770,9 @@ def test_int_dots_match_float64(int_dots, fmt, cols, outputs):
         assert not torch.equal(got, floats)
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_int_dots_give_a_row_the_same_bits_in_a_group_or_alone(int_dots, fmt):
+    _int_path_for(int_dots, fmt)
     cols = 768
     weight = random_weight(fmt, 9, cols, seed=5)  # two groups of four, then one row
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(5))
@@ -768,11 +784,12 @@ def test_int_dots_give_a_row_the_same_bits_in_a_group_or_alone(int_dots, fmt):
     assert torch.equal(together.view(torch.int32), torch.cat(alone, dim=1).view(torch.int32))
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 @pytest.mark.parametrize("magnitude", [1e-36, 1e-12, 1.0, 1e12, 1e30])
 def test_int_dots_keep_the_input_at_any_magnitude(int_dots, fmt, magnitude):
     """Super-blocks whose values differ by many orders of magnitude: each keeps 29 bits
     relative to its own largest value; near float32's limits the float kernels take the call."""
+    _int_path_for(int_dots, fmt)
     cols = 768
     weight = random_weight(fmt, 37, cols, seed=9)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(9))
@@ -783,8 +800,9 @@ def test_int_dots_keep_the_input_at_any_magnitude(int_dots, fmt, magnitude):
     assert_within(got, x, weight, fmt)
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_int_dots_leave_inf_and_nan_to_the_float_kernels(int_dots, fmt):
+    _int_path_for(int_dots, fmt)
     cols = 768
     weight = random_weight(fmt, 8, cols, seed=3)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(3))
