@@ -467,9 +467,10 @@ AVX2_BLOCK32_KERNELS(mxfp4)
  * conversion are exact. Each block's two sums are scaled by d * s_b (exact: the block's
  * scale times a power of two) into two float32 accumulators, and Q4_1's minimums add
  * m * sum(x_b), block after block. The float kernels widened, converted and scaled every
- * weight before its product; these decode a 1B-shaped Q4_1 at one row about 1.5x as fast
- * (benchmarks/RESULTS.md). Every input row takes the same function, so a row's output has
- * the same bits at any number of input rows. */
+ * weight before its product; at one input row and one thread these read a 1B-shaped Q4_1
+ * 1.29x and Q4_0 1.64x as fast (AMD EPYC Zen 3, benchmarks/RESULTS.md), at 4-8 rows 0.6-0.7x
+ * (so under auto they take batch 1 only). Every input row takes the same function, so a
+ * row's output has the same bits at any number of input rows. */
 
 TARGET_AVX2 static int split2_x32(const float *x, int64_t num_blocks, const struct int_split *out) {
     return pagecli_split2_groups(x, num_blocks, 32, out);
@@ -503,13 +504,17 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
         const __m256i ib_ =                                                                    \
             _mm256_add_epi32(_mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)B_)),     \
                              _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(B_ + 16)))); \
-        /* exact: the block's scale times a power of two */                                    \
-        const float ds_ = pagecli_f16_table[(blk)->d] * (xs).scale[k];                           \
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia_), _mm256_set1_ps(ds_), acc);              \
-        accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib_), _mm256_set1_ps(ds_ * 0x1p-15f), accb); \
+        /* exact: the block's scale times a power of two (broadcast from memory: no shuffle) */ \
+        const __m256 ds_ = _mm256_mul_ps(_mm256_broadcast_ss(&pagecli_f16_table[(blk)->d]),    \
+                                         _mm256_broadcast_ss(&(xs).scale[k]));                 \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia_), ds_, acc);                              \
+        accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib_), ds_, accb); /* 2^-15 at the end */     \
         if (HAS_MIN)                                                                           \
             mins = fmaf(pagecli_f16_table[((const block_q4_1 *)(blk))->m], (xs).sums[k], mins); \
     } while (0)
+
+/* A row's result from its two accumulators: B's sums carry the 2^-15 here (exact). */
+#define INT2_SUM(acc, accb) hsum256(_mm256_fmadd_ps((accb), _mm256_set1_ps(0x1p-15f), (acc)))
 
 /* int2_<name>_m: one weight row of 32-value blocks against M <= INT_ROWS_MAX split inputs;
  * int2_wide_<name>: `rows` (<= WIDE_ROWS) weight rows against one input, one after another
@@ -527,7 +532,7 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
             for (int i = 0; i < M; i++)                                                        \
                 INT2_BLOCK(type, WORDS, HAS_MIN, blocks + k, k, xs[i], acc[i], accb[i], mins[i]); \
         }                                                                                      \
-        for (int i = 0; i < M; i++) out[i] = hsum256(_mm256_add_ps(acc[i], accb[i])) + mins[i]; \
+        for (int i = 0; i < M; i++) out[i] = INT2_SUM(acc[i], accb[i]) + mins[i];              \
     }                                                                                          \
     INT_ROWS_DISPATCH(TARGET_AVX2, int2, name)                                                 \
     TARGET_AVX2 static void int2_wide_##name(const void *w, int64_t row_bytes, int64_t nb,    \
@@ -539,7 +544,8 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
 INT2_BLOCK32(q4_0, block_q4_0, INT2_Q4_0, 0)
 INT2_BLOCK32(q4_1, block_q4_1, INT2_Q4_1, 1)
 /* IQ4_NL and MXFP4 took the same path with their levels looked up (a byte shuffle, widened):
- * slower than their float kernels (MXFP4 at one row 0.85x, 1B shape, AMD EPYC Zen 3). */
+ * slower than their float kernels (MXFP4 at one row 0.85x); Q8_0's bytes widened: as fast as
+ * its float kernels, which read it near the memory's rate (1B shape, AMD EPYC Zen 3). */
 
 /* IQ4_XS (AVX2): each sub-block as an IQ4_NL block under its own scale */
 #define AVX2_WALK_IQ4_XS(name, b, base, EMIT)                                                  \
