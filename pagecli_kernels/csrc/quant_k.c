@@ -1018,6 +1018,8 @@ int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
         const uint32_t mw[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
         uint8_t sc[8];
         memcpy(sc, scw, sizeof sc);
+        uint32_t sw[8]; /* each scale in both words: broadcast from memory, no shuffle */
+        for (int j = 0; j < 8; j++) sw[j] = sc[j] * 0x10001u;
         const __m256 ms = _mm256_mul_ps(
             _mm256_set1_ps(_cvtsh_ss(b->dmin)),
             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));
@@ -1026,7 +1028,9 @@ int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
         __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
         for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j += 2) {
-            const __m256i s0 = _mm256_set1_epi16(sc[j]), s1 = _mm256_set1_epi16(sc[j + 1]);
+            const __m256i s0 = _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j]));
+            const __m256i s1 =
+                _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j + 1]));
             for (int h = 0; h < 32; h += 16) {
                 const __m256i q =
                     _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h)));
@@ -1058,7 +1062,8 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void
 int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q6_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2;
-    int8_t q[32] __attribute__((aligned(32)));
+    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i bias = _mm256_set1_epi8(32);
     __m256 acc[INT_ROWS_MAX];
     for (int i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
@@ -1066,18 +1071,34 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
         for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
             prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
         const float d = _cvtsh_ss(b->d);
+        uint32_t sw[16]; /* each (signed) scale in both words, broadcast from memory */
+        for (int j = 0; j < 16; j++) sw[j] = (uint16_t)b->scales[j] * 0x10001u;
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
-            const int8_t *sc = b->scales + 8 * h;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
+            /* the 32 values g of the half (q6_32_bytes' order) less 32, in bytes; the 16-bit
+             * shifts' crossings are masked off */
+            const __m256i v[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, nib),
+                                _mm256_and_si256(_mm256_slli_epi16(hv, 4), top)),
+                _mm256_or_si256(_mm256_and_si256(l1, nib),
+                                _mm256_and_si256(_mm256_slli_epi16(hv, 2), top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib),
+                                _mm256_and_si256(hv, top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
+                                _mm256_and_si256(_mm256_srli_epi16(hv, 2), top))};
             __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
             for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();
             for (int g = 0; g < 4; g++) {
-                q6_32_bytes(ql + 32 * (g & 1), qh, g, q);
-                for (int k = 0; k < 32; k += 16) {
-                    const __m256i w = _mm256_mullo_epi16(
-                        _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(q + k))),
-                        _mm256_set1_epi16(sc[2 * g + k / 16]));
-                    const int64_t o = s * QK_K + 128 * h + 32 * g + k;
+                const __m256i q = _mm256_sub_epi8(v[g], bias);
+                const __m128i half[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+                for (int k = 0; k < 2; k++) {
+                    const __m256i sc = _mm256_castps_si256(
+                        _mm256_broadcast_ss((const float *)&sw[8 * h + 2 * g + k]));
+                    const __m256i w = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(half[k]), sc);
+                    const int64_t o = s * QK_K + 128 * h + 32 * g + 16 * k;
                     for (int i = 0; i < M; i++) {
                         const __m256i a = _mm256_loadu_si256((const void *)(xs[i].a + o));
                         const __m256i bv = _mm256_loadu_si256((const void *)(xs[i].b + o));
