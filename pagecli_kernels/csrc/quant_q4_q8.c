@@ -463,10 +463,10 @@ AVX2_BLOCK32_KERNELS(mxfp4)
  * As for Q4_K and Q6_K on AVX2 (quant_k.c), each input row is split into two int16 parts,
  * here with a scale per 32-value block: x = s_b * (A + B * 2^-15), s_b a power of two
  * (pagecli_split2_groups: 29 bits relative to the block's largest value). Each weight's
- * integer (q - 8 for Q4_0, q for Q4_1) multiplies A and B with vpmaddwd: four products per int32 lane a block, |.| < 2^24, so the sums and their
- * conversion are exact. Each block's two sums are scaled by d * s_b (exact: the block's
- * scale times a power of two) into two float32 accumulators, and Q4_1's minimums add
- * m * sum(x_b), block after block. The float kernels widened, converted and scaled every
+ * integer (q - 8 for Q4_0, q for Q4_1) multiplies A and B with vpmaddwd: four products per
+ * int32 lane a block, |.| < 2^24, so the sums and their conversion are exact. Each block's
+ * two sums are scaled by d * s_b (exact: the block's scale times a power of two) into two
+ * float32 accumulators, and Q4_1's minimums add m * sum(x_b), block after block. The float kernels widened, converted and scaled every
  * weight before its product; at one input row and one thread these read a 1B-shaped Q4_1
  * 1.29x and Q4_0 1.64x as fast (AMD EPYC Zen 3, benchmarks/RESULTS.md), at 4-8 rows 0.6-0.7x
  * (so under auto they take batch 1 only). Every input row takes the same function, so a
@@ -545,7 +545,9 @@ INT2_BLOCK32(q4_0, block_q4_0, INT2_Q4_0, 0)
 INT2_BLOCK32(q4_1, block_q4_1, INT2_Q4_1, 1)
 /* IQ4_NL and MXFP4 took the same path with their levels looked up (a byte shuffle, widened):
  * slower than their float kernels (MXFP4 at one row 0.85x); Q8_0's bytes widened: as fast as
- * its float kernels, which read it near the memory's rate (1B shape, AMD EPYC Zen 3). */
+ * its float kernels, which read it near the memory's rate (1B shape, AMD EPYC Zen 3). Q5_0
+ * and Q5_1 would add about ten vector operations a block for the fifth bits to the words
+ * (their float kernels already match Q4_0's float rate): not tried. */
 
 /* IQ4_XS (AVX2): each sub-block as an IQ4_NL block under its own scale */
 #define AVX2_WALK_IQ4_XS(name, b, base, EMIT)                                                  \
