@@ -469,8 +469,9 @@ AVX2_BLOCK32_KERNELS(mxfp4)
  * float32 accumulators, and Q4_1's minimums add m * sum(x_b), block after block. The float
  * kernels widened, converted and scaled every weight before its product; at one input row
  * and one thread these read a 1B-shaped Q4_1 1.29x and Q4_0 1.64x as fast (AMD EPYC Zen 3,
- * benchmarks/RESULTS.md), at 4-8 rows 0.6-0.7x (so under auto they take batch 1 only). Every input row takes the same function, so a
- * row's output has the same bits at any number of input rows. */
+ * benchmarks/RESULTS.md), at 4-8 rows 0.6-0.7x (so under auto they take batch 1 only).
+ * Every input row takes the same function, so a row's output has the same bits at any
+ * number of input rows. */
 
 TARGET_AVX2 static int split2_x32(const float *x, int64_t num_blocks, const struct int_split *out) {
     return pagecli_split2_groups(x, num_blocks, 32, out);
