@@ -1115,6 +1115,8 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
 
 INT_ROWS_DISPATCH(TARGET_AVX2, int2, q4_K)
 INT_ROWS_DISPATCH(TARGET_AVX2, int2, q6_K)
+INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, q4_K)
+INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, q6_K)
 
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
@@ -1127,11 +1129,11 @@ INT_ROWS_DISPATCH(TARGET_AVX2, int2, q6_K)
 #if QUANT_X86
 #define INT_PATH(name) split_x_##name, int_wide_##name, int_rows_##name
 #define SMALL(name) small_##name##_avx512
-#define INT2(name) split2_x, int2_rows_##name
+#define INT2(name) split2_x, int2_rows_##name, int2_wide_##name
 #else
 #define INT_PATH(name) NULL, NULL, NULL
 #define SMALL(name) NULL
-#define INT2(name) NULL, NULL
+#define INT2(name) NULL, NULL, NULL
 #endif
 
 const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K), 0,

@@ -22,8 +22,9 @@
  *     instead (pagecli_quant_int_dots): on AVX-512 VNNI, a batch-1 kernel over WIDE_ROWS
  *     rows of W (int_batch_one) and a kernel for 2 or more input rows (int_rows) that gives
  *     each input the batch-1 bits, taken only under INT_ON (see int_choice); on AVX2 the
- *     latter alone, for any m up to there, and for Q4_0 and Q4_1 too, at batch 1 (at any m
- *     under INT_ON).
+ *     same two (the batch-1 kernel's rows of W one after another, each with the other
+ *     kernel's one-input body) for any m up to there, and for Q4_0 and Q4_1 too, at batch 1
+ *     (at any m under INT_ON).
  *     Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
@@ -353,9 +354,9 @@ static const struct int_split *split_rows(int_split_fn split, int64_t block_valu
     return parts;
 }
 
-/* The integer batch-1 paths (AVX-512 VNNI's; AVX2's for Q4_0 and Q4_1): x split once, then
- * WIDE_ROWS rows at a time, the last rows (fewer) through the same kernel, so that a row's
- * result does not depend on its neighbours. Returns 0 where split_rows gives nothing. */
+/* The integer batch-1 paths (AVX-512 VNNI's; AVX2's): x split once, then WIDE_ROWS rows at a
+ * time, the last rows (fewer) through the same kernel, so that a row's result does not
+ * depend on its neighbours. Returns 0 where split_rows gives nothing. */
 static int int_batch_one(int_split_fn split, int_wide_fn kernel, const struct quant_format *f,
                          const uint8_t *w, int64_t row_bytes, int64_t n, int64_t blocks,
                          const float *x, float *y, int num_threads) {

@@ -518,8 +518,7 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
 #define INT2_SUM(acc, accb) hsum256(_mm256_fmadd_ps((accb), _mm256_set1_ps(0x1p-15f), (acc)))
 
 /* int2_<name>_m: one weight row of 32-value blocks against M <= INT_ROWS_MAX split inputs;
- * int2_wide_<name>: `rows` (<= WIDE_ROWS) weight rows against one input, one after another
- * (side by side a block at a time, their accumulators left the registers: 0.9x). */
+ * int2_wide_<name>: `rows` (<= WIDE_ROWS) weight rows against one input, one after another. */
 #define INT2_BLOCK32(name, type, WORDS, HAS_MIN)                                               \
     TARGET_AVX2 static inline __attribute__((always_inline)) void int2_##name##_m(            \
         const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {    \
@@ -536,11 +535,7 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
         for (int i = 0; i < M; i++) out[i] = INT2_SUM(acc[i], accb[i]) + mins[i];              \
     }                                                                                          \
     INT_ROWS_DISPATCH(TARGET_AVX2, int2, name)                                                 \
-    TARGET_AVX2 static void int2_wide_##name(const void *w, int64_t row_bytes, int64_t nb,    \
-                                             int rows, const struct int_split *xs, float *out) { \
-        for (int r = 0; r < rows; r++)                                                         \
-            int2_##name##_m((const uint8_t *)w + r * row_bytes, nb, xs, out + r, 1);           \
-    }
+    INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, name)
 
 INT2_BLOCK32(q4_0, block_q4_0, INT2_Q4_0, 0)
 INT2_BLOCK32(q4_1, block_q4_1, INT2_Q4_1, 1)
