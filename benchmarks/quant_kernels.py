@@ -45,7 +45,6 @@ MODEL_SHAPES = {
     "8b": (4096, 14336, 6144, 49152, 32),
 }
 FUSED_ROWS = 8  # csrc/quant_linear_cpu.c's FUSED_MAX_ROWS: up to it, never panels or AMX
-BATCH_ONE_INT = ("q4_0", "q4_1")  # AVX2's integer path at batch 1 only, unless int_dots=on
 SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2]}
 
 
@@ -136,8 +135,6 @@ def main() -> None:
                     if rows <= FUSED_ROWS or fmt not in quant_cpu.TILES_FORMATS:
                         tiled = "-"  # the fused path, or a format without AMX's tiles
                     integer = "on" if quant_cpu.int_dots() else "off"
-                    if rows > 1 and fmt in BATCH_ONE_INT and variant[2] != "on":
-                        integer = "off"  # under auto their integer path takes batch 1 only
                     if rows > FUSED_ROWS or fmt not in quant_cpu.int_dots_formats():
                         integer = "-"  # the panels, or a format without an integer path
                     gemm = quant_cpu.gemm() or "off"

@@ -103,22 +103,29 @@ def tiles() -> bool:
 
 INT_DOTS = ("auto", "off", "on")  # pagecli_quant_set_int_dots's choices
 INT_DOTS_FORMATS = ("q4_k", "q6_k")  # formats with an integer path on both paths
-INT_DOTS_FORMATS_AVX2 = INT_DOTS_FORMATS + ("q4_0", "q4_1")  # and on the AVX2 path
+INT_DOTS_FORMATS_AVX2 = INT_DOTS_FORMATS + ("q4_0", "q4_1")  # and on the AVX2 path, when on
 
 
 def int_dots() -> bool:
     """Whether products of the formats in int_dots_formats() take an integer path now
-    (csrc/quant_k.c, quant_q4_q8.c: each input row split into two int16 parts per
-    super-block or block): batch-1 products on the AVX-512 path of a CPU with VNNI; on the
-    AVX2 path, the fused path's K-quant products of any number of rows and Q4_0 and Q4_1's
-    batch-1 products (any number of rows under "on"). Under "auto": on wherever one runs."""
+    (csrc/quant_k.c: each input row split into two int16 parts per super-block): batch-1
+    products on the AVX-512 path of a CPU with VNNI, and the fused path's products of any
+    number of rows on the AVX2 path. Under "auto": on wherever one runs."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_int_dots())
 
 
 def int_dots_formats() -> tuple[str, ...]:
-    """The formats that have an integer path on the instruction-set path in effect."""
-    return INT_DOTS_FORMATS_AVX2 if isa() == "avx2" else INT_DOTS_FORMATS
+    """The formats whose products take an integer path now: Q4_K and Q6_K where int_dots()
+    is on, and on the AVX2 path under "on" also Q4_0 and Q4_1 (csrc/quant_q4_q8.c: a scale
+    per 32-value block), at every batch; under "auto" those keep the float kernels (their
+    2-8 rows are faster there, and a row keeps one kernel's bits at every batch)."""
+    lib = library()
+    if lib is None or not lib.pagecli_quant_int_dots():
+        return ()
+    if isa() == "avx2" and lib.pagecli_quant_int_dots_on():
+        return INT_DOTS_FORMATS_AVX2
+    return INT_DOTS_FORMATS
 
 
 SMALL_BATCHES = ("auto", "off")  # pagecli_quant_set_small_batches's choices
@@ -271,6 +278,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_int_dots.argtypes = [i32]
     lib.pagecli_quant_set_int_dots.restype = i32
     lib.pagecli_quant_int_dots.restype = i32
+    lib.pagecli_quant_int_dots_on.restype = i32
     lib.pagecli_quant_set_small_batches.argtypes = [i32]
     lib.pagecli_quant_set_small_batches.restype = i32
     lib.pagecli_quant_small_batches.restype = i32

@@ -283,7 +283,8 @@ def bench(
             names = {name for joined in formats.values() for name in joined.split("+")}
             tiled = not names.isdisjoint(quant_cpu.TILES_FORMATS)
             info["cpu_quant_tiles"] = tiled and quant_cpu.tiles()
-            # whether its products take an integer path (VNNI batch-1 K-quants, AVX2)
+            # whether its products take an integer path (VNNI batch-1 K-quants; AVX2's
+            # K-quants, and its Q4_0/Q4_1 under int_dots=on)
             integer = not names.isdisjoint(quant_cpu.int_dots_formats())
             info["cpu_quant_int_dots"] = integer and quant_cpu.int_dots()
         if quant_cpu.library() is not None:  # who multiplies prefill and batched panels

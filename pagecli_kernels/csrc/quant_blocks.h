@@ -277,7 +277,7 @@ struct quant_format {
     int_split_fn split2;       /* the integer path of AVX2 (any number of input rows) */
     int_rows_fn int_rows2;
     int_wide_fn int_wide2;     /* its batch-1 kernel over several rows of W (the same bits) */
-    int int2_batch_one;        /* 1: under auto, that path takes batch 1 only (Q4_0, Q4_1) */
+    int int2_when_on;          /* 1: that path only under int_dots on (Q4_0, Q4_1) */
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough

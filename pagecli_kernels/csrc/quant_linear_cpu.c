@@ -23,8 +23,8 @@
  *     rows of W (int_batch_one) and a kernel for 2 or more input rows (int_rows) that gives
  *     each input the batch-1 bits, taken only under INT_ON (see int_choice); on AVX2 the
  *     same two (the batch-1 kernel's rows of W one after another, each with the other
- *     kernel's one-input body) for any m up to there, and for Q4_0 and Q4_1 too, at batch 1
- *     (at any m under INT_ON).
+ *     kernel's one-input body) for any m up to there, and for Q4_0 and Q4_1 too under
+ *     INT_ON.
  *     Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
@@ -208,15 +208,16 @@ int pagecli_quant_tiles(void) {
 }
 
 /* Whether products of the formats with an integer path (Q4_K, Q6_K: struct int_split) take
- * it; on the AVX2 path also Q4_0 and Q4_1 (quant_q4_q8.c). INT_AUTO: batch-1 products on the
- * AVX-512 path of a CPU with AVX512_VNNI, the fused path's Q4_K and Q6_K products of any
- * number of rows and Q4_0 and Q4_1's batch-1 products on the AVX2 path. INT_ON: the fused
- * path's products of any number of rows on either path, each row with its batch-1 bits
- * (speculative decoding's steps with drafts ask for it); under auto, AVX-512's 2-8 rows keep
- * the float kernels, which decoded 4-8 sequences of a 1B Q4_K_M 1.3-1.4x faster on a Zen 4
- * (Q6_K's small-batch kernel shares each load of x between two weight rows), and so do AVX2's
- * 4-8 rows of Q4_0 and Q4_1 (1.4-1.6x faster there, 1B shape, AMD EPYC Zen 3). INT_OFF: the
- * float kernels. INT_ON is refused where the CPU runs neither. */
+ * it; on the AVX2 path also Q4_0 and Q4_1 (quant_q4_q8.c), under INT_ON only. INT_AUTO:
+ * batch-1 products on the AVX-512 path of a CPU with AVX512_VNNI, and the fused path's Q4_K
+ * and Q6_K products of any number of rows on the AVX2 path. INT_ON: the fused path's
+ * products of any number of rows on either path, each row with its batch-1 bits
+ * (speculative decoding's steps with drafts ask for it on AVX-512); under auto, AVX-512's 2-8
+ * rows keep the float kernels, which decoded 4-8 sequences of a 1B Q4_K_M 1.3-1.4x faster on
+ * a Zen 4 (Q6_K's small-batch kernel shares each load of x between two weight rows). AVX2's
+ * Q4_0 and Q4_1 at 2-8 rows are slower on the integer path too, and there auto keeps the
+ * float kernels at every batch, so that a row has one kernel's bits whatever the batch.
+ * INT_OFF: the float kernels. INT_ON is refused where the CPU runs neither. */
 enum { INT_AUTO = 0, INT_OFF = 1, INT_ON = 2 };
 #ifdef INT_DEFAULT_OFF /* benchmarks/kernel_variants.py: the float kernels' variant */
 static int int_choice = INT_OFF;
@@ -232,6 +233,9 @@ int pagecli_quant_set_int_dots(int choice) {
     int_choice = choice;
     return 0;
 }
+
+/* 1 under INT_ON (AVX2's Q4_0 and Q4_1 take their integer path then), else 0. */
+int pagecli_quant_int_dots_on(void) { return int_choice == INT_ON; }
 
 /* 1 where products of those formats take an integer path now, else 0. */
 int pagecli_quant_int_dots(void) {
@@ -471,12 +475,13 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         int_rows(f->split, f->int_rows, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy,
                  num_threads))
         return;
-    if (m == 1 && f->int_wide2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
+    const int int2 = f->int_rows2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
+                     (!f->int2_when_on || int_choice == INT_ON);
+    if (int2 && m == 1 && f->int_wide2 &&
         int_batch_one(f->split2, f->int_wide2, f, w, row_bytes, n, blocks_per_row, x, y,
                       num_threads))
         return;
-    if (f->int_rows2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
-        (m == 1 || !f->int2_batch_one || int_choice == INT_ON) &&
+    if (int2 &&
         int_rows(f->split2, f->int_rows2, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y,
                  ldy, num_threads))
         return;

@@ -469,9 +469,11 @@ AVX2_BLOCK32_KERNELS(mxfp4)
  * float32 accumulators, and Q4_1's minimums add m * sum(x_b), block after block. The float
  * kernels widened, converted and scaled every weight before its product; at one input row
  * and one thread these read a 1B-shaped Q4_1 1.29x and Q4_0 1.64x as fast (AMD EPYC Zen 3,
- * benchmarks/RESULTS.md), at 4-8 rows 0.6-0.7x (so under auto they take batch 1 only).
- * Every input row takes the same function, so a row's output has the same bits at any
- * number of input rows. */
+ * benchmarks/RESULTS.md), but at 4-8 rows 0.6-0.8x, and a row must have one kernel's bits
+ * at every batch (speculative decoding's verify rows, the grouped experts): so they run under
+ * int_dots on only, at every batch (the choice for single-stream decode; under auto the
+ * float kernels take every batch). Every input row takes the same function, so a row's
+ * output has the same bits at any number of input rows. */
 
 TARGET_AVX2 static int split2_x32(const float *x, int64_t num_blocks, const struct int_split *out) {
     return pagecli_split2_groups(x, num_blocks, 32, out);
@@ -565,7 +567,7 @@ AVX2_KERNELS(iq4_xs, QK_K, AVX2_WALK_IQ4_XS)
     , {NULL, wide_##name##_avx2, wide_##name##_avx512}, .small = small_##name##_avx512
 #define INT2(name)                                                                             \
     , .split2 = split2_x32, .int_rows2 = int2_rows_##name, .int_wide2 = int2_wide_##name,     \
-      .int2_batch_one = 1
+      .int2_when_on = 1
 #else
 #define PATHS(name) {dequant_##name##_portable, NULL, NULL}, {NULL, NULL, NULL}
 #define WIDE(name)

@@ -656,7 +656,7 @@ def test_bf16_linear_takes_bfloat16_only():
 
 # ---- the integer paths (csrc/quant_k.c, quant_q4_q8.c: x split into two int16 parts;
 # AVX-512 VNNI at batch 1, or at any batch up to fused_rows when on; AVX2 at any batch for
-# Q4_K and Q6_K, at batch 1 for Q4_0 and Q4_1, or at any batch when on) ----
+# Q4_K and Q6_K, and for Q4_0 and Q4_1 when on) ----
 
 INT_FORMATS = ["q4_k", "q6_k", "q4_0", "q4_1"]
 
@@ -729,20 +729,16 @@ def test_int_dots_of_several_rows_match_float64_and_each_row_alone(int_dots, fmt
     assert not torch.equal(got, floats)  # the integer path ran
 
 
-@pytest.mark.parametrize(
-    "isa_path, fmt", [("avx512", "q4_k"), ("avx512", "q6_k"), ("avx2", "q4_0"), ("avx2", "q4_1")]
-)
-def test_only_steps_with_drafts_take_the_integer_path_for_several_rows(isa_path, fmt):
-    """Under auto, AVX-512 VNNI's integer path, and AVX2's for Q4_0 and Q4_1, take batch 1
-    only (2-8 rows are faster on the float kernels); a step with drafts turns them on for
-    every batch, so that its rows have the bits they have alone."""
-    if isa_path == "avx512" and not _int_dots_run():
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_only_steps_with_drafts_take_vnnis_integer_path_for_several_rows(fmt):
+    """Under auto, AVX-512 VNNI's integer path takes batch 1 only (2-8 rows are faster on the
+    float kernels); a step with drafts turns it on for every batch, so that its rows have the
+    bits they have alone."""
+    if not _int_dots_run():
         pytest.skip("this CPU has no AVX512_VNNI")
-    if isa_path not in quant_cpu.supported_isas():
-        pytest.skip(f"this CPU does not run the {isa_path} path")
     weight = random_weight(fmt, 37, 17 * 256, seed=7)
     x = torch.randn(4, 17 * 256, generator=torch.Generator().manual_seed(7))
-    with kernel_settings(isa=isa_path):
+    with kernel_settings(isa="avx512"):
         alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(4)])
         assert not torch.equal(quant_cpu.quant_linear(x, weight), alone)  # the float kernels
         drafts = verify_kernel_settings(applied(), rows=4, drafts=True)
@@ -750,6 +746,35 @@ def test_only_steps_with_drafts_take_the_integer_path_for_several_rows(isa_path,
         with kernel_settings(int_dots=drafts.int_dots):
             got = quant_cpu.quant_linear(x, weight)
     assert torch.equal(got.view(torch.int32), alone.view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1"])
+def test_avx2_takes_the_q4_integer_path_under_on_only_at_every_batch(fmt):
+    """AVX2's Q4_0 and Q4_1 integer path: under auto the float kernels take every batch, so a
+    row has the float bits at 1 row and at 2-8; under on the integer path takes every batch,
+    each row with the bits it has alone, and those are not the float kernels'."""
+    if "avx2" not in quant_cpu.supported_isas():
+        pytest.skip("this CPU does not run the avx2 path")
+    weight = random_weight(fmt, 37, 17 * 32 * 8, seed=7)
+    x = torch.randn(8, weight.cols, generator=torch.Generator().manual_seed(7))
+
+    def each_alone_and_together():
+        alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(8)])
+        together = [quant_cpu.quant_linear(x[:m], weight) for m in range(2, 9)]
+        return alone, together
+
+    with kernel_settings(isa="avx2"):
+        assert fmt not in quant_cpu.int_dots_formats()
+        floats, together = each_alone_and_together()
+        for m, got in enumerate(together, start=2):
+            assert torch.equal(got.view(torch.int32), floats[:m].view(torch.int32)), m
+        with kernel_settings(int_dots="on"):
+            assert fmt in quant_cpu.int_dots_formats()
+            ints, together = each_alone_and_together()
+        for m, got in enumerate(together, start=2):
+            assert torch.equal(got.view(torch.int32), ints[:m].view(torch.int32)), m
+    assert not torch.equal(ints, floats)
+    assert_within(ints, x, weight, fmt)
 
 
 @pytest.mark.parametrize("cols", [768, 8192])

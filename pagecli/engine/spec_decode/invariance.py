@@ -8,11 +8,11 @@ the same bits in either batch:
   one row; the panels and tiles that larger batches take sum in their own order. Steps
   without drafts keep the process's choice, so prefills have the bits they have without
   speculation;
-- the integer paths give each of several rows its batch-1 bits (csrc/quant_k.c,
-  quant_q4_q8.c), but under "auto" AVX-512 VNNI takes them at batch 1 only, and so does AVX2
-  for Q4_0 and Q4_1 (their 2-8 rows are faster on the float kernels): a step with drafts
-  asks for them at every batch (`int_dots` on), so a verify row has the bits of a decode
-  alone;
+- the integer paths of Q4_K and Q6_K give each of several rows its batch-1 bits
+  (csrc/quant_k.c), but under "auto" AVX-512 VNNI takes them at batch 1 only (its 2-8 rows
+  are faster on the float kernels): a step with drafts asks for them at every batch
+  (`int_dots` on), so a verify row has the bits of a decode alone (AVX2 takes them at every
+  batch, and its Q4_0 and Q4_1 integer path runs only under "on", at every batch);
 - attention needs nothing here: it cuts contexts by sequences, not rows
   (pagecli_kernels/native.py: choose_split_tokens).
 Settings the user chose (`--kernels`) are kept. Each step that needs a change runs under it
@@ -35,7 +35,12 @@ def verify_kernel_settings(kernels: KernelSettings, rows: int, drafts: bool) -> 
     changes: dict[str, object] = {}
     if drafts and kernels.fused_rows == 0 and rows > quant_cpu.fused_rows():
         changes["fused_rows"] = min(rows, FUSED_ROWS_MAX)
-    if drafts and kernels.int_dots == "auto" and quant_cpu.int_dots():
+    if (
+        drafts
+        and kernels.int_dots == "auto"
+        and quant_cpu.int_dots()
+        and quant_cpu.isa() == "avx512"
+    ):
         changes["int_dots"] = "on"
     return dataclasses.replace(kernels, **changes) if changes else kernels
 
