@@ -488,59 +488,61 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
     *hi = _mm256_sub_epi16(_mm256_srli_epi16(q, 4), b);
 }
 
-/* Per format: the block's words; Q4_1 also adds its minimum. */
+/* Per format: the block's words. */
 #define INT2_Q4_0(b, lo, hi) int2_nibbles((b)->qs, 8, lo, hi)
 #define INT2_Q4_1(b, lo, hi) int2_nibbles((b)->qs, 0, lo, hi)
 
 /* One block of one weight row against input i: its two sums scaled into acc and accb, and
- * Q4_1's minimum into mins (fmaf: the same rounding wherever it is inlined). The batch-1 and
- * several-row kernels below both run this, block after block, so a row has the same bits
- * in either. */
-#define INT2_BLOCK(type, WORDS, HAS_MIN, blk, k, xs, acc, accb, mins)                             \
-    do {                                                                                       \
-        __m256i lo_, hi_;                                                                      \
-        WORDS((blk), &lo_, &hi_);                                                                \
-        const int16_t *A_ = (xs).a + 32 * (k), *B_ = (xs).b + 32 * (k);                        \
-        const __m256i ia_ =                                                                    \
-            _mm256_add_epi32(_mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)A_)),     \
-                             _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(A_ + 16)))); \
-        const __m256i ib_ =                                                                    \
-            _mm256_add_epi32(_mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)B_)),     \
-                             _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(B_ + 16)))); \
-        /* exact: the block's scale times a power of two (broadcast from memory: no shuffle) */ \
-        const __m256 ds_ = _mm256_mul_ps(_mm256_broadcast_ss(&pagecli_f16_table[(blk)->d]),    \
-                                         _mm256_broadcast_ss(&(xs).scale[k]));                 \
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia_), ds_, acc);                              \
-        accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib_), ds_, accb); /* 2^-15 at the end */     \
-        if (HAS_MIN)                                                                           \
-            mins = fmaf(pagecli_f16_table[((const block_q4_1 *)(blk))->m], (xs).sums[k], mins); \
+ * MIN's part into mins. The batch-1 and several-row kernels below both run this, block after
+ * block, so a row has the same bits in either. */
+#define INT2_BLOCK(WORDS, MIN, blk, k, xs, acc, accb, mins)                                        \
+    do {                                                                                           \
+        __m256i lo_, hi_;                                                                          \
+        WORDS((blk), &lo_, &hi_);                                                                  \
+        const int16_t *A_ = (xs).a + 32 * (k), *B_ = (xs).b + 32 * (k);                            \
+        const __m256i ia_ = _mm256_add_epi32(                                                      \
+            _mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)A_)),                          \
+            _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(A_ + 16))));                  \
+        const __m256i ib_ = _mm256_add_epi32(                                                      \
+            _mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)B_)),                          \
+            _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(B_ + 16))));                  \
+        /* exact: the block's scale times a power of two (broadcast from memory: no shuffle) */    \
+        const __m256 ds_ = _mm256_mul_ps(_mm256_broadcast_ss(&pagecli_f16_table[(blk)->d]),        \
+                                         _mm256_broadcast_ss(&(xs).scale[k]));                     \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia_), ds_, acc);                                  \
+        accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib_), ds_, accb); /* 2^-15 at the end */         \
+        MIN((blk), (xs).sums[k], mins);                                                            \
     } while (0)
+
+/* INT2_BLOCK's MIN: Q4_1's minimum (fmaf: the same rounding wherever it is inlined), or none. */
+#define INT2_MIN(blk, sum, mins) ((mins) = fmaf(pagecli_f16_table[(blk)->m], (sum), (mins)))
+#define INT2_NO_MIN(blk, sum, mins) ((void)0)
 
 /* A row's result from its two accumulators: B's sums carry the 2^-15 here (exact). */
 #define INT2_SUM(acc, accb) hsum256(_mm256_fmadd_ps((accb), _mm256_set1_ps(0x1p-15f), (acc)))
 
 /* int2_<name>_m: one weight row of 32-value blocks against M <= INT_ROWS_MAX split inputs;
  * int2_wide_<name>: `rows` (<= WIDE_ROWS) weight rows against one input, one after another. */
-#define INT2_BLOCK32(name, type, WORDS, HAS_MIN)                                               \
-    TARGET_AVX2 static inline __attribute__((always_inline)) void int2_##name##_m(            \
-        const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {    \
-        const type *blocks = row;                                                              \
-        const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one */                \
-        __m256 acc[INT_ROWS_MAX], accb[INT_ROWS_MAX];                                          \
-        float mins[INT_ROWS_MAX];                                                              \
-        for (int i = 0; i < M; i++) acc[i] = accb[i] = _mm256_setzero_ps(), mins[i] = 0.0f;    \
-        for (int64_t k = 0; k < nb; k++) {                                                     \
-            prefetch_w(l2, (const char *)(blocks + k) + PREFETCH_BYTES);                       \
-            for (int i = 0; i < M; i++)                                                        \
-                INT2_BLOCK(type, WORDS, HAS_MIN, blocks + k, k, xs[i], acc[i], accb[i], mins[i]); \
-        }                                                                                      \
-        for (int i = 0; i < M; i++) out[i] = INT2_SUM(acc[i], accb[i]) + mins[i];              \
-    }                                                                                          \
-    INT_ROWS_DISPATCH(TARGET_AVX2, int2, name)                                                 \
+#define INT2_BLOCK32(name, type, WORDS, MIN)                                                       \
+    TARGET_AVX2 static inline __attribute__((always_inline)) void int2_##name##_m(                 \
+        const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {        \
+        const type *blocks = row;                                                                  \
+        const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one */                    \
+        __m256 acc[INT_ROWS_MAX], accb[INT_ROWS_MAX];                                              \
+        float mins[INT_ROWS_MAX];                                                                  \
+        for (int i = 0; i < M; i++) acc[i] = accb[i] = _mm256_setzero_ps(), mins[i] = 0.0f;        \
+        for (int64_t k = 0; k < nb; k++) {                                                         \
+            prefetch_w(l2, (const char *)(blocks + k) + PREFETCH_BYTES);                           \
+            for (int i = 0; i < M; i++)                                                            \
+                INT2_BLOCK(WORDS, MIN, blocks + k, k, xs[i], acc[i], accb[i], mins[i]);            \
+        }                                                                                          \
+        for (int i = 0; i < M; i++) out[i] = INT2_SUM(acc[i], accb[i]) + mins[i];                  \
+    }                                                                                              \
+    INT_ROWS_DISPATCH(TARGET_AVX2, int2, name)                                                     \
     INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, name)
 
-INT2_BLOCK32(q4_0, block_q4_0, INT2_Q4_0, 0)
-INT2_BLOCK32(q4_1, block_q4_1, INT2_Q4_1, 1)
+INT2_BLOCK32(q4_0, block_q4_0, INT2_Q4_0, INT2_NO_MIN)
+INT2_BLOCK32(q4_1, block_q4_1, INT2_Q4_1, INT2_MIN)
 /* IQ4_NL and MXFP4 took the same path with their levels looked up (a byte shuffle, widened):
  * slower than their float kernels (MXFP4 at one row 0.85x); Q8_0's bytes widened: as fast as
  * its float kernels, which read it near the memory's rate (1B shape, AMD EPYC Zen 3). Q5_0
