@@ -1078,8 +1078,8 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
-            /* the 32 values g of the half (q6_32_bytes' order) less 32, in bytes; the 16-bit
-             * shifts' crossings are masked off */
+            /* the 32 values g of the half (q6_32_bytes' order), 0..63 in bytes (32 is taken
+             * off below); the 16-bit shifts' crossings are masked off */
             const __m256i v[4] = {
                 _mm256_or_si256(_mm256_and_si256(l0, nib),
                                 _mm256_and_si256(_mm256_slli_epi16(hv, 4), top)),
