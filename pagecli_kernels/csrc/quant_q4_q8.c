@@ -492,20 +492,18 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
 #define INT2_Q4_0(b, lo, hi) int2_nibbles((b)->qs, 8, lo, hi)
 #define INT2_Q4_1(b, lo, hi) int2_nibbles((b)->qs, 0, lo, hi)
 
-/* One block of one weight row against input i: its two sums scaled into acc and accb, and
- * MIN's part into mins. The batch-1 and several-row kernels below both run this, block after
- * block, so a row has the same bits in either. */
-#define INT2_BLOCK(WORDS, MIN, blk, k, xs, acc, accb, mins)                                        \
+/* One block of one weight row, its words lo and hi, against input i: its two sums scaled into
+ * acc and accb, and MIN's part into mins. The batch-1 and several-row kernels below both run
+ * this, block after block, so a row has the same bits in either. */
+#define INT2_BLOCK(MIN, blk, k, lo, hi, xs, acc, accb, mins)                                       \
     do {                                                                                           \
-        __m256i lo_, hi_;                                                                          \
-        WORDS((blk), &lo_, &hi_);                                                                  \
         const int16_t *A_ = (xs).a + 32 * (k), *B_ = (xs).b + 32 * (k);                            \
-        const __m256i ia_ = _mm256_add_epi32(                                                      \
-            _mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)A_)),                          \
-            _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(A_ + 16))));                  \
-        const __m256i ib_ = _mm256_add_epi32(                                                      \
-            _mm256_madd_epi16(lo_, _mm256_loadu_si256((const void *)B_)),                          \
-            _mm256_madd_epi16(hi_, _mm256_loadu_si256((const void *)(B_ + 16))));                  \
+        const __m256i ia_ =                                                                        \
+            _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const void *)A_)),          \
+                             _mm256_madd_epi16(hi, _mm256_loadu_si256((const void *)(A_ + 16))));  \
+        const __m256i ib_ =                                                                        \
+            _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const void *)B_)),          \
+                             _mm256_madd_epi16(hi, _mm256_loadu_si256((const void *)(B_ + 16))));  \
         /* exact: the block's scale times a power of two (broadcast from memory: no shuffle) */    \
         const __m256 ds_ = _mm256_mul_ps(_mm256_broadcast_ss(&pagecli_f16_table[(blk)->d]),        \
                                          _mm256_broadcast_ss(&(xs).scale[k]));                     \
@@ -533,8 +531,10 @@ int2_nibbles(const uint8_t *qs, int bias, __m256i *lo, __m256i *hi) {
         for (int i = 0; i < M; i++) acc[i] = accb[i] = _mm256_setzero_ps(), mins[i] = 0.0f;        \
         for (int64_t k = 0; k < nb; k++) {                                                         \
             prefetch_w(l2, (const char *)(blocks + k) + PREFETCH_BYTES);                           \
+            __m256i lo, hi; /* the block's words, once for the M inputs */                         \
+            WORDS(blocks + k, &lo, &hi);                                                           \
             for (int i = 0; i < M; i++)                                                            \
-                INT2_BLOCK(WORDS, MIN, blocks + k, k, xs[i], acc[i], accb[i], mins[i]);            \
+                INT2_BLOCK(MIN, blocks + k, k, lo, hi, xs[i], acc[i], accb[i], mins[i]);           \
         }                                                                                          \
         for (int i = 0; i < M; i++) out[i] = INT2_SUM(acc[i], accb[i]) + mins[i];                  \
     }                                                                                              \
