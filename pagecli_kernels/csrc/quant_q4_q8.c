@@ -467,7 +467,7 @@ AVX2_BLOCK32_KERNELS(mxfp4)
  * int32 lane a block, |.| < 2^24, so the sums and their conversion are exact. Each block's
  * two sums are scaled by d * s_b (exact: the block's scale times a power of two) into two
  * float32 accumulators, and Q4_1's minimums add m * sum(x_b), block after block. The float
- * kernels widened, converted and scaled every weight before its product; at one input row
+ * kernels widen, convert and scale every weight before its product; at one input row
  * and one thread these read a 1B-shaped Q4_1 1.29x and Q4_0 1.64x as fast (AMD EPYC Zen 3,
  * benchmarks/RESULTS.md), but at 4-8 rows 0.6-0.8x, and a row must have one kernel's bits
  * at every batch (speculative decoding's verify rows, the grouped experts): so they run under
