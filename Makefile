@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 chat: install
 	$(BIN)/pagecli chat
 
+# two workers, each on its own share of the CPUs (tests/conftest.py), a file's tests on one
+# worker; TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: install
 	$(BIN)/ruff check pagecli pagecli_kernels tests

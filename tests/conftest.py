@@ -12,6 +12,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _pin_worker() -> None:
+    """Under pytest-xdist (`make test` runs two workers), each worker runs on its own share
+    of the CPUs, and so do the processes it starts: an engine picks its threads from the CPUs
+    it may run on (engine/cpu_threads.py), so two workers' OpenMP threads never wait at each
+    other's barriers on one core."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return
+    share = cpus[int(worker[2:]) :: count]
+    os.sched_setaffinity(0, share)
+    torch.set_num_threads(len(share))  # tests that call torch without an engine
+
+
+_pin_worker()
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The default model in the HF layout, with float32 weights for transformers (cached

@@ -190,9 +190,13 @@ def _convert_into(gguf_path: Path, folder: Path) -> Path:
         (tmp / CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf_path), **info}))
         if marker.is_file():  # another process finished the same conversion first
             return folder
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
+        if folder.exists() and not marker.is_file():  # left without its marker by an old version
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            tmp.rename(folder)  # atomic: a folder in place always has its marker
+        except OSError:
+            if not marker.is_file():  # not another process's finished conversion
+                raise
     except GGUFError as exc:
         raise ModelLoadError(str(exc)) from None
     except Exception as exc:
