@@ -1,6 +1,7 @@
 """Workload sizes of the slower tests: `make test` runs the CI size, which keeps the suite
-under 15 minutes on 2 cores (two workers: docs/testing.md); `PAGECLI_FULL_TESTS=1` runs the larger size each test names
-(more prompts, longer replies, more rounds). The checks are the same at both sizes."""
+under 15 minutes on 2 cores (two workers: docs/testing.md); `PAGECLI_FULL_TESTS=1` runs the
+larger size each test names (more prompts, longer replies, more rounds). The checks are the
+same at both sizes."""
 
 from __future__ import annotations
 

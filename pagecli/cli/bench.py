@@ -35,7 +35,14 @@ from pagecli.bench.scenarios import (
 )
 from pagecli.cli.display import LiveDisplay
 from pagecli.cli.endpoint import EndpointSettings, endpoint_options
-from pagecli.cli.options import CliError, VerboseOption, engine_options, load_llm, set_verbose
+from pagecli.cli.options import (
+    CliError,
+    VerboseOption,
+    engine_options,
+    given_options,
+    load_llm,
+    set_verbose,
+)
 from pagecli.config import EngineConfig
 from pagecli_kernels.settings import report as kernel_report
 
@@ -65,6 +72,7 @@ def _opt(panel: str, help: str, *decls: str, **kw) -> typer.models.OptionInfo:
 @engine_options
 @endpoint_options(multiple=True)
 def bench(
+    ctx: typer.Context,
     *,
     scenario: Annotated[Scenario, _opt(WORKLOAD_PANEL, "What to measure.")] = Scenario.throughput,
     preset: Annotated[
@@ -229,6 +237,9 @@ def bench(
     note(f"loading {engine_config.model or 'the default model'}")
     if scenario == Scenario.prefix:
         engine_config = dataclasses.replace(engine_config, enable_prefix_caching=True)
+    if scenario in (Scenario.latency, Scenario.spec) and not given_options(ctx, ["max_num_seqs"]):
+        # one request at a time, as in chat: the integer kernels at every batch
+        engine_config = dataclasses.replace(engine_config, max_num_seqs=1)
     if scenario == Scenario.spec and engine_config.speculative_config is None:
         from pagecli.config import SpeculativeConfig
 
@@ -255,6 +266,7 @@ def bench(
         "threads": engine.runner.thread_choice.num_threads,
         "threads_reason": engine.runner.thread_choice.reason,
         "tensor_parallel_size": engine.config.tensor_parallel_size,
+        "max_num_seqs": engine.config.max_num_seqs,
         "memory": engine.runner.memory.as_dict(),
         "memory_line": engine.runner.memory.line(),
         "version": __version__,
@@ -284,14 +296,17 @@ def bench(
             tiled = not names.isdisjoint(quant_cpu.TILES_FORMATS)
             info["cpu_quant_tiles"] = tiled and quant_cpu.tiles()
             # whether its products take an integer path (VNNI batch-1 K-quants; AVX2's
-            # K-quants, and its Q4_0/Q4_1 under int_dots=on)
-            integer = not names.isdisjoint(quant_cpu.int_dots_formats())
-            info["cpu_quant_int_dots"] = integer and quant_cpu.int_dots()
+            # K-quants, and its Q4_0/Q4_1 under int_dots=on), in a decode step's choices (an
+            # engine of one sequence at a time turns it on: spec_decode/invariance.py)
+            with engine.runner.step_kernels_for(rows=1, drafts=False):
+                integer = not names.isdisjoint(quant_cpu.int_dots_formats())
+                info["cpu_quant_int_dots"] = integer and quant_cpu.int_dots()
         if quant_cpu.library() is not None:  # who multiplies prefill and batched panels
             info["cpu_gemm"] = quant_cpu.gemm()
             if info["dtype"] == "bfloat16":  # and bfloat16 batches of three rows or more
                 info["cpu_bf16_gemm"] = _bf16_gemm_name(quant_cpu)
-    info["kernels"] = kernel_report()  # every CPU kernel choice in effect, resolved
+    with engine.runner.step_kernels_for(rows=1, drafts=False):
+        info["kernels"] = kernel_report()  # every CPU kernel choice of a decode step, resolved
     rows: list[dict] = []
     comparison: dict = {}
     with LiveDisplay(enabled=show) as live:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -26,6 +25,7 @@ from pagecli.cli.options import (
     CliError,
     VerboseOption,
     engine_options,
+    given_options,
     sampling_options,
     set_verbose,
 )
@@ -47,17 +47,9 @@ def _read_system(system: Optional[str], system_file: Optional[Path]) -> Optional
         raise CliError(f"{system_file}: cannot read the system prompt ({reason})", 2) from None
 
 
-def _given(ctx: typer.Context, names: Iterable[str]) -> list[str]:
-    """The options the user gave (on the command line or in the environment)."""
-    given = []
-    for name in names:
-        source = ctx.get_parameter_source(name)
-        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
-            given.append(name)
-    return given
-
-
-@engine_options
+# one conversation, one sequence at a time: the integer kernels at every batch
+# (engine/spec_decode/invariance.py)
+@engine_options(max_num_seqs=1)
 @sampling_options
 @endpoint_options()
 def chat(
@@ -169,7 +161,7 @@ def _run(
             raise CliError(str(exc), exit_code=2) from None
         if system is not None and system != state.current.system:
             state.set_system(system)
-        for name in _given(ctx, sampling_defaults):
+        for name in given_options(ctx, sampling_defaults):
             state.current.set_param(name, sampling_defaults[name])
     chat = Chat(state, interactive=interactive, autosave=session)
     if not interactive:

@@ -12,7 +12,7 @@ import enum
 import functools
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Optional, get_args
 
@@ -303,8 +303,8 @@ def _field_defaults(cls: type) -> dict[str, Any]:
     return out
 
 
-def _engine_parameters() -> list[inspect.Parameter]:
-    defaults = _field_defaults(EngineConfig)
+def _engine_parameters(overrides: dict[str, Any]) -> list[inspect.Parameter]:
+    defaults = {**_field_defaults(EngineConfig), **overrides}
     params = []
     for name, (annotation, option) in ENGINE_OPTIONS.items():
         default = None if name in _NONE_DEFAULTS else defaults[name]
@@ -447,9 +447,27 @@ def read_json_schema(path: Path) -> dict[str, Any]:
     return schema
 
 
-def engine_options(func: Callable) -> Callable:
-    """Give a command every engine option; it receives them as `engine_config: EngineConfig`."""
-    return _inject(func, _engine_parameters(), engine_config)
+def given_options(ctx: typer.Context, names: Iterable[str]) -> list[str]:
+    """The options the user gave (on the command line or in the environment)."""
+    given = []
+    for name in names:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given.append(name)
+    return given
+
+
+def engine_options(func: Callable | None = None, /, **defaults: Any) -> Callable:
+    """Give a command every engine option; it receives them as `engine_config: EngineConfig`.
+    `@engine_options(max_num_seqs=1)`: the command's own defaults for some of them."""
+    unknown = set(defaults) - set(ENGINE_OPTIONS)
+    if unknown:
+        raise TypeError(f"engine_options: not engine options: {sorted(unknown)}")
+
+    def inject(target: Callable) -> Callable:
+        return _inject(target, _engine_parameters(defaults), engine_config)
+
+    return inject if func is None else inject(func)
 
 
 def sampling_options(func: Callable) -> Callable:

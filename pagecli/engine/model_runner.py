@@ -162,6 +162,8 @@ class ModelRunner:
         # speculative decoding: each step under the kernel choices that give a row the same
         # bits at one row and beside its drafts (spec_decode/invariance.py)
         self.spec = config.speculative_config if device.type == "cpu" else None
+        # one sequence at a time: the integer paths at every batch (spec_decode/invariance.py)
+        self.one_stream = device.type == "cpu" and config.max_num_seqs == 1
         if size > 1:
             shard = rank_shard(hf_config, size, plan, self.rank)
             self.tp = TensorParallel(shard)
@@ -518,14 +520,17 @@ class ModelRunner:
 
     def step_kernels(self, batch: ScheduledBatch) -> AbstractContextManager:
         """The kernel choices a step runs under: with speculative decoding, those that give
-        each row the bits it has alone (spec_decode/invariance.py); else the process's."""
+        each row the bits it has alone; in an engine of one sequence at a time, the integer
+        paths (spec_decode/invariance.py); else the process's."""
         rows = sum(s.num_new_tokens for s in batch.seqs)
-        return self._kernels(rows, any(s.draft_token_ids for s in batch.seqs))
+        return self.step_kernels_for(rows, any(s.draft_token_ids for s in batch.seqs))
 
-    def _kernels(self, rows: int, drafts: bool) -> AbstractContextManager:
-        if self.spec is None:
+    def step_kernels_for(self, rows: int, drafts: bool) -> AbstractContextManager:
+        """The same, for a step of `rows` rows, with drafts or not (bench reports a decode
+        step's)."""
+        if self.spec is None and not self.one_stream:
             return nullcontext()
-        return verify_kernels(rows, drafts)
+        return verify_kernels(rows, drafts, self.one_stream)
 
     @torch.inference_mode()
     def prepare_step(self, batch: ScheduledBatch) -> PreparedStep:
@@ -600,7 +605,7 @@ class ModelRunner:
     def run_worker_step(self, step: StepInputs) -> None:
         """A worker rank's part of one step (rank 0 sent `step`)."""
         self.copy_blocks(step.swap_out, step.swap_in, step.block_copies)
-        with self._kernels(len(step.input_ids), step.drafts):
+        with self.step_kernels_for(len(step.input_ids), step.drafts):
             self.forward_logits(*step.tensors(self.device))
 
     def _sample(self, items, rows, logits, mask) -> list[SampledTokens]:

@@ -42,6 +42,7 @@ TOP_KEYS = {
     "device",
     "threads",
     "threads_reason",
+    "max_num_seqs",
     "memory",
     "memory_line",
     "version",
@@ -255,6 +256,26 @@ def test_latency_scenario_mean_and_std(capsys):
     for r in rows:
         assert float(r["tokens_per_s_mean"]) > 0 and float(r["tokens_per_s_std"]) >= 0
         assert r["num_requests"] == "2" and r["scenario"] == "latency"
+
+
+def test_latency_runs_one_sequence_at_a_time(capsys):
+    """The latency scenario runs one request at a time, as chat does: an engine of one
+    sequence unless --max-num-seqs is given, whose steps take the integer paths (on AVX2,
+    the default model's Q4_1 too: engine/spec_decode/invariance.py); the JSON says so."""
+    from pagecli_kernels import quant_cpu
+    from pagecli_kernels.settings import kernel_settings
+
+    args = ["bench", "--scenario", "latency", "--pp", "8", "--tg", "2", "--repetitions", "1"]
+    args += ["--num-kv-blocks", "256", "--json"]
+    one = json.loads(pagecli(capsys, *args)[0])
+    several = json.loads(pagecli(capsys, *args, "--max-num-seqs", "2")[0])
+    assert one["max_num_seqs"] == 1 and several["max_num_seqs"] == 2
+    q4_1 = False
+    if quant_cpu.int_dots():
+        with kernel_settings(int_dots="on"):
+            q4_1 = "q4_1" in quant_cpu.int_dots_formats()
+    assert one["cpu_quant_int_dots"] is q4_1
+    assert several["cpu_quant_int_dots"] is False
 
 
 def test_compare_hf_on_a_tiny_workload(capsys, tmp_path):

@@ -15,6 +15,15 @@ the same bits in either batch:
   batch, and its Q4_0 and Q4_1 integer path runs only under "on", at every batch);
 - attention needs nothing here: it cuts contexts by sequences, not rows
   (pagecli_kernels/native.py: choose_split_tokens).
+
+An engine that runs one sequence at a time (`max_num_seqs` 1: `chat`, bench's latency and
+spec scenarios) has no neighbours to share a step with, so it takes the integer paths at
+every batch (`int_dots` on) where the CPU has them: on AVX2 that adds Q4_0 and Q4_1, whose
+integer batch-1 kernels are 1.2-1.6x as fast as their float ones (their several-row kernels
+are slower, which is why engines of several sequences keep them off), and on AVX-512 VNNI the
+K-quants' verify rows, as above. Every step has the same choice, so a row's bits do not
+depend on the step.
+
 Settings the user chose (`--kernels`) are kept. Each step that needs a change runs under it
 and puts the process's settings back after it (about 50 microseconds).
 """
@@ -29,28 +38,30 @@ from pagecli_kernels import quant_cpu
 from pagecli_kernels.settings import FUSED_ROWS_MAX, KernelSettings, applied, apply
 
 
-def verify_kernel_settings(kernels: KernelSettings, rows: int, drafts: bool) -> KernelSettings:
+def verify_kernel_settings(
+    kernels: KernelSettings, rows: int, drafts: bool, one_stream: bool = False
+) -> KernelSettings:
     """`kernels` with the choices above filled in where they were left to the CPU, for a step
-    of `rows` rows, with drafts to check or not."""
+    of `rows` rows, with drafts to check or not, in an engine of one sequence at a time or
+    not."""
     changes: dict[str, object] = {}
     if drafts and kernels.fused_rows == 0 and rows > quant_cpu.fused_rows():
         changes["fused_rows"] = min(rows, FUSED_ROWS_MAX)
     if (
-        drafts
+        (one_stream or (drafts and quant_cpu.isa() == "avx512"))
         and kernels.int_dots == "auto"
         and quant_cpu.int_dots()
-        and quant_cpu.isa() == "avx512"
     ):
         changes["int_dots"] = "on"
     return dataclasses.replace(kernels, **changes) if changes else kernels
 
 
 @contextmanager
-def verify_kernels(rows: int, drafts: bool) -> Iterator[KernelSettings]:
+def verify_kernels(rows: int, drafts: bool, one_stream: bool = False) -> Iterator[KernelSettings]:
     """A `with` block for one step under the process's settings with the choices above; the
     previous settings back at its end."""
     previous = applied()
-    settings = verify_kernel_settings(previous, rows, drafts)
+    settings = verify_kernel_settings(previous, rows, drafts, one_stream)
     if settings is previous:
         yield settings
         return
