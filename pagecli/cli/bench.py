@@ -238,8 +238,7 @@ def bench(
     if scenario == Scenario.prefix:
         engine_config = dataclasses.replace(engine_config, enable_prefix_caching=True)
     if scenario in (Scenario.latency, Scenario.spec) and not given_options(ctx, ["max_num_seqs"]):
-        # one request at a time, as in chat (latency: the integer kernels at every batch;
-        # engine/spec_decode/invariance.py)
+        # one request at a time, as in chat: the integer kernels at every batch
         engine_config = dataclasses.replace(engine_config, max_num_seqs=1)
     if scenario == Scenario.spec and engine_config.speculative_config is None:
         from pagecli.config import SpeculativeConfig

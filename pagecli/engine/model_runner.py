@@ -162,9 +162,8 @@ class ModelRunner:
         # speculative decoding: each step under the kernel choices that give a row the same
         # bits at one row and beside its drafts (spec_decode/invariance.py)
         self.spec = config.speculative_config if device.type == "cpu" else None
-        # one sequence at a time, without drafts: the integer paths at every batch
-        # (spec_decode/invariance.py)
-        self.one_stream = device.type == "cpu" and config.max_num_seqs == 1 and self.spec is None
+        # one sequence at a time: the integer paths at every batch (spec_decode/invariance.py)
+        self.one_stream = device.type == "cpu" and config.max_num_seqs == 1
         if size > 1:
             shard = rank_shard(hf_config, size, plan, self.rank)
             self.tp = TensorParallel(shard)

@@ -1,8 +1,7 @@
-"""An engine of one sequence at a time without speculative decoding (`max_num_seqs` 1:
-chat, bench's latency scenario) runs every step under the integer paths where the process
-leaves them to the CPU (engine/spec_decode/invariance.py): each row then has the bits it has
-under `--kernels int_dots=on`; an engine of several sequences, or with drafts to check, keeps
-the process's choices."""
+"""An engine of one sequence at a time (`max_num_seqs` 1: chat, bench's latency and spec
+scenarios) runs every step under the integer paths where the process leaves them to the CPU
+(engine/spec_decode/invariance.py): each row then has the bits it has under `--kernels
+int_dots=on`; an engine of several sequences keeps the process's choices."""
 
 from __future__ import annotations
 
@@ -57,15 +56,3 @@ def test_one_sequence_at_a_time_has_the_bits_of_the_integer_paths():
         assert one != several
     else:
         assert one == several
-
-
-def test_speculative_decoding_keeps_the_cpus_choice():
-    """With speculative decoding an engine of one sequence checks drafts in steps of several
-    rows, where the float kernels of Q4_0 and Q4_1 are faster: it keeps the process's choice
-    (and the verify rows' choices of spec_decode/invariance.py)."""
-    plain = LLM(None, max_num_seqs=1)
-    assert plain.engine.runner.one_stream is True
-    plain.close()
-    spec = LLM(None, max_num_seqs=1, speculative_config={"method": "ngram"})
-    assert spec.engine.runner.one_stream is False
-    spec.close()

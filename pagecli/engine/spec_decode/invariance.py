@@ -16,16 +16,13 @@ the same bits in either batch:
 - attention needs nothing here: it cuts contexts by sequences, not rows
   (pagecli_kernels/native.py: choose_split_tokens).
 
-An engine that runs one sequence at a time without speculative decoding (`max_num_seqs` 1:
-`chat`, bench's latency scenario) has no neighbours to share a step with, so it takes the
-integer paths at every batch (`int_dots` on) where the CPU has them: on AVX2 that adds Q4_0
-and Q4_1, whose integer batch-1 kernels are 1.2-1.6x as fast as their float ones. Their
-several-row kernels are slower than the float ones, which is why engines of several
-sequences keep them off, and so do engines with speculative decoding: its verify rows are
-several rows (on the default model, AMD Zen 3, with drafts a code edit and a JSON
-extraction decoded 1.15-1.23x as fast on the float kernels as on the integer ones, a quote
-0.93x, open chat 1.03x; without drafts the integer ones were 1.06-1.19x as fast). Every
-step has the same choice, so a row's bits do not depend on the step.
+An engine that runs one sequence at a time (`max_num_seqs` 1: `chat`, bench's latency and
+spec scenarios) has no neighbours to share a step with, so it takes the integer paths at
+every batch (`int_dots` on) where the CPU has them: on AVX2 that adds Q4_0 and Q4_1, whose
+integer batch-1 kernels are 1.2-1.6x as fast as their float ones (their several-row kernels
+are slower, which is why engines of several sequences keep them off), and on AVX-512 VNNI the
+K-quants' verify rows, as above. Every step has the same choice, so a row's bits do not
+depend on the step.
 
 Settings the user chose (`--kernels`) are kept. Each step that needs a change runs under it
 and puts the process's settings back after it (about 50 microseconds).
