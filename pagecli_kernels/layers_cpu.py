@@ -197,6 +197,7 @@ class LayerProgram:
         self._fn = lib.pagecli_layer_program
         self.dtype = dtype
         self.widths = dict(widths)
+        self._widths = torch.tensor([widths[b] for b in BUFFERS], dtype=torch.int64)  # per call
         self.hidden_size = widths["hidden"]
         self.rotary_dims = list(rotary_dims)
         self.ops = list(ops)
@@ -551,7 +552,7 @@ class LayerProgram:
                 or not state_starts.is_contiguous()
             ):
                 raise ValueError("state_slots must be int64 [S], state_starts int32 [S + 1]")
-        widths = torch.tensor([self.widths[b] for b in BUFFERS], dtype=torch.int64)
+        widths = self._widths
         tp = None if collective is None else collective.layer_fields()  # [TP_FIELDS]
         final_norm, final_eps, final_mode = self._final
         normed = None if final_norm is None else torch.empty_like(hidden)  # [T, H]

@@ -190,9 +190,15 @@ def _configure(
     _choose("pagecli_quant_set_prefetch", levels, prefetch, "prefetch")
     _choose("pagecli_quant_set_gemm", GEMMS, gemm, "gemm")
     _choose("pagecli_quant_set_tiles", TILES, tiles, "tiles")
-    _choose("pagecli_quant_set_int_dots", INT_DOTS, int_dots, "int_dots")
     _choose("pagecli_quant_set_small_batches", SMALL_BATCHES, small_batches, "small_batches")
     _choose("pagecli_bf16_set_gemm", BF16_GEMMS, bf16_gemm, "bf16_gemm")
+    _configure_step(int_dots, fused_rows)
+
+
+def _configure_step(int_dots: str, fused_rows: int) -> None:
+    """The two choices a decode step may change (settings._STEP_FIELDS), as _configure sets
+    them."""
+    _choose("pagecli_quant_set_int_dots", INT_DOTS, int_dots, "int_dots")
     if library().pagecli_quant_set_fused_rows(fused_rows) != 0:
         raise ValueError(f"fused_rows {fused_rows}: out of range")
 

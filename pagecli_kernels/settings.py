@@ -147,8 +147,12 @@ def apply(settings: KernelSettings) -> None:
     cannot run it, or where the native library is unavailable; the previous settings then
     stay. Builds the library only where a choice needs it (a choice other than auto)."""
     previous = _state["applied"]
+    changed = {name for name in FIELDS if getattr(settings, name) != getattr(previous, name)}
     try:
-        _push(settings)
+        if changed <= _STEP_FIELDS and _loaded():
+            _push_step(settings)  # a step's change (spec_decode/invariance.py), every step
+        else:
+            _push(settings)
     except ValueError:
         _push(previous)
         raise
@@ -215,6 +219,24 @@ def _cpu_line(found: dict[str, object]) -> str:
     if found.get("amx"):
         flags.append("amx" if found.get("amx_granted") else "amx (not granted)")
     return f"{vendor}: {', '.join(flags)}"
+
+
+# the fields a decode step may change (spec_decode/invariance.py): with the library loaded,
+# only their setters run (the others already hold what the applied settings say)
+_STEP_FIELDS = frozenset({"int_dots", "fused_rows"})
+
+
+def _loaded() -> bool:
+    from pagecli_kernels import native
+
+    return native.loaded()
+
+
+def _push_step(settings: KernelSettings) -> None:
+    """Set the choices of _STEP_FIELDS of `settings` in the loaded library."""
+    from pagecli_kernels import quant_cpu
+
+    quant_cpu._configure_step(settings.int_dots, settings.fused_rows)
 
 
 def _push(settings: KernelSettings) -> None:
