@@ -197,7 +197,8 @@ class LayerProgram:
         self._fn = lib.pagecli_layer_program
         self.dtype = dtype
         self.widths = dict(widths)
-        self._widths = torch.tensor([widths[b] for b in BUFFERS], dtype=torch.int64)  # per call
+        # each buffer's width in BUFFERS order, made once: every call passes its pointer
+        self._widths = torch.tensor([widths[b] for b in BUFFERS], dtype=torch.int64)
         self.hidden_size = widths["hidden"]
         self.rotary_dims = list(rotary_dims)
         self.ops = list(ops)
@@ -552,7 +553,6 @@ class LayerProgram:
                 or not state_starts.is_contiguous()
             ):
                 raise ValueError("state_slots must be int64 [S], state_starts int32 [S + 1]")
-        widths = self._widths
         tp = None if collective is None else collective.layer_fields()  # [TP_FIELDS]
         final_norm, final_eps, final_mode = self._final
         normed = None if final_norm is None else torch.empty_like(hidden)  # [T, H]
@@ -561,7 +561,7 @@ class LayerProgram:
             self._table.shape[0],
             hidden.data_ptr(),
             num_tokens,
-            widths.data_ptr(),
+            self._widths.data_ptr(),
             ropes_table.data_ptr(),
             len(rope_rows),
             slot_mapping.data_ptr(),

@@ -65,7 +65,8 @@ class KernelSettings:
     # batches of the 32-value-scale formats on AMX's tiles (on: needs AMX and AVX-512)
     tiles: Switch = "auto"
     # Q4_K/Q6_K products through integer dots (auto: AVX-512 VNNI at batch 1, AVX2 at any
-    # batch; on: any batch on both)
+    # batch; on: any batch on both, and AVX2's Q4_0/Q4_1 too; an engine of one sequence at a
+    # time runs its steps under on: engine/spec_decode/invariance.py)
     int_dots: Switch = "auto"
     # the small-batch kernels for 2-8 input rows (off: whole rows, the same bits)
     small_batches: SmallBatches = "auto"

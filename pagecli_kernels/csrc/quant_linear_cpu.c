@@ -212,11 +212,13 @@ int pagecli_quant_tiles(void) {
  * batch-1 products on the AVX-512 path of a CPU with AVX512_VNNI, and the fused path's Q4_K
  * and Q6_K products of any number of rows on the AVX2 path. INT_ON: the fused path's
  * products of any number of rows on either path, each row with its batch-1 bits
- * (speculative decoding's steps with drafts ask for it on AVX-512); under auto, AVX-512's 2-8
- * rows keep the float kernels, which decoded 4-8 sequences of a 1B Q4_K_M 1.3-1.4x faster on
- * a Zen 4 (Q6_K's small-batch kernel shares each load of x between two weight rows). AVX2's
- * Q4_0 and Q4_1 at 2-8 rows are slower on the integer path too, and there auto keeps the
- * float kernels at every batch, so that a row has one kernel's bits whatever the batch.
+ * (speculative decoding's steps with drafts ask for it on AVX-512, and an engine of one
+ * sequence at a time for all its steps: engine/spec_decode/invariance.py); under auto,
+ * AVX-512's 2-8 rows keep the float kernels, which decoded 4-8 sequences of a 1B Q4_K_M
+ * 1.3-1.4x faster on a Zen 4 (Q6_K's small-batch kernel shares each load of x between two
+ * weight rows). AVX2's Q4_0 and Q4_1 at 2-8 rows are slower on the integer path too, and
+ * there auto keeps the float kernels at every batch, so that a row has one kernel's bits
+ * whatever the batch.
  * INT_OFF: the float kernels. INT_ON is refused where the CPU runs neither. */
 enum { INT_AUTO = 0, INT_OFF = 1, INT_ON = 2 };
 #ifdef INT_DEFAULT_OFF /* benchmarks/kernel_variants.py: the float kernels' variant */
