@@ -116,10 +116,11 @@ def int_dots() -> bool:
 
 
 def int_dots_formats() -> tuple[str, ...]:
-    """The formats whose products take an integer path now: Q4_K and Q6_K where int_dots()
-    is on, and on the AVX2 path under "on" also Q4_0 and Q4_1 (csrc/quant_q4_q8.c: a scale
-    per 32-value block), at every batch; under "auto" those keep the float kernels (their
-    2-8 rows are faster there, and a row keeps one kernel's bits at every batch)."""
+    """The formats whose products take an integer path under the settings in effect: Q4_K
+    and Q6_K where int_dots() is on, and on the AVX2 path under "on" also Q4_0 and Q4_1
+    (csrc/quant_q4_q8.c: a scale per 32-value block), at every batch; under "auto" those
+    keep the float kernels (their 2-8 rows are faster there, and a row keeps one kernel's
+    bits at every batch)."""
     lib = library()
     if lib is None or not lib.pagecli_quant_int_dots():
         return ()
