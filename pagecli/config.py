@@ -25,6 +25,8 @@ _QUANTIZATIONS = ("auto", "none", "q8_0", "q4_k")
 
 SpecMethod = Literal["ngram", "draft_model"]
 _SPEC_METHODS = ("ngram", "draft_model")
+AcceptanceMethod = Literal["rejection_sampler", "sample_and_compare"]
+_ACCEPTANCE_METHODS = ("rejection_sampler", "sample_and_compare")
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,16 @@ class SpeculativeConfig:
     ngram (prompt lookup): the tokens that followed the latest earlier occurrence of the
     sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`.
     draft_model: a smaller model with the target's tokenizer (`model`, a path or hub id as
-    for the target) decodes the k drafts greedily (engine/spec_decode/draft.py)."""
+    for the target) decodes the k drafts (engine/spec_decode/draft.py).
+
+    `acceptance_method` (vLLM's older key): how the target accepts drafts. sample_and_compare
+    draws each row with the request's sampler and accepts while the draw equals the draft:
+    the tokens of decoding without drafts, greedy or seeded. rejection_sampler (a draft
+    model's default) draws a sampled request's drafts from the draft's own distribution and
+    accepts each with probability min(1, p/q): the target's distribution exactly, and more
+    drafts accepted at temperature > 0; greedy and seeded requests keep sample-and-compare
+    (their tokens do not change with speculation). n-gram drafts have no distribution: they
+    take sample_and_compare only."""
 
     method: SpecMethod = "ngram"
     num_speculative_tokens: int = 5  # the most drafts per sequence and step (k)
@@ -45,9 +56,18 @@ class SpeculativeConfig:
     # llama.cpp's --draft-min: fewer proposed drafts than this are not checked
     draft_min: int = 1
     model: str | None = None  # the draft model (method draft_model)
+    acceptance_method: AcceptanceMethod | None = None  # None: the method's default (above)
 
     def __post_init__(self) -> None:
         _choice("speculative method", self.method, _SPEC_METHODS)
+        if self.acceptance_method is not None:
+            _choice("acceptance_method", self.acceptance_method, _ACCEPTANCE_METHODS)
+            if self.acceptance_method == "rejection_sampler" and self.method != "draft_model":
+                raise ValueError(
+                    "speculative config: acceptance_method rejection_sampler needs a draft "
+                    "model's probabilities (method draft_model); n-gram drafts take "
+                    "sample_and_compare"
+                )
         _at_least("num_speculative_tokens", self.num_speculative_tokens, 1)
         _at_least("draft_min", self.draft_min, 1)
         if self.draft_min > self.num_speculative_tokens:
@@ -88,6 +108,14 @@ class SpeculativeConfig:
         if "prompt_lookup_max" in args and "prompt_lookup_min" not in args:
             args["prompt_lookup_min"] = min(cls.prompt_lookup_min, args["prompt_lookup_max"])
         return cls(**args)
+
+    @property
+    def rejection_sampling(self) -> bool:
+        """Whether sampled, unseeded requests' drafts are accepted by rejection sampling."""
+        method = self.acceptance_method
+        if method is None:
+            method = "rejection_sampler" if self.method == "draft_model" else "sample_and_compare"
+        return method == "rejection_sampler"
 
 
 @dataclass(frozen=True)

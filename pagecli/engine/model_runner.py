@@ -612,7 +612,8 @@ class ModelRunner:
         """Draw each item's tokens: one row per decode or finished prefill (n ids for a
         request's first tokens with n > 1), and for a decode with k drafts its k + 1 rows in
         order, each drawn with the request's own sampler as if decoded alone, accepted while
-        the draw equals the draft (engine/spec_decode/verify.py)."""
+        the draw equals the draft, or by rejection sampling where a draft model drew the
+        drafts from its distribution (engine/spec_decode/verify.py)."""
         if logits is None:
             return [SampledTokens() for _ in items]
         raw_logits = logits
@@ -645,6 +646,7 @@ class ModelRunner:
                     item.seq,
                     item.draft_token_ids,
                     self.generator,
+                    item.draft_probs,
                 )
         return out
 

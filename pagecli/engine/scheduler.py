@@ -13,12 +13,16 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pagecli.config import EngineConfig
 from pagecli.engine.block_manager import BlockManager
 from pagecli.engine.sequence import FinishReason, Sequence, SequenceStatus
 from pagecli.engine.structured import advance
 from pagecli.outputs import TokenLogprob
+
+if TYPE_CHECKING:
+    import torch
 
 # A waiting sequence whose prompt continues with at least this many blocks that another
 # sequence computes in this very step waits one step and finds them cached; fewer are
@@ -30,11 +34,14 @@ MIN_BLOCKS_TO_WAIT_FOR = 2
 class ScheduledSeq:
     """One sequence's part of a step: `num_new_tokens` tokens to compute, the last of which
     are `draft_token_ids` (speculative decoding: a decode of 1 + k tokens whose k + 1 rows
-    are all sampled, each checked against the draft before it)."""
+    are all sampled, each checked against the draft before it). `draft_probs`: [k, V], the
+    distributions a draft model drew the drafts from, where the target accepts them by
+    rejection sampling (engine/spec_decode/verify.py)."""
 
     seq: Sequence
     num_new_tokens: int
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
 
     @property
     def completes_prefill(self) -> bool:

@@ -48,23 +48,94 @@ def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     return logits
 
 
+# top-p takes this many of the likeliest tokens first, four times more while they all stay
+TOP_P_FIRST = 64
+
+
 def _filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    # logits: [V] float32
-    logits = logits / p.temperature
-    vocab = logits.shape[-1]
+    """[V] float32 logits -> the distribution to draw from: temperature, top-k, top-p
+    (the smallest set of likeliest tokens whose mass reaches top_p), min-p; renormalized.
+    In one new buffer, changed in place: each new [V] tensor of a large vocabulary costs its
+    page faults (0.15 ms at 151,936 tokens), more than the arithmetic."""
+    probs = logits.div(p.temperature)
+    vocab = probs.shape[-1]
     if 0 < p.top_k < vocab:
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+        kth = torch.topk(probs, p.top_k).values[-1]
+        probs.masked_fill_(probs < kth, float("-inf"))
+    probs.sub_(probs.max()).exp_()  # softmax
+    probs.div_(probs.sum())
     if p.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        cum = sorted_probs.cumsum(-1)
-        drop_sorted = cum - sorted_probs > p.top_p  # keep the smallest set reaching top_p
-        drop = torch.zeros_like(drop_sorted).scatter_(0, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        _top_p(probs, p.top_p)
     if p.min_p > 0.0:
-        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
+        probs.masked_fill_(probs < p.min_p * probs.max(), 0.0)
+    return probs.div_(probs.sum())
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs (in place) with every token past the smallest set of likeliest ones reaching
+    `top_p` set to 0. A token is kept while the mass of the tokens before it (in descending
+    order) is at most top_p, so once one is dropped all later ones are: the likeliest
+    TOP_P_FIRST tokens (then 4x more) decide it without sorting the vocabulary (13 ms at
+    151,936 tokens on 2 cores, where topk(64) takes 0.3). Their prefix sums are those of the
+    whole sorted row."""
+    vocab = probs.shape[-1]
+    k = min(TOP_P_FIRST, vocab)
+    while True:
+        values, ids = probs.topk(k)  # descending
+        keep = values.cumsum(-1) - values <= top_p
+        if k == vocab or not bool(keep[-1]):
+            break
+        k = min(4 * k, vocab)
+    return probs.zero_().index_put_((ids[keep],), values[keep])
+
+
+# the inverse CDF on the CPU goes by blocks of this many ids: their sums, then one block
+CDF_BLOCK = 1024
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One id from a [V] distribution (not necessarily summing to 1), as a [1] tensor: one
+    uniform draw of the generator, by the inverse of the cumulative mass. torch.multinomial
+    drew one exponential per token (3.7 ms at 151,936 tokens on 2 cores; this takes about
+    0.1 there)."""
+    u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = CDF_BLOCK) -> torch.Tensor:
+    """The first id whose cumulative mass (float64) exceeds u ([1], in [0, 1)) times the
+    total; ids of zero mass are never picked. On the CPU by blocks: the blocks' masses, the
+    block where u falls, then the ids in it (a float64 cumsum of the whole row cost more than
+    the rest of a draw); elsewhere by one cumsum, without a transfer to the host."""
+    vocab = probs.shape[-1]
+    if probs.device.type != "cpu" or vocab <= block:
+        return _first_past(probs.double().cumsum(-1), u)
+    whole = vocab - vocab % block
+    sums = probs[:whole].view(-1, block).sum(1, dtype=torch.float64)
+    if whole < vocab:
+        sums = torch.cat([sums, probs[whole:].sum(dtype=torch.float64).reshape(1)])
+    cdf = sums.cumsum(0)
+    b = int(_first_past(cdf, u))
+    before = cdf[b - 1 : b] if b else cdf.new_zeros(1)
+    inside = probs[b * block : (b + 1) * block].double().cumsum(0)
+    # the point u * total lies in block b; its offset there, on the block's own sums
+    offset = u * cdf[-1:] - before
+    return b * block + _first_past(inside, (offset / inside[-1:]).clamp_(0.0, 1.0))
+
+
+def _first_past(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    total = cdf[-1:]
+    picked = torch.searchsorted(cdf, u * total, right=True)
+    # u * total can round up to the total: the last id of positive mass then
+    return torch.minimum(picked, torch.searchsorted(cdf, total))
+
+
+def sampling_probs(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+    """The distribution `sample` draws a sampled (temperature > 0) row from: the row's
+    penalties, then temperature, top-k, top-p and min-p. logits: [V] float32 (not changed)."""
+    if row.params.has_penalties:
+        logits = apply_penalties(logits.clone(), row)
+    return _filtered_probs(logits, row.params)
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -87,16 +158,13 @@ def sample(
     results: list[torch.Tensor] = []
     for i, row in enumerate(rows):
         row_logits = logits[i]
-        if row.params.has_penalties:
-            row_logits = apply_penalties(row_logits.clone(), row)
         if row.params.greedy:
+            if row.params.has_penalties:
+                row_logits = apply_penalties(row_logits.clone(), row)
             results.append(row_logits.argmax().repeat(len(row.generators)))
             continue
-        probs = _filtered_probs(row_logits, row.params)
-        draws = [
-            torch.multinomial(probs, 1, generator=g if g is not None else default_generator)
-            for g in row.generators
-        ]
+        probs = sampling_probs(row_logits, row)
+        draws = [draw(probs, g if g is not None else default_generator) for g in row.generators]
         results.append(torch.cat(draws))
     flat = torch.cat(results).tolist()  # one device-to-host transfer for the whole batch
     out, start = [], 0

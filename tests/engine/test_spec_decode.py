@@ -151,6 +151,7 @@ def test_structured_outputs_stay_valid_and_identical(seeded):
         "type": "object",
         "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
         "required": ["name", "age"],
+        "additionalProperties": False,  # else a sampled reply may run on past max_tokens
     }
     params = SamplingParams(
         temperature=0.8 if seeded else 0,

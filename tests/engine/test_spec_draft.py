@@ -11,13 +11,11 @@ shapes checks the rejections."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from pagecli import LLM, SamplingParams
 from pagecli.errors import ModelLoadError
-from pagecli.loader.resolve import default_gguf_path, float_checkpoint, resolve_model
+from pagecli.loader.resolve import default_gguf_path
 from tests.engine.test_spec_decode import PROMPTS, same, tight_engine
 from tests.sizes import FULL, size
 
@@ -34,31 +32,6 @@ def run(prompts, params, spec: dict | None, **engine):
     stats = llm.engine.stats()
     assert stats.blocks_in_use == 0
     return outputs, stats
-
-
-@pytest.fixture(scope="module")
-def random_draft(tmp_path_factory):
-    """A 2-layer random Llama with the default model's tokenizer: other layer count, heads
-    and head size, so other pages over the same block ids."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    source = float_checkpoint(resolve_model(None))
-    path = tmp_path_factory.mktemp("draft") / "random-draft"
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-    )
-    torch.manual_seed(5)
-    LlamaForCausalLM(config).save_pretrained(str(path))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, path / name)
-    return path
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, pytest.param(8, marks=full_only)])

@@ -19,10 +19,13 @@ accepted: a rejected draft's K/V is overwritten later.
 
 A step with drafts: the policy (proposer.py) reserves k places per sequence, the scheduler
 allocates 1 + k slots, then `prepare` runs the draft model k times over the drafting
-sequences (the last token, then each draft in turn: greedy, over the target's vocabulary)
-and writes the drafts into their places before the target checks them. A draft is only a
-guess: the target's sample-and-compare (verify.py) decides every emitted token, so the
-output is the target's whatever the draft says.
+sequences (the last token, then each draft in turn, over the target's vocabulary) and
+writes the drafts into their places before the target checks them. A draft is the draft's
+greedy token, or, for a sampled request without a seed under rejection sampling (the
+default), a draw from the request's sampler on the draft's logits, kept with that
+distribution. A draft is only a guess: the target's sample-and-compare or rejection sampling
+(verify.py) decides every emitted token, so the output follows the target whatever the draft
+says.
 
 Limits, each refused at start in one line: the draft model runs on the CPU, beside a target
 of one rank; it has attention layers only (recurrent layers cannot roll back), and the
@@ -40,7 +43,9 @@ from pagecli.config import EngineConfig, SpeculativeConfig
 from pagecli.engine.scheduler import SampledTokens, ScheduledBatch, ScheduledSeq
 from pagecli.engine.sequence import Sequence
 from pagecli.engine.spec_decode.proposer import Proposer
+from pagecli.engine.spec_decode.verify import rejection_sampled
 from pagecli.errors import ModelLoadError
+from pagecli.layers.sampler import SamplingRow, draw, sampling_probs
 
 PLACEHOLDER = 0  # a reserved draft's id until `prepare` writes it (a valid id either way)
 
@@ -133,6 +138,7 @@ class DraftProposer(Proposer):
         self.name = name
         self.runner = None
         self.target_vocab_size = 0
+        self.generator: torch.Generator | None = None
 
     def load(self, target) -> None:
         """Load the draft model with a cache of the target runner's block ids (and swap
@@ -162,6 +168,7 @@ class DraftProposer(Proposer):
             raise ModelLoadError(f"draft model: {exc}") from None
         self.runner.allocate_swap(target.num_swap_blocks)
         self.target_vocab_size = target.vocab_size
+        self.generator = target.generator  # rejection sampling's drafts: the engine's draws
 
     # ---- the policy's hooks ----------------------------------------------------------------
 
@@ -192,6 +199,8 @@ class DraftProposer(Proposer):
         # step that accepted every draft the last draft too; each later round feeds the
         # newest draft. Every round draws one draft per sequence still drafting.
         drafts: list[list[int]] = [[] for _ in items]
+        drawn = [rejection_sampled(item.seq, self.config) for item in items]
+        probs: list[list[torch.Tensor]] = [[] for _ in items]
         for j in range(max(len(item.draft_token_ids) for item in items)):
             active = [i for i, item in enumerate(items) if len(item.draft_token_ids) > j]
             order, decodes, prefills = [], [], []
@@ -209,13 +218,30 @@ class DraftProposer(Proposer):
             step = ScheduledBatch(decodes=decodes, prefills=prefills)
             logits = runner.forward(step, runner.prepare_step(step))
             ids = logits[:, : self.target_vocab_size].argmax(dim=-1).tolist()
-            for i, token in zip(order, ids):
+            for row, (i, token) in enumerate(zip(order, ids)):
+                if drawn[i]:
+                    q = self._distribution(logits[row], items[i].seq, drafts[i])
+                    token = int(draw(q, self.generator))
+                    probs[i].append(q)
                 drafts[i].append(token)
-        for item, made in zip(items, drafts):
+        for item, made, made_probs in zip(items, drafts, probs):
             item.draft_token_ids[:] = made
+            item.draft_probs = torch.stack(made_probs) if made_probs else None
             # fed: every token before the last draft
             item.seq.num_draft_computed = item.seq.num_tokens + len(made) - 1
         return caught_up
+
+    def _distribution(self, logits: torch.Tensor, seq: Sequence, drafts: list[int]) -> torch.Tensor:
+        """q: the request's sampler's distribution over the target's vocabulary on one row of
+        the draft's logits, its penalties over the tokens so far and the drafts before it."""
+        width = self.target_vocab_size
+        row = logits[:width].float()
+        if row.shape[0] < width:  # a draft with fewer output rows never proposes the rest
+            row = torch.cat([row, row.new_full((width - row.shape[0],), float("-inf"))])
+        sampling = SamplingRow(
+            seq.sampling_params, [None], seq.prompt_token_ids, seq.output_token_ids + drafts
+        )
+        return sampling_probs(row, sampling)
 
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Run the tokens of each sequence up to its last two through the draft model, from
