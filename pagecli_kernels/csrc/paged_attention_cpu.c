@@ -10,7 +10,7 @@
  * attends to positions max(0, pos - w + 1)..pos only (transformers' `sliding_window`: the
  * window counts the token itself). With attention sinks, head h's softmax has one more term in
  * its denominator, e^(sinks[h] - max), which weighs no value (gpt-oss): the running sum of an
- * item starts at 1 with the sink as its maximum, or the combine of the splits adds it once.
+ * item starts at 1 with the sink as its maximum; with split-K, that of the first split's.
  *
  * Work is cut into items: (sequence, slice of query tokens, kv heads, context split); a decode's
  * item takes all of its sequence's kv heads (item_heads). For each of its kv heads, an item's
@@ -238,15 +238,14 @@ static void combine_splits(const Problem *p, int num_tokens, const int *token_sp
     for (int64_t th = 0; th < (int64_t)num_tokens * p->num_heads; ++th) {
         const float *part = p->partial + th * p->max_splits * (p->dp + 2);
         const int splits = token_splits[th / p->num_heads];
-        const float sink = p->sinks ? p->sinks[th % p->num_heads] : -INFINITY;
-        float big = sink;
+        float big = -INFINITY;
         for (int k = 0; k < splits; ++k) {
             const float m = part[k * (p->dp + 2)];
             big = m > big ? m : big;
         }
         float *o = p->out + th * p->head_dim;
         for (int d = 0; d < p->head_dim; ++d) o[d] = 0.0f;
-        float sum = p->sinks ? exp_nonpositive(sink - big) : 0.0f;
+        float sum = 0.0f; /* a sink is in the first split's partial sums (the item body) */
         for (int k = 0; k < splits; ++k) {
             const float *pk = part + k * (p->dp + 2);
             if (pk[0] == -INFINITY) continue; /* a split wholly past this token's position */

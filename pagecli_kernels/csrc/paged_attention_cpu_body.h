@@ -366,8 +366,9 @@ PA_FN void PA_NAME(item_dp)(const Problem *p, const Item *it, const Scratch *w, 
         for (int d = 0; d < p->head_dim; ++d) dst[d] = src[d] * p->scale;
         for (int d = p->head_dim; d < dp; ++d) dst[d] = 0.0f;
         /* a sink is one more softmax term that weighs no value: the running maximum starts
-         * at it and the running sum at e^0 = 1 (split-K: the combine adds it, once) */
-        const int sink = p->sinks != NULL && p->split_tokens == 0;
+         * at it and the running sum at e^0 = 1; split-K: in the first split only (which
+         * every row reaches), so a context of one split has the bits of no split */
+        const int sink = p->sinks != NULL && it->split == 0;
         w->m[r] = sink ? p->sinks[head] : -INFINITY;
         w->l[r] = sink ? 1.0f : 0.0f;
     }

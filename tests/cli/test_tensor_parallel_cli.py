@@ -203,7 +203,9 @@ def test_a_worker_that_raises_ends_the_run_with_its_reason(tmp_path):
         env={**helpers.env(), **env},
     )
     started = time.monotonic()
-    _, err = proc.communicate(jsonl({"messages": messages, "max_tokens": 200}), timeout=120)
+    # ignore_eos: the reply (sampled at generate's default temperature) outlasts step 20
+    record = {"messages": messages, "max_tokens": 200, "ignore_eos": True}
+    _, err = proc.communicate(jsonl(record), timeout=120)
     assert proc.returncode == 1, err.decode()
     lines = [line for line in err.decode().splitlines() if line.strip()]
     assert lines == [

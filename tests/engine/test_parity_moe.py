@@ -169,6 +169,27 @@ def test_gpt_oss_prompts_reach_past_its_window_and_sinks(moe_models):
     assert (base - windowless).abs().max() > 1e-2
 
 
+def test_gpt_oss_drafts_keep_every_logprob_past_the_split_size(moe_models):
+    """Speculative decoding on gpt-oss (sinks, a window of 128): prompts of 240-250 tokens
+    decode past 256, where attention cuts a context into splits (two threads) and a step of
+    verify rows does what a lone decode before 256 does not. Every logprob is the same with
+    drafts and without; the first split holds the sink, as an unsplit context does."""
+    base = prompts_of(4, [24])[0]
+    prompts = [(base * 11)[:240], (base * 11)[3:253]]  # repeats: n-gram drafts find them
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=TOP)
+    runs = []
+    for spec in (None, {"num_speculative_tokens": 4}):
+        llm = LLM(str(moe_models["gpt_oss"]), dtype="float32", num_threads=2, max_num_seqs=1,
+                  speculative_config=spec)  # fmt: skip
+        runs.append(llm.generate([{"prompt_token_ids": p} for p in prompts], params))
+        stats = llm.engine.stats()
+    assert stats.spec_accepted_tokens > 0
+    for off, on in zip(*runs):
+        assert on.token_ids == off.token_ids
+        want, got = off.outputs[0].logprobs, on.outputs[0].logprobs
+        assert [(lp.logprob, lp.top) for lp in got] == [(lp.logprob, lp.top) for lp in want]
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_moe_under_preemption_and_prefix_hits(moe_models, mode):
     path = moe_models["qwen3_moe"]
