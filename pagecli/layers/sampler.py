@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pagecli.outputs import TokenLogprob
@@ -31,27 +32,30 @@ def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     logits, multiply negative ones); presence and frequency penalties over output tokens."""
     p = row.params
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(
-            sorted(set(row.prompt_token_ids) | set(row.output_token_ids)),
-            dtype=torch.long,
-            device=logits.device,
-        )
+        # a token seen twice is written twice with the same value: no need for a set (the
+        # sorted set of a 4,000-token prompt cost 1 ms a step)
+        seen = _ids(row.prompt_token_ids + row.output_token_ids, logits.device)
         if seen.numel():
             vals = logits[seen]
             logits[seen] = torch.where(
                 vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
             )
     if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
-        out = torch.tensor(row.output_token_ids, dtype=torch.long, device=logits.device)
-        counts = torch.zeros_like(logits).scatter_add_(
-            0, out, torch.ones_like(out, dtype=logits.dtype)
-        )
-        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+        # only the ids that occur change (a count of 0 subtracts 0): no [V] temporaries
+        ids, counts = torch.unique(_ids(row.output_token_ids, logits.device), return_counts=True)
+        logits[ids] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
     return logits
 
 
 # top-p takes this many of the likeliest tokens first, four times more while they all stay
 TOP_P_FIRST = 64
+
+
+def _ids(tokens: list[int], device: torch.device) -> torch.Tensor:
+    """A list of token ids as an int64 tensor (numpy's fromiter: a quarter of torch.tensor's
+    time on a list)."""
+    ids = torch.from_numpy(np.fromiter(tokens, dtype=np.int64, count=len(tokens)))
+    return ids if device.type == "cpu" else ids.to(device)
 
 
 def _filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -12,6 +12,7 @@ from pagecli.layers.sampler import (
     SamplingRow,
     _filtered_probs,
     _top_p,
+    apply_penalties,
     draw,
     inverse_cdf,
     sample,
@@ -103,3 +104,39 @@ def test_a_seed_gives_the_same_draws():
     first, second = run(), run()
     assert first == second
     assert len({tuple(r) for r in first}) > 1 or len(set(first[0])) > 1  # not one id always
+
+
+def _penalties_over_the_vocabulary(logits, params, prompt, output):
+    """The penalties as whole-vocabulary tensors (the sampler's earlier code)."""
+    logits = logits.clone()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
+        vals = logits[seen]
+        logits[seen] = torch.where(
+            vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty
+        )
+    if params.presence_penalty or params.frequency_penalty:
+        out = torch.tensor(output, dtype=torch.long)
+        counts = torch.zeros_like(logits).scatter_add_(0, out, torch.ones_like(out).float())
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+    return logits
+
+
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        {"repetition_penalty": 1.3},
+        {"repetition_penalty": 0.9},
+        {"presence_penalty": 0.7, "frequency_penalty": 0.3},
+        {"repetition_penalty": 1.1, "presence_penalty": -0.5, "frequency_penalty": 1.1},
+    ],
+)
+def test_penalties_touch_only_the_seen_ids_with_the_same_bits(penalties):
+    generator = torch.Generator().manual_seed(len(penalties))
+    logits = torch.randn(5000, generator=generator) * 3
+    prompt = torch.randint(0, 5000, (300,), generator=generator).tolist()
+    output = torch.randint(0, 5000, (200,), generator=generator).tolist() + [7] * 5
+    params = SamplingParams(temperature=0.8, **penalties)
+    got = apply_penalties(logits.clone(), SamplingRow(params, [None], prompt, output))
+    assert torch.equal(got, _penalties_over_the_vocabulary(logits, params, prompt, output))
+    assert not torch.equal(got, logits)
