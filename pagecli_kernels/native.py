@@ -273,9 +273,9 @@ def choose_split_tokens(num_items: int, max_seq_len: int, num_threads: int) -> i
 
     A row's bits then do not depend on the other rows of its call, only on the sequences:
     a context of at most SPLIT_TOKENS is one split, whose combine gives the bits of no split
-    (without sinks), and a longer one is cut at the same tokens in any call that cuts. So
-    speculative decoding's k + 1 verify rows of a sequence get the bits its decodes get one at
-    a time."""
+    (with sinks too: the first split holds the sink), and a longer one is cut at the same
+    tokens in any call that cuts. So speculative decoding's k + 1 verify rows of a sequence
+    get the bits its decodes get one at a time."""
     if num_threads > 1 and num_items < 4 * num_threads and max_seq_len > SPLIT_TOKENS:
         return SPLIT_TOKENS
     return 0
