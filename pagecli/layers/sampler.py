@@ -33,7 +33,7 @@ def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     p = row.params
     if p.repetition_penalty != 1.0:
         # a token seen twice is written twice with the same value: no need for a set (the
-        # sorted set of a 4,000-token prompt cost 1 ms a step)
+        # sorted set of a 4,000-token prompt costs 1 ms a step)
         seen = _ids(row.prompt_token_ids + row.output_token_ids, logits.device)
         if seen.numel():
             vals = logits[seen]
@@ -102,9 +102,9 @@ CDF_BLOCK = 1024
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One id from a [V] distribution (not necessarily summing to 1), as a [1] tensor: one
-    uniform draw of the generator, by the inverse of the cumulative mass. torch.multinomial
-    drew one exponential per token (3.7 ms at 151,936 tokens on 2 cores, where a whole
-    sampled row now takes about 0.5 ms, this draw included)."""
+    uniform draw of the generator, by the inverse of the cumulative mass. (torch.multinomial
+    draws one exponential per token: 3.7 ms at 151,936 tokens on 2 cores, where a whole
+    sampled row takes about 0.5 ms this way, its draw included.)"""
     u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
     return inverse_cdf(probs, u)
 
