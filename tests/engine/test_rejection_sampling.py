@@ -21,6 +21,7 @@ from pagecli.layers.sampler import SamplingRow, sampling_probs
 from tests.engine.test_spec_decode import PROMPTS
 from tests.engine.test_spec_draft import SELF_DRAFT, run
 from tests.sizes import size
+from tests.stats import chi_square_p_value
 
 PARAMS = SamplingParams(temperature=0.8, top_k=5, top_p=0.95)
 TARGET = torch.tensor(
@@ -53,19 +54,6 @@ def _target_probs(row: int) -> torch.Tensor:
     return sampling_probs(TARGET[row], SamplingRow(PARAMS, [None], [1, 2], []))
 
 
-def _chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """The p-value of observed `counts` under `probs` (cells of zero probability must be
-    empty, else 0.0)."""
-    total = counts.sum()
-    possible = probs > 0
-    if bool((counts[~possible] > 0).any()):
-        return 0.0
-    expected = total * probs[possible].double()
-    stat = (((counts[possible].double() - expected) ** 2) / expected).sum()
-    df = int(possible.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0), stat / 2.0))
-
-
 def _trials(n: int, seed: int = 3):
     generator = torch.Generator().manual_seed(seed)
     seq = _seq()
@@ -86,7 +74,7 @@ def test_each_emitted_token_has_the_target_law():
         tokens = torch.tensor([r[position] for r in runs if len(r) > position])
         assert tokens.numel() > 500, position
         counts = torch.bincount(tokens, minlength=vocab)
-        p_value = _chi_square_p_value(counts, _target_probs(position))
+        p_value = chi_square_p_value(counts, _target_probs(position))
         assert p_value > 1e-4, (position, counts.tolist(), _target_probs(position).tolist())
 
 
