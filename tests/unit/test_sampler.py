@@ -22,7 +22,7 @@ from tests.stats import chi_square_p_value
 
 
 def _top_p_by_sorting(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The rule written over the whole sorted row (the sampler's earlier code)."""
+    """The rule written over the whole sorted row: the reference."""
     sorted_probs, order = probs.sort(descending=True)
     drop_sorted = sorted_probs.cumsum(-1) - sorted_probs > top_p
     drop = torch.zeros_like(drop_sorted).scatter_(0, order, drop_sorted)
@@ -106,7 +106,7 @@ def test_a_seed_gives_the_same_draws():
 
 
 def _penalties_over_the_vocabulary(logits, params, prompt, output):
-    """The penalties as whole-vocabulary tensors (the sampler's earlier code)."""
+    """The penalties as whole-vocabulary tensors: the reference."""
     logits = logits.clone()
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
