@@ -51,7 +51,9 @@ def main() -> None:
     engine = llm.engine
     proposer = engine.proposer
     if args.forced:
-        proposer.choose_k = lambda acceptance: args.forced
+        proposer.allocate = lambda candidates, rows, tokens: [
+            min(args.forced, most) for _, most in candidates
+        ]
     configs = {
         mode: dataclasses.replace(proposer.config, acceptance_method=mode) for mode in MODES[1:]
     }

@@ -1,8 +1,9 @@
-"""The speculative policy (engine/spec_decode/proposer.py) on a simulated sequence whose
+"""The speculative policy (engine/spec_decode/proposer.py) on simulated sequences whose
 drafts are always accepted: where a step with drafts costs less than the tokens it emits,
 nearly every step drafts; where it costs more (a draft model as dear as the target), the
 probes back off to one in MAX_COOLDOWN_STEPS steps, however well they are accepted (and a
-draft model, whose probes are dear, stops probing)."""
+draft model, whose probes are dear, stops probing). A batch's drafts are weighed by the
+cost of the batch's rows, not by what one sequence alone would pay."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from pagecli.config import SpeculativeConfig
 from pagecli.engine.scheduler import SampledTokens, ScheduledBatch, ScheduledSeq
 from pagecli.engine.sequence import Sequence, SequenceStatus
-from pagecli.engine.spec_decode.proposer import MAX_COOLDOWN_STEPS, Proposer
+from pagecli.engine.spec_decode.proposer import MAX_COOLDOWN_STEPS, Proposer, VerifyCost
 from pagecli.sampling_params import SamplingParams
 
 
@@ -22,10 +23,9 @@ class Always(Proposer):
         return [7] * k
 
 
-def simulate(step_cost, steps: int = 300, dear_probes: bool = False) -> int:
+def simulate(step_cost, steps: int = 300) -> int:
     """Steps (of `steps`) that checked drafts; step_cost(rows) is a step's seconds."""
     proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
-    proposer.dear_probes = dear_probes
     seq = Sequence(0, "r", [1, 2, 3], 3, SamplingParams(), max_tokens=10**6)
     seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, 2
     drafting = 0
@@ -47,14 +47,99 @@ def test_drafts_that_pay_run_nearly_every_step():
 
 
 @pytest.mark.parametrize("per_row", [1.2, 2.0])
-def test_drafts_that_cost_more_than_they_give_back_off(per_row):
-    """A row costs more than a one-row step: no k pays, even at full acceptance."""
+def test_drafts_that_cost_more_than_they_give_stop(per_row):
+    """A row costs more than a one-row step (a draft model as dear as the target): no k
+    pays, even at full acceptance. Once the costs say so, no probe runs either (a draft
+    model's would first run the prompt through it): the first steps try, then none."""
     drafting = simulate(lambda rows: 1.0 + per_row * (rows - 1))
-    assert drafting <= 300 // MAX_COOLDOWN_STEPS + 8, drafting
+    assert drafting <= 3, drafting
 
 
-def test_a_draft_model_stops_probing_where_nothing_could_pay():
-    """Its probes are dear (a catch-up on the prompt first): once the costs say that even
-    drafts all accepted would not pay, it drafts no more; where they would, it drafts."""
-    assert simulate(lambda rows: 1.0 + 2.0 * (rows - 1), dear_probes=True) <= 3
-    assert simulate(lambda rows: 1.0 + 0.1 * (rows - 1), dear_probes=True) > 280
+def test_probes_resume_where_drafts_could_pay():
+    """Drafts that pay at full acceptance but are not expected to at the acceptance seen
+    back off and probe: in 300 steps at most one probe per back-off, and some."""
+    proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
+    seq = running(1)[0]
+    proposer.cost = VerifyCost({1: 1.0, 2: 1.6, 3: 2.2, 4: 2.8, 5: 3.4})
+    probes = 0
+    for _ in range(300):
+        proposer.propose([seq])
+        drafts, seq.draft_token_ids = seq.draft_token_ids, []
+        probes += bool(drafts)
+        seq.spec.acceptance = 0.5  # what its drafts keep showing
+        seq.token_ids += [7]
+        seq.num_computed_tokens = seq.num_tokens - 1
+    assert 300 // MAX_COOLDOWN_STEPS <= probes <= 300 // MAX_COOLDOWN_STEPS + 6, probes
+
+
+def running(count: int) -> list[Sequence]:
+    seqs = []
+    for i in range(count):
+        seq = Sequence(i, f"r{i}", [1, 2, 3], 3, SamplingParams(), max_tokens=10**6)
+        seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, 2
+        seqs.append(seq)
+    return seqs
+
+
+def batch_steps(proposer: Proposer, seqs: list[Sequence], step_cost, steps: int) -> int:
+    """Run `steps` steps of `seqs` together; the draft rows they checked."""
+    drafted = 0
+    for _ in range(steps):
+        proposer.propose(seqs)
+        items, samples = [], []
+        for seq in seqs:
+            drafts, seq.draft_token_ids = seq.draft_token_ids, []
+            items.append(ScheduledSeq(seq, 1 + len(drafts), drafts))
+            samples.append(SampledTokens([7] * (len(drafts) + 1), num_accepted=len(drafts)))
+            drafted += len(drafts)
+        rows = sum(item.num_new_tokens for item in items)
+        proposer.observe(ScheduledBatch(decodes=items), samples, step_cost(rows))
+        for seq, sampled in zip(seqs, samples):
+            seq.token_ids += sampled.token_ids
+            seq.num_computed_tokens = seq.num_tokens - 1
+    return drafted
+
+
+def bound_by_arithmetic_past_4_rows(rows: int) -> float:
+    """A machine that reads the weights once for up to 4 rows, then pays every row."""
+    return max(1.0, rows / 4)
+
+
+@pytest.mark.parametrize("alone_first", [0, 40])
+def test_a_batch_whose_rows_fill_the_machine_gets_no_drafts(alone_first):
+    """One sequence alone drafts (3 drafts are free); eight together already fill the
+    machine, where drafts all accepted emit as many tokens per second as no drafts: only
+    the first optimistic steps and the probes draft. `alone_first` steps of one sequence
+    alone teach the policy the one-row curve first (drafting then, nearly every step)."""
+    proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
+    seqs = running(8)
+    if alone_first:
+        alone = batch_steps(proposer, seqs[:1], bound_by_arithmetic_past_4_rows, alone_first)
+        assert alone > 3 * (alone_first - 2)
+    drafted = batch_steps(proposer, seqs, bound_by_arithmetic_past_4_rows, 300)
+    # eight sequences' probes (one in MAX_COOLDOWN_STEPS steps once backed off) and the
+    # drafts of a few steps before the costs of the batch's rows are measured
+    assert drafted <= 8 * (300 // MAX_COOLDOWN_STEPS + 6) + 3 * 8 * 4, drafted
+
+
+def test_a_batch_drafts_where_its_rows_cost_little():
+    """Where the weights' bytes bound the step (a row costs a hundredth of it), eight
+    sequences draft nearly all their drafts every step."""
+    seqs = running(8)
+    proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
+    drafted = batch_steps(proposer, seqs, lambda rows: 1.0 + 0.01 * rows, 100)
+    assert drafted > 0.9 * 8 * 4 * 100, drafted
+
+
+def test_verify_cost_interpolates_and_extends_the_measured_rows():
+    cost = VerifyCost()
+    assert cost.estimate(3) is None and cost.ratio(3) == 1.0
+    cost.observe(2, 2.0)
+    assert cost.estimate(9) == 2.0  # one row count measured: flat, worth trying
+    cost.observe(6, 4.0)
+    assert cost.estimate(4) == 3.0  # between: linear
+    assert cost.estimate(10) == 6.0  # past: the mean growth per row
+    assert cost.estimate(1) == 1.5  # below: extended down, ...
+    assert cost.ratio(6, 2) == 2.0
+    steep = VerifyCost({2: 2.0, 6: 10.0})
+    assert steep.estimate(1) == 1.0  # ... never under the smallest's cost per row

@@ -72,8 +72,6 @@ class _DraftView:
 class DraftProposer(Proposer):
     """k greedy drafts from the draft model for each decoding sequence the policy picks."""
 
-    dear_probes = True  # a probe first runs the sequence through the draft model
-
     def __init__(
         self,
         config: SpeculativeConfig,

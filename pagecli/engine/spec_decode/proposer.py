@@ -2,22 +2,27 @@
 n-gram proposer that writes them (`Sequence.draft_token_ids`); the draft model's proposer
 (draft.py) shares the policy.
 
-The policy weighs what k drafts are expected to give against what they cost, both measured:
+The policy weighs what drafts are expected to give against what they cost, both measured:
 - each sequence keeps its drafts' acceptance rate a (a moving average): k drafts then emit
   1 + a + a^2 + ... + a^k tokens a step on average;
-- the engine keeps the time of a decode step by its number of rows (`VerifyCost`, from steps
-  of one sequence and no prefill): k drafts make a step of k + 1 rows cost r(k + 1) one-row
-  steps. On a CPU whose multi-row kernels are slower per row than its one-row kernel, r grows
-  fast; where the weights' bytes dominate, it stays near 1.
-  A draft model's k forward passes are part of the step's time, so they count too.
-k is the one of draft_min..num_speculative_tokens with the best tokens per unit of cost, and
-none where no k beats decoding alone; such a sequence waits 1, 2, 4 ... steps
-(MAX_COOLDOWN_STEPS at most) before it tries draft_min drafts again. The back-off ends when
-a probe's drafts are accepted and the estimates then say drafting pays: good guesses at a
-cost that never pays are probed once per MAX_COOLDOWN_STEPS steps. A draft model's probe is
-dear (its first drafts run the sequence's prompt through the draft model): it probes only
-while drafts that are all accepted would pay at the measured costs, so where its steps cost
-more than they can give, speculation stays off after the costs are first measured.
+- the engine keeps the time of a step of decodes by its rows, every sequence's new tokens
+  together (`VerifyCost`, from the steps without a prefill): r rows cost c(r). On a CPU whose
+  kernels are bound by arithmetic, c grows with every row; where the weights' bytes dominate,
+  it stays nearly flat. A draft model's forward passes are part of the step's time, so they
+  count too.
+The step's drafts are chosen together (`allocate`): of the decoding sequences' possible
+drafts, taken in the order of the tokens each is expected to add (a sequence's first draft
+before its second), the prefix with the most expected tokens per second, c(rows) its cost;
+none where no prefix beats the step without drafts by MIN_GAIN. So one sequence alone gets
+the k of draft_min..num_speculative_tokens with the best tokens per unit of cost, and a
+batch whose rows already fill the machine gets none: each of its draft rows costs about a
+row of its own. A sequence that could draft but gets none waits 1, 2, 4 ... steps
+(MAX_COOLDOWN_STEPS at most) before it tries draft_min drafts again (a probe), which teaches
+the policy its acceptance; the back-off ends when the estimates, with that acceptance, say
+its drafts pay in the next step. A probe is skipped (and the sequence waits
+MAX_COOLDOWN_STEPS) where not even drafts that are all accepted would pay in its step at the
+measured costs: a batch whose rows fill the machine, or a draft model dearer than what it
+saves (whose probe would first run the sequence's prompt through the draft model).
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from pagecli.engine.sequence import Sequence, SequenceStatus
 from pagecli.engine.spec_decode.ngram import NgramIndex
 from pagecli.engine.structured import forced_tokens
 
-# Past this many running sequences a step is no longer bound by reading the weights once:
-# each draft row then costs about what a sequence's own row costs, and speculation stops.
+# Past this many running sequences no draft is proposed, whatever the measured costs: a step
+# of that many rows is bound by arithmetic on any CPU, and probing it would cost full steps.
 MAX_SPECULATING_SEQS = 8
 MAX_COOLDOWN_STEPS = 32
 ACCEPTANCE_PRIOR = 0.7  # a new sequence's assumed acceptance rate, until it has drafts checked
@@ -41,7 +46,7 @@ MIN_GAIN = 1.05  # drafts must promise this many more tokens per unit of step ti
 
 @dataclass
 class VerifyCost:
-    """Seconds of a decode step by its rows (one sequence, no prefill), moving averages."""
+    """Seconds of a step of decodes (no prefill) by its rows, moving averages."""
 
     seconds: dict[int, float] = field(default_factory=dict)
 
@@ -49,24 +54,31 @@ class VerifyCost:
         old = self.seconds.get(rows)
         self.seconds[rows] = seconds if old is None else old + SMOOTHING * (seconds - old)
 
-    def ratio(self, rows: int) -> float:
-        """A step of `rows` rows in one-row steps: measured, else interpolated between the
-        measured row counts (from 1 row at 1.0), else 1.0 (not measured yet: worth trying)."""
-        base = self.seconds.get(1)
-        if base is None or rows == 1:
-            return 1.0
-        known = sorted((r, s / base) for r, s in self.seconds.items())
+    def estimate(self, rows: int) -> float | None:
+        """c(rows): measured, else interpolated between the measured row counts, else
+        extended past them by their mean growth per row (flat from a single one: not
+        measured yet, so worth trying); None before any step is measured."""
         if rows in self.seconds:
-            return self.seconds[rows] / base
-        below = max((p for p in known if p[0] < rows), default=(1, 1.0))
+            return self.seconds[rows]
+        if not self.seconds:
+            return None
+        known = sorted(self.seconds.items())
+        below = max((p for p in known if p[0] < rows), default=None)
         above = min((p for p in known if p[0] > rows), default=None)
-        if above is None:  # past the largest measured: the same growth per row
-            if below[0] == 1:
-                return 1.0
-            slope = (below[1] - 1.0) / (below[0] - 1)
-            return below[1] + slope * (rows - below[0])
-        t = (rows - below[0]) / (above[0] - below[0])
-        return below[1] + t * (above[1] - below[1])
+        if below is not None and above is not None:
+            t = (rows - below[0]) / (above[0] - below[0])
+            return below[1] + t * (above[1] - below[1])
+        (r0, s0), (r1, s1) = known[0], known[-1]
+        slope = (s1 - s0) / (r1 - r0) if r1 > r0 else 0.0
+        if above is None:
+            return s1 + slope * (rows - r1)
+        # below the smallest: never under that step's cost per row
+        return max(s0 + slope * (rows - r0), s0 * rows / r0)
+
+    def ratio(self, rows: int, base: int = 1) -> float:
+        """c(rows) / c(base); 1.0 before any step is measured."""
+        cost, base_cost = self.estimate(rows), self.estimate(base)
+        return 1.0 if cost is None or base_cost is None else cost / base_cost
 
 
 @dataclass
@@ -80,14 +92,15 @@ class SpecState:
     probe: bool = False  # the next proposal tries draft_min drafts whatever the estimate
 
 
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens that k drafts are expected to add to a step's one: a + a^2 + ... + a^k."""
+    return sum(acceptance**j for j in range(1, k + 1))
+
+
 class Proposer:
     """The policy (module docstring): which decoding sequences get how many drafts. A
     proposer writes them (`drafts`), or reserves their places where it can only make them
     once the step's slots are allocated (`prepare`, before the forward pass)."""
-
-    # True where a probe costs more than its step (a draft model catches up on the sequence
-    # first): such a proposer probes only while drafts all accepted would pay
-    dear_probes = False
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
@@ -107,70 +120,106 @@ class Proposer:
 
     def observe(self, batch: ScheduledBatch, samples: list[SampledTokens], seconds: float) -> None:
         """Learn from a step: its cost by rows, and each checked sequence's acceptance."""
-        if len(batch.decodes) == 1 and not batch.prefills:
-            self.cost.observe(batch.decodes[0].num_new_tokens, seconds)
+        if batch.decodes and not batch.prefills:
+            self.cost.observe(sum(item.num_new_tokens for item in batch.decodes), seconds)
         for item, sampled in zip(batch.seqs, samples):
             state = item.seq.spec
             if not item.draft_token_ids or state is None:
                 continue
             rate = sampled.num_accepted / len(item.draft_token_ids)
             state.acceptance += SMOOTHING * (rate - state.acceptance)
-            if sampled.num_accepted and self.choose_k(state.acceptance):
-                state.cooldown = 0  # accepted, and at a cost that pays: back-off over
 
     def choose_k(self, acceptance: float) -> int:
-        """The draft count with the most tokens per unit of step time; 0 where none beats a
-        step without drafts by MIN_GAIN."""
-        config = self.config
-        best_k, best_gain = 0, MIN_GAIN
-        expected = 1.0  # tokens a step emits with k drafts: 1 + a + ... + a^k
-        for k in range(1, config.num_speculative_tokens + 1):
-            expected += acceptance**k
-            if k < config.draft_min:
+        """The draft count with the most tokens per unit of step time for a sequence decoding
+        alone; 0 where none beats a step without drafts by MIN_GAIN."""
+        return self.allocate([(acceptance, self.config.num_speculative_tokens)], 1, 1.0)[0]
+
+    def allocate(self, candidates: list[tuple[float, int]], rows: int, tokens: float) -> list[int]:
+        """Drafts for each candidate (acceptance rate, drafts it has at most) in a step that
+        has `rows` rows and is expected to emit `tokens` tokens without them: the prefix of
+        all possible drafts, in the order of their expected tokens per row (a candidate's
+        first draft_min together, then one at a time), with the most tokens per unit of
+        c(rows); zeros where none beats the step without drafts by MIN_GAIN."""
+        low = self.config.draft_min
+        steps = []  # (expected tokens per row, candidate, rows, expected tokens)
+        for i, (acceptance, most) in enumerate(candidates):
+            if most < low:
                 continue
-            gain = expected / self.cost.ratio(k + 1)
-            if gain > best_gain:
-                best_k, best_gain = k, gain
-        return best_k
+            first = expected_tokens(acceptance, low)
+            steps.append((first / low, i, low, first))
+            steps += [(acceptance**k, i, 1, acceptance**k) for k in range(low + 1, most + 1)]
+        steps.sort(key=lambda step: -step[0])  # stable: a candidate's drafts stay in order
+        base = rows  # c(rows) / c(base): the cost of the drafts' rows in steps without them
+        best_rate, best_taken = MIN_GAIN * tokens, 0
+        for taken, (_, _, more_rows, more_tokens) in enumerate(steps, 1):
+            rows += more_rows
+            tokens += more_tokens
+            rate = tokens / self.cost.ratio(rows, base)
+            if rate > best_rate:
+                best_rate, best_taken = rate, taken
+        counts = [0] * len(candidates)
+        for _, i, more_rows, _ in steps[:best_taken]:
+            counts[i] += more_rows
+        return counts
 
     def propose(self, running: list[Sequence]) -> None:
         """Drafts for the decoding sequences among `running` (none while more than
-        MAX_SPECULATING_SEQS run, or before a request's samples are forked). A
-        structured-output sequence's drafts are the tokens its grammar forces, whatever the
-        proposer: they cost nothing to make and are rarely rejected."""
+        MAX_SPECULATING_SEQS run, or before a request's samples are forked), chosen for
+        the step together (`allocate`). A structured-output sequence's drafts are the tokens
+        its grammar forces, whatever the proposer: they cost nothing to make and are rarely
+        rejected."""
         if len(running) > MAX_SPECULATING_SEQS:
             return
         config = self.config
-        for seq in running:
-            if (
-                seq.status is not SequenceStatus.RUNNING
-                or seq.num_uncomputed_tokens != 1
-                or seq.pending_fork
-            ):
-                continue
+        decoding = [
+            seq
+            for seq in running
+            if seq.status is SequenceStatus.RUNNING
+            and seq.num_uncomputed_tokens == 1
+            and not seq.pending_fork
+        ]
+        rows, tokens = len(decoding), float(len(decoding))  # the step without other drafts
+        choosing: list[tuple[Sequence, list[int]]] = []  # sequences the step's costs decide
+        for seq in decoding:
             if seq.matcher is not None:
                 seq.draft_token_ids = forced_tokens(seq.matcher, config.num_speculative_tokens)
+                rows += len(seq.draft_token_ids)
+                tokens += len(seq.draft_token_ids)
                 continue
             if seq.spec is None:
                 seq.spec = self.new_state()
-                if 1 not in self.cost.seconds:
-                    continue  # its first decode runs alone: the one-row step's time
+                if not self.cost.seconds:
+                    continue  # its first decode runs without drafts: a step's time, measured
             state = seq.spec
             if state.wait:
                 state.wait -= 1
                 continue
-            if state.probe and self.dear_probes and not self.choose_k(1.0):
-                # not even drafts that are all accepted would pay at the measured costs
-                state.wait = state.cooldown = MAX_COOLDOWN_STEPS
+            if state.probe:
+                drafts = self.drafts(seq, config.draft_min)
+                if len(drafts) < config.draft_min:
+                    state.probe = False
+                elif not self.allocate([(1.0, len(drafts))], rows, tokens)[0]:
+                    # not even drafts that are all accepted would pay in this step at the
+                    # measured costs: what the probe would learn is of no use
+                    state.wait = state.cooldown = MAX_COOLDOWN_STEPS
+                else:
+                    state.probe = False
+                    seq.draft_token_ids = drafts
+                    rows += len(drafts)
+                    tokens += expected_tokens(state.acceptance, len(drafts))
                 continue
-            k = config.draft_min if state.probe else self.choose_k(state.acceptance)
-            state.probe = False
-            if k == 0:  # drafts would not pay now: back off, then probe
+            choosing.append((seq, self.drafts(seq, config.num_speculative_tokens)))
+        counts = self.allocate(
+            [(seq.spec.acceptance, len(drafts)) for seq, drafts in choosing], rows, tokens
+        )
+        for (seq, drafts), k in zip(choosing, counts):
+            if k:  # drafting pays at the measured costs: any back-off is over
+                seq.draft_token_ids = drafts[:k]
+                seq.spec.cooldown = 0
+            elif len(drafts) >= config.draft_min:  # drafts would not pay now: back off, probe
+                state = seq.spec
                 state.cooldown = min(MAX_COOLDOWN_STEPS, 2 * state.cooldown or 1)
                 state.wait, state.probe = state.cooldown, True
-                continue
-            drafts = self.drafts(seq, k)
-            seq.draft_token_ids = drafts if len(drafts) >= config.draft_min else []
 
 
 class NgramProposer(Proposer):
