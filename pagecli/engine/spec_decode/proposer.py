@@ -129,11 +129,6 @@ class Proposer:
             rate = sampled.num_accepted / len(item.draft_token_ids)
             state.acceptance += SMOOTHING * (rate - state.acceptance)
 
-    def choose_k(self, acceptance: float) -> int:
-        """The draft count with the most tokens per unit of step time for a sequence decoding
-        alone; 0 where none beats a step without drafts by MIN_GAIN."""
-        return self.allocate([(acceptance, self.config.num_speculative_tokens)], 1, 1.0)[0]
-
     def allocate(self, candidates: list[tuple[float, int]], rows: int, tokens: float) -> list[int]:
         """Drafts for each candidate (acceptance rate, drafts it has at most) in a step that
         has `rows` rows and is expected to emit `tokens` tokens without them: the prefix of
