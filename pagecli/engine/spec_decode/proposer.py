@@ -193,9 +193,9 @@ class Proposer:
                 drafts = self.drafts(seq, config.draft_min)
                 if len(drafts) < config.draft_min:
                     state.probe = False
-                elif not self.allocate([(1.0, len(drafts))], rows, tokens)[0]:
-                    # not even drafts that are all accepted would pay in this step at the
-                    # measured costs: what the probe would learn is of no use
+                elif not self.allocate([(1.0, config.num_speculative_tokens)], rows, tokens)[0]:
+                    # not even drafts that are all accepted (as many as allowed) would pay in
+                    # this step at the measured costs: what the probe would learn is of no use
                     state.wait = state.cooldown = MAX_COOLDOWN_STEPS
                 else:
                     state.probe = False
