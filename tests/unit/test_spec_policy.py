@@ -1,9 +1,10 @@
 """The speculative policy (engine/spec_decode/proposer.py) on simulated sequences whose
 drafts are always accepted: where a step with drafts costs less than the tokens it emits,
-nearly every step drafts; where it costs more (a draft model as dear as the target), the
-probes back off to one in MAX_COOLDOWN_STEPS steps, however well they are accepted (and a
-draft model, whose probes are dear, stops probing). A batch's drafts are weighed by the
-cost of the batch's rows, not by what one sequence alone would pay."""
+nearly every step drafts; where it costs more (a draft model as dear as the target), drafts
+stop once the costs say so, probes included, however well they would be accepted; where
+drafts would pay only at a better acceptance than seen, they back off to a probe in
+MAX_COOLDOWN_STEPS steps. A batch's drafts are weighed by the cost of the batch's rows, not
+by what one sequence alone would pay."""
 
 from __future__ import annotations
 
@@ -23,11 +24,20 @@ class Always(Proposer):
         return [7] * k
 
 
+def running(count: int) -> list[Sequence]:
+    """`count` running sequences, each decoding (one token left to compute)."""
+    seqs = []
+    for i in range(count):
+        seq = Sequence(i, f"r{i}", [1, 2, 3], 3, SamplingParams(), max_tokens=10**6)
+        seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, 2
+        seqs.append(seq)
+    return seqs
+
+
 def simulate(step_cost, steps: int = 300) -> int:
     """Steps (of `steps`) that checked drafts; step_cost(rows) is a step's seconds."""
     proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
-    seq = Sequence(0, "r", [1, 2, 3], 3, SamplingParams(), max_tokens=10**6)
-    seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, 2
+    seq = running(1)[0]
     drafting = 0
     for _ in range(steps):
         proposer.propose([seq])
@@ -70,15 +80,6 @@ def test_probes_resume_where_drafts_could_pay():
         seq.token_ids += [7]
         seq.num_computed_tokens = seq.num_tokens - 1
     assert 300 // MAX_COOLDOWN_STEPS <= probes <= 300 // MAX_COOLDOWN_STEPS + 6, probes
-
-
-def running(count: int) -> list[Sequence]:
-    seqs = []
-    for i in range(count):
-        seq = Sequence(i, f"r{i}", [1, 2, 3], 3, SamplingParams(), max_tokens=10**6)
-        seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, 2
-        seqs.append(seq)
-    return seqs
 
 
 def batch_steps(proposer: Proposer, seqs: list[Sequence], step_cost, steps: int) -> int:
