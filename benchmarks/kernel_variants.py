@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from quant_kernels import MODEL_SHAPES, random_weight
+from quant_kernels import MODEL_SHAPES, model_weights
 
 from pagecli_kernels import native
 from pagecli_kernels.quant_formats import QuantWeight, float_rows
@@ -69,7 +69,7 @@ def weights_of(fmt: str, model: str, rng: np.random.Generator) -> list[QuantWeig
     if fmt in ("float32", "bfloat16"):
         dtype = getattr(torch, fmt)
         return [float_rows(torch.randn(n, k).to(dtype)) for n, k in shapes]
-    return [random_weight(fmt, n, k, rng) for n, k in shapes]
+    return model_weights(fmt, model, rng)
 
 
 def main() -> None:

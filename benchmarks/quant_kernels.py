@@ -58,6 +58,16 @@ def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> Q
     return QuantWeight(f, torch.from_numpy(data.reshape(rows, -1)), cols)
 
 
+def model_weights(fmt: str, shape: str, rng: np.random.Generator) -> list[QuantWeight]:
+    """Random `fmt` blocks for one decode step's projections of the `shape` model: each
+    layer's q/k/v, o, gate/up and down, then the output projection."""
+    hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[shape]
+    shapes = [(q_kv, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate)]
+    weights = [random_weight(fmt, n, k, rng) for _ in range(layers) for n, k in shapes]
+    weights.append(random_weight(fmt, vocab, hidden, rng))
+    return weights
+
+
 def read_bandwidth() -> float:
     data = torch.ones(1 << 28)  # 1 GiB of float32
     data.sum()
@@ -87,8 +97,7 @@ def main() -> None:
     )
     parser.add_argument("--shape", default="default", choices=sorted(MODEL_SHAPES))
     args = parser.parse_args()
-    hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[args.shape]
-    shapes = [(q_kv, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate)]
+    hidden, intermediate = MODEL_SHAPES[args.shape][:2]
     torch.set_num_threads(args.threads)
     levels = args.prefetch.split(",") if args.prefetch else [None]
     tiles = args.tiles.split(",") if args.tiles else [None]
@@ -105,8 +114,7 @@ def main() -> None:
     )
     rng = np.random.default_rng(0)
     for fmt in args.formats.split(","):
-        weights = [random_weight(fmt, n, k, rng) for _ in range(layers) for n, k in shapes]
-        weights.append(random_weight(fmt, vocab, hidden, rng))
+        weights = model_weights(fmt, args.shape, rng)
         total = sum(w.nbytes for w in weights)
         values = sum(w.rows * w.cols for w in weights)
         for isa in quant_cpu.supported_isas():

@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "benchmarks"))
 
 from moe_layer_ab import library_path  # noqa: E402
-from quant_kernels import MODEL_SHAPES, random_weight  # noqa: E402
+from quant_kernels import MODEL_SHAPES, model_weights  # noqa: E402
 from quant_vs_llamacpp import cpu_name  # noqa: E402
 
 from pagecli_kernels import native, quant_cpu  # noqa: E402
@@ -54,15 +54,13 @@ def main() -> None:
     libs["A"] = ctypes.CDLL(library_path(Path(args.base).resolve()))
     quant_cpu.library()  # B bound
     quant_cpu._bind(libs["A"])  # A: the same argument types
-    hidden, intermediate, q_kv, vocab, layers = MODEL_SHAPES[args.shape]
-    shapes = [(q_kv, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate)]
+    hidden, intermediate = MODEL_SHAPES[args.shape][:2]
     rng = np.random.default_rng(0)
     results = []
     print(f"{cpu_name()}, {args.threads} threads, {args.shape} shapes, int_dots {args.int_dots}")
     print(f"{'format':<7}{'rows':>5}{'A ms':>9}{'B ms':>9}{'B/A':>7}  same bits")
     for fmt in args.formats.split(","):
-        weights = [random_weight(fmt, n, k, rng) for _ in range(layers) for n, k in shapes]
-        weights.append(random_weight(fmt, vocab, hidden, rng))
+        weights = model_weights(fmt, args.shape, rng)
         for rows in map(int, args.rows.split(",")):
             xs = {k: torch.randn(rows, k) for k in (hidden, intermediate)}
             calls, outs = {}, {}
