@@ -34,22 +34,31 @@ def running(count: int) -> list[Sequence]:
     return seqs
 
 
-def simulate(step_cost, steps: int = 300) -> int:
-    """Steps (of `steps`) that checked drafts; step_cost(rows) is a step's seconds."""
-    proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
-    seq = running(1)[0]
-    drafting = 0
+def batch_steps(proposer: Proposer, seqs: list[Sequence], step_cost, steps: int) -> tuple[int, int]:
+    """Run `steps` steps of `seqs` together (step_cost(rows) is a step's seconds); the draft
+    rows they checked, and the steps that checked any."""
+    drafted = drafting = 0
     for _ in range(steps):
-        proposer.propose([seq])
-        drafts, seq.draft_token_ids = seq.draft_token_ids, []
-        item = ScheduledSeq(seq, 1 + len(drafts), drafts)
-        emitted = [7] * (len(drafts) + 1)
-        sampled = SampledTokens(emitted, num_accepted=len(drafts))
-        proposer.observe(ScheduledBatch(decodes=[item]), [sampled], step_cost(item.num_new_tokens))
-        seq.token_ids += emitted
-        seq.num_computed_tokens = seq.num_tokens - 1
-        drafting += bool(drafts)
-    return drafting
+        proposer.propose(seqs)
+        items, samples = [], []
+        for seq in seqs:
+            drafts, seq.draft_token_ids = seq.draft_token_ids, []
+            items.append(ScheduledSeq(seq, 1 + len(drafts), drafts))
+            samples.append(SampledTokens([7] * (len(drafts) + 1), num_accepted=len(drafts)))
+            drafted += len(drafts)
+        drafting += any(item.draft_token_ids for item in items)
+        rows = sum(item.num_new_tokens for item in items)
+        proposer.observe(ScheduledBatch(decodes=items), samples, step_cost(rows))
+        for seq, sampled in zip(seqs, samples):
+            seq.token_ids += sampled.token_ids
+            seq.num_computed_tokens = seq.num_tokens - 1
+    return drafted, drafting
+
+
+def simulate(step_cost, steps: int = 300) -> int:
+    """Steps (of `steps`) in which one sequence checked drafts."""
+    proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
+    return batch_steps(proposer, running(1), step_cost, steps)[1]
 
 
 def test_drafts_that_pay_run_nearly_every_step():
@@ -82,25 +91,6 @@ def test_probes_resume_where_drafts_could_pay():
     assert 300 // MAX_COOLDOWN_STEPS <= probes <= 300 // MAX_COOLDOWN_STEPS + 6, probes
 
 
-def batch_steps(proposer: Proposer, seqs: list[Sequence], step_cost, steps: int) -> int:
-    """Run `steps` steps of `seqs` together; the draft rows they checked."""
-    drafted = 0
-    for _ in range(steps):
-        proposer.propose(seqs)
-        items, samples = [], []
-        for seq in seqs:
-            drafts, seq.draft_token_ids = seq.draft_token_ids, []
-            items.append(ScheduledSeq(seq, 1 + len(drafts), drafts))
-            samples.append(SampledTokens([7] * (len(drafts) + 1), num_accepted=len(drafts)))
-            drafted += len(drafts)
-        rows = sum(item.num_new_tokens for item in items)
-        proposer.observe(ScheduledBatch(decodes=items), samples, step_cost(rows))
-        for seq, sampled in zip(seqs, samples):
-            seq.token_ids += sampled.token_ids
-            seq.num_computed_tokens = seq.num_tokens - 1
-    return drafted
-
-
 def bound_by_arithmetic_past_4_rows(rows: int) -> float:
     """A machine that reads the weights once for up to 4 rows, then pays every row."""
     return max(1.0, rows / 4)
@@ -115,9 +105,9 @@ def test_a_batch_whose_rows_fill_the_machine_gets_no_drafts(alone_first):
     proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
     seqs = running(8)
     if alone_first:
-        alone = batch_steps(proposer, seqs[:1], bound_by_arithmetic_past_4_rows, alone_first)
+        alone = batch_steps(proposer, seqs[:1], bound_by_arithmetic_past_4_rows, alone_first)[0]
         assert alone > 3 * (alone_first - 2)
-    drafted = batch_steps(proposer, seqs, bound_by_arithmetic_past_4_rows, 300)
+    drafted = batch_steps(proposer, seqs, bound_by_arithmetic_past_4_rows, 300)[0]
     # eight sequences' probes (one in MAX_COOLDOWN_STEPS steps once backed off) and the
     # drafts of a few steps before the costs of the batch's rows are measured
     assert drafted <= 8 * (300 // MAX_COOLDOWN_STEPS + 6) + 3 * 8 * 4, drafted
@@ -128,7 +118,7 @@ def test_a_batch_drafts_where_its_rows_cost_little():
     sequences draft nearly all their drafts every step."""
     seqs = running(8)
     proposer = Always(SpeculativeConfig(num_speculative_tokens=4))
-    drafted = batch_steps(proposer, seqs, lambda rows: 1.0 + 0.01 * rows, 100)
+    drafted = batch_steps(proposer, seqs, lambda rows: 1.0 + 0.01 * rows, 100)[0]
     assert drafted > 0.9 * 8 * 4 * 100, drafted
 
 
