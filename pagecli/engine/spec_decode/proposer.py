@@ -211,7 +211,7 @@ class Proposer:
             if k:  # drafting pays at the measured costs: any back-off is over
                 seq.draft_token_ids = drafts[:k]
                 seq.spec.cooldown = 0
-            elif len(drafts) >= config.draft_min:  # drafts would not pay now: back off, probe
+            elif len(drafts) >= config.draft_min:  # no pay in this step: back off, then probe
                 state = seq.spec
                 state.cooldown = min(MAX_COOLDOWN_STEPS, 2 * state.cooldown or 1)
                 state.wait, state.probe = state.cooldown, True
