@@ -10,6 +10,7 @@ named. Quiet machines only.
 
     .venv/bin/python benchmarks/ab_commits.py --base /path/to/worktree [--model FILE.gguf]
         [--threads 2] [--rounds 5] [--pp 512] [--tg 128] [--json OUT.json]
+        [--bench-args "--dtype bfloat16 --quantization none"]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -27,13 +29,17 @@ from quant_vs_llamacpp import cpu_name
 HERE = Path(__file__).resolve().parent.parent
 
 
-def bench(checkout: Path, model: str | None, threads: int, pp: int, tg: int) -> dict:
-    """One `pagecli bench` run of `checkout`'s code: {"pp": t/s, "tg": t/s}."""
+def bench(
+    checkout: Path, model: str | None, threads: int, pp: int, tg: int, extra: list[str]
+) -> dict:
+    """One `pagecli bench` run of `checkout`'s code (`extra`: more bench arguments):
+    {"pp": t/s, "tg": t/s}."""
     code = "import sys; from pagecli.cli.entry import main; sys.argv[0] = 'pagecli'; main()"
     args = [sys.executable, "-c", code, "bench", "--scenario", "latency", "--pp", str(pp)]
     args += ["--tg", str(tg), "--num-threads", str(threads), "--json"]
     if model is not None:
         args += ["--model", model]
+    args += extra
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     out = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
     rates = {row["test"]: row["tokens_per_s_mean"] for row in json.loads(out)["results"]}
@@ -49,19 +55,22 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=512)
     parser.add_argument("--tg", type=int, default=128)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--bench-args", default="", help="more arguments for both sides' bench")
     args = parser.parse_args()
+    extra = shlex.split(args.bench_args)
     sides = {"A": args.base.resolve(), "B": HERE}
     rounds = []
     for number in range(args.rounds):
         order = ["A", "B"] if number % 2 == 0 else ["B", "A"]
         row = {
-            side: bench(sides[side], args.model, args.threads, args.pp, args.tg) for side in order
+            side: bench(sides[side], args.model, args.threads, args.pp, args.tg, extra)
+            for side in order
         }
         row["pp_ratio"] = row["B"]["pp"] / row["A"]["pp"]
         row["tg_ratio"] = row["B"]["tg"] / row["A"]["tg"]
         print(f"ab_commits: round {number}: {json.dumps(row)}", file=sys.stderr, flush=True)
         rounds.append(row)
-    model = args.model or "the default model"
+    model = (args.model or "the default model") + (f" {args.bench_args}" if extra else "")
     print(f"CPU: {cpu_name()}; {args.threads} threads; {model}; A = {sides['A']}, B = {HERE}")
     print("| | A t/s | B t/s | B/A (median of rounds; each round) |")
     print("| --- | --- | --- | --- |")

@@ -149,19 +149,21 @@ def fused_rows() -> int:
     return lib.pagecli_quant_fused_rows() if lib is not None else 0
 
 
-BF16_GEMMS = ("auto", "off", "pairs", "tiles")  # pagecli_bf16_set_gemm's choices
+BF16_GEMMS = ("auto", "off", "pairs", "tiles", "float32")  # pagecli_bf16_set_gemm's choices
 
 
 def bf16_gemm() -> str | None:
-    """Who multiplies bfloat16 inputs of more than a few rows (`bf16_linear`): "tiles" (AMX's
-    TDPBF16PS, csrc/gemm_bf16.c), "pairs" (the pair GEMM there, on VDPBF16PS where the CPU has
-    AVX512_BF16), "off" (the caller keeps torch's bfloat16 GEMM), or None (no library). Under
-    "auto", on the AVX-512 path: the tiles where the CPU has AMX and Linux grants them, else
-    pairs where the CPU has AVX512_BF16 and no AMX; "tiles" needs AMX."""
+    """Who multiplies bfloat16 inputs of more rows than the row kernels take (`bf16_linear`):
+    "tiles" (AMX's TDPBF16PS, csrc/gemm_bf16.c), "pairs" (the pair GEMM there, on VDPBF16PS
+    where the CPU has AVX512_BF16), "float32" (the input widened, the float32 panels), "off"
+    (the caller keeps torch's bfloat16 GEMM), or None (no library). Under "auto", on the
+    AVX-512 path: the tiles where the CPU has AMX and Linux grants them, else pairs where the
+    CPU has AVX512_BF16 and no AMX; on the AVX2 path float32 (torch's bfloat16 GEMM has no
+    native products there); "tiles" needs AMX."""
     lib = library()
     if lib is None:
         return None
-    return ("off", "pairs", "tiles")[lib.pagecli_bf16_gemm()]
+    return ("off", "pairs", "tiles", "float32")[lib.pagecli_bf16_gemm()]
 
 
 def bf16_tiles() -> bool:

@@ -28,7 +28,7 @@ Prefetch = Literal["auto", "l1", "l2"]
 Gemm = Literal["auto", "blas", "native", "off"]
 Switch = Literal["auto", "off", "on"]
 SmallBatches = Literal["auto", "off"]
-Bf16Gemm = Literal["auto", "off", "pairs", "tiles"]
+Bf16Gemm = Literal["auto", "off", "pairs", "tiles", "float32"]
 
 # each choice field's values (the first is the default, the CPU's own choice)
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -38,7 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tiles": ("auto", "off", "on"),
     "int_dots": ("auto", "off", "on"),
     "small_batches": ("auto", "off"),
-    "bf16_gemm": ("auto", "off", "pairs", "tiles"),
+    "bf16_gemm": ("auto", "off", "pairs", "tiles", "float32"),
 }
 SWITCHES = ("native", "layers", "timing")  # the bool fields
 NUMBERS = ("fused_rows",)  # the int fields
@@ -70,7 +70,7 @@ class KernelSettings:
     int_dots: Switch = "auto"
     # the small-batch kernels for 2-8 input rows (off: whole rows, the same bits)
     small_batches: SmallBatches = "auto"
-    # bfloat16 batches: AMX's tiles, VDPBF16PS pairs, or off (torch's GEMM)
+    # bfloat16 batches: AMX's tiles, VDPBF16PS pairs, float32 panels, or off (torch's GEMM)
     bf16_gemm: Bf16Gemm = "auto"
     # batches of up to this many rows take the fused decode kernels, where a row's output
     # has the bits it has alone (0: auto, 8; speculative decoding asks for its verify rows)

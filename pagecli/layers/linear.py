@@ -81,16 +81,20 @@ class BF16Linear(nn.Module):
     """A bfloat16 `y = x @ weight.T + bias` for the CPU on the native kernels
     (pagecli_kernels/quant_cpu.bf16_linear, over a view of the same weight, no copy).
 
-    Products of a few rows take the row kernels: torch's bfloat16 product of one or two rows
-    read the weights at a third of the machine's bandwidth (Zen 4 with AVX512_BF16, 2
-    threads). Larger ones take csrc/gemm_bf16.c's GEMM where `quant_cpu.bf16_gemm()` names
-    one (the one-call decoder layers run it too): "pairs" (AVX512_BF16 without AMX: as fast
-    as oneDNN's) for every size, "tiles" (AMX) up to `TILES_ROWS` rows; torch's GEMM otherwise
-    (from `SMALL_ROWS + 1` rows on). All of them sum the exact products of the bfloat16 values
-    in float32, as oneDNN's bfloat16 GEMM does, so the result differs from `F.linear` in
-    summation order only before the output is rounded to bfloat16."""
+    Products of up to `quant_cpu.fused_rows()` rows (8, or as many as the `fused_rows`
+    setting asks for: a step that checks drafts asks for its rows,
+    engine/spec_decode/invariance.py) take the row kernels, where each row has the bits it has
+    alone, as the block formats' products do: torch's bfloat16 product of one or two rows read
+    the weights at a third of the machine's bandwidth (Zen 4 with AVX512_BF16, 2 threads), and
+    its rows' bits depend on their batch. Larger ones take csrc/gemm_bf16.c's GEMM where
+    `quant_cpu.bf16_gemm()` names one (the one-call decoder layers run it too): "pairs"
+    (AVX512_BF16 without AMX: as fast as oneDNN's) and "float32" (the AVX2 path: the input
+    widened, the float32 panels; torch's GEMM ran at a fifth of their rate there) for every
+    size, "tiles" (AMX) up to `TILES_ROWS` rows; torch's GEMM otherwise. All of them sum the
+    exact products of the bfloat16 values in float32, as oneDNN's bfloat16 GEMM does, so the
+    result differs from `F.linear` in summation order only before the output is rounded to
+    bfloat16."""
 
-    SMALL_ROWS = 2
     # AMX tiles against oneDNN (which also multiplies on them), 2-core Xeon with AMX, 2
     # threads: 1,330-1,630 against 980-1,100 GFLOP/s at 64 rows, 1,640-1,760 against
     # 1,435-1,575 at 128, about even at 256, 1,730-1,840 against 2,120-3,210 from 512 on
@@ -101,8 +105,8 @@ class BF16Linear(nn.Module):
         """Whether the native kernels take a product of `rows` input rows (else torch's)."""
         gemm = quant_cpu.bf16_gemm()
         return (
-            rows <= cls.SMALL_ROWS
-            or gemm == "pairs"
+            rows <= quant_cpu.fused_rows()
+            or gemm in ("pairs", "float32")
             or (gemm == "tiles" and rows <= cls.TILES_ROWS)
         )
 

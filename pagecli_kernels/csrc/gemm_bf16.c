@@ -16,16 +16,19 @@
  * rounding of the sums, as with oneDNN, in another order.
  *
  * Paths, by the number of input rows m:
- *   - m <= FUSED_ROWS (decode): x widened to float32 (exact), then quant_linear_cpu.c's
- *     bfloat16 row kernels, which stream W once at memory speed (quant_bf16.c);
- *   - larger m, when pagecli_bf16_gemm() says so: x's bfloat16 pairs (32 bits each) packed into
- *     token strips by gemm_f32.c's packer, then each thread sweeps a micro-kernel over its
- *     panels of W's rows, in place:
- *       - AMX's tiles (CPUs with AMX): AMX_ROWS rows x GEMM_TOKENS tokens of sums in four
- *         tiles, W's rows loaded into tiles as they lie (tiles_sweep);
- *       - the pair GEMM (gemm_f32.c's gemm_sweep): GEMM_ROWS rows x GEMM_TOKENS tokens of sums
- *         in 24 registers, each W pair broadcast from its row as it is.
- *     Otherwise x widened and quant_linear's float32 panels.
+ *   - m <= pagecli_quant_fused_rows() (decode: 8 unless a step with drafts or the user asked
+ *     for more): x widened to float32 (exact), then quant_linear_cpu.c's bfloat16 row kernels,
+ *     which stream W once at memory speed (quant_bf16.c) and give each row the bits it has
+ *     alone (speculative decoding's verify rows);
+ *   - larger m, as pagecli_bf16_gemm() says:
+ *       - AMX's tiles (CPUs with AMX) or the pair GEMM: x's bfloat16 pairs (32 bits each)
+ *         packed into token strips by gemm_f32.c's packer, then each thread sweeps a
+ *         micro-kernel over its panels of W's rows, in place: the tiles hold AMX_ROWS rows x
+ *         GEMM_TOKENS tokens of sums in four tiles, W's rows loaded into tiles as they lie
+ *         (tiles_sweep); the pair GEMM (gemm_f32.c's gemm_sweep) GEMM_ROWS rows x
+ *         GEMM_TOKENS tokens of sums in 24 registers, each W pair broadcast from its row;
+ *       - "float32" (CPUs without native bfloat16 products on the AVX2 path), or "off" when
+ *         called anyway: x widened and quant_linear's float32 panels.
  * The pair GEMM runs VDPBF16PS on the AVX-512 path of a CPU with AVX512_BF16, the portable
  * loop elsewhere (tests force it there with pagecli_bf16_set_gemm). On AMX CPUs the tiles
  * beat oneDNN's own AMX GEMM up to a few hundred rows (BF16Linear.TILES_ROWS); there the pair
@@ -56,25 +59,32 @@
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #endif
 
-#define FUSED_ROWS 8           /* input rows that take the row kernels (as quant_linear) */
 #define PAIR_CHUNK 32          /* pairs summed apart, then added up (64 values, as gemm_f32.c) */
 #define PANEL_BYTES (1 << 20)  /* bytes of W rows per panel, per thread */
 #define AMX_ROWS 32            /* W rows per AMX micro-block (two tiles' height) */
 #define E_FORMAT -1            /* k not whole 32-value blocks */
 #define E_MEMORY -3            /* no memory for the packed or widened input */
 
-/* Who multiplies more than FUSED_ROWS rows (pagecli_bf16_set_gemm, pagecli_bf16_gemm). */
-enum { BF16_GEMM_AUTO = 0, BF16_GEMM_OFF = 1, BF16_GEMM_PAIRS = 2, BF16_GEMM_TILES = 3 };
+/* Who multiplies more rows than the row kernels take (pagecli_bf16_set_gemm, pagecli_bf16_gemm). */
+enum {
+    BF16_GEMM_AUTO = 0,
+    BF16_GEMM_OFF = 1,
+    BF16_GEMM_PAIRS = 2,
+    BF16_GEMM_TILES = 3,
+    BF16_GEMM_FLOAT32 = 4
+};
 static int gemm_choice = BF16_GEMM_AUTO;
 
-/* Multiply more than FUSED_ROWS rows with AMX's tiles (3), the pair GEMM (2), never (1), or as
- * the CPU suggests (0): on the AVX-512 path, the tiles where we can use them, else the pair
- * GEMM where the CPU has AVX512_BF16 and no AMX (where it has AMX that this build or kernel
- * cannot use, torch's oneDNN may still: the pair GEMM ran at a fifth of its rate there).
- * Forced, the tiles run whatever the path. Returns 0, -1 for an unknown choice, -2 for the
- * tiles where they cannot run. */
+/* Multiply more rows than the row kernels take with AMX's tiles (3), the pair GEMM (2), the
+ * float32 panels on the widened input (4), never (1: the caller keeps torch's GEMM), or as the
+ * CPU suggests (0): on the AVX-512 path, the tiles where we can use them, else the pair GEMM
+ * where the CPU has AVX512_BF16 and no AMX (where it has AMX that this build or kernel cannot
+ * use, torch's oneDNN may still: the pair GEMM ran at a fifth of its rate there); on the AVX2
+ * path the float32 panels (torch's bfloat16 GEMM ran at a fifth of their rate on an AVX2 AMD
+ * EPYC, benchmarks/bf16_rows.py); torch's elsewhere. Forced, the tiles run whatever the path.
+ * Returns 0, -1 for an unknown choice, -2 for the tiles where they cannot run. */
 int pagecli_bf16_set_gemm(int choice) {
-    if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_TILES) return -1;
+    if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_FLOAT32) return -1;
     const struct cpu_features *cpu = cpu_features();
     if (choice == BF16_GEMM_TILES && (!cpu->amx_granted || cpu->best_isa != ISA_AVX512))
         return -2; /* the tiles' writer and padding use AVX-512 too */
@@ -82,15 +92,19 @@ int pagecli_bf16_set_gemm(int choice) {
     return 0;
 }
 
-/* Who multiplies more than FUSED_ROWS input rows now: 2 AMX's tiles, 1 the pair GEMM, 0 the
- * float32 panels on the widened input. */
+/* Who multiplies more rows than the row kernels take now: 2 AMX's tiles, 1 the pair GEMM, 3
+ * the float32 panels on the widened input, 0 nobody (the caller keeps torch's GEMM; called
+ * anyway, the float32 panels). */
 int pagecli_bf16_gemm(void) {
     switch (gemm_choice) {
     case BF16_GEMM_OFF: return 0;
     case BF16_GEMM_PAIRS: return 1;
     case BF16_GEMM_TILES: return 2;
+    case BF16_GEMM_FLOAT32: return 3;
     }
-    if (pagecli_quant_isa() != ISA_AVX512) return 0; /* other paths: no native GEMM */
+    const int isa = pagecli_quant_isa();
+    if (isa == ISA_AVX2) return 3;
+    if (isa != ISA_AVX512) return 0; /* the portable path: no native GEMM */
     const struct cpu_features *cpu = cpu_features();
     return cpu->amx_granted ? 2 : BF16_X86 && cpu->avx512_bf16 && !cpu->amx;
 }
@@ -243,7 +257,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
     if (m <= 0 || n <= 0) return 0;
     const uint16_t *xs = x;
     const int gemm = pagecli_bf16_gemm();
-    if (m <= FUSED_ROWS || !gemm) { /* widened: the float32 drivers */
+    if (m <= pagecli_quant_fused_rows() || gemm == 0 || gemm == 3) { /* the float32 drivers */
         if (gemm_reserve(&widened, &widened_cap, m * k)) return E_MEMORY;
         for (int64_t t = 0; t < m; t++)
             for (int64_t i = 0; i < k; i++) widened[t * k + i] = bf16_to_f32(xs[t * ldx + i]);

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pagecli import LLM, SamplingParams
+from pagecli.engine.spec_decode.proposer import Proposer
+from pagecli_kernels.settings import kernel_settings
 from tests.sizes import size
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4}
@@ -29,6 +31,8 @@ PROMPTS = [
     chat("Write a short poem about the sea."),
     chat("Quote the second line of this text.\nRoses are red.\nViolets are blue.\nSugar."),
 ]
+# raw text that the model goes on repeating for a while, in bfloat16 too
+REPEATING = "def area(width, height):\n    return width * height\n\n\n" * 2 + "def area("
 
 
 def tight_engine(mode: str) -> dict:
@@ -82,6 +86,30 @@ def test_logprobs_have_the_bits_of_decoding_without_drafts(max_num_seqs):
         want, got = a.outputs[0].logprobs, b.outputs[0].logprobs
         assert [(lp.logprob, lp.top) for lp in got] == [(lp.logprob, lp.top) for lp in want]
     assert stats.spec_accepted_tokens > 0
+
+
+@pytest.mark.parametrize(("max_num_seqs", "gemm"), [(1, "auto"), (8, "auto"), (8, "off")])
+def test_bfloat16_logprobs_have_the_bits_of_decoding_without_drafts(
+    max_num_seqs, gemm, monkeypatch
+):
+    """The same in bfloat16 (the default model's weights as bfloat16, `BF16Linear`): a step
+    of up to 8 rows, or a step with drafts of any size, takes the row kernels, whatever
+    multiplies larger bfloat16 batches ("off": torch's GEMM, whose rows' bits depend on their
+    batch). Every candidate drafts all it can in every step, so that most steps check drafts."""
+    monkeypatch.setattr(
+        Proposer, "allocate", lambda self, candidates, rows, tokens: [m for _, m in candidates]
+    )
+    params = SamplingParams(temperature=0, max_tokens=size(24, 64), logprobs=5)
+    engine = dict(dtype="bfloat16", quantization="none", max_num_seqs=max_num_seqs)
+    prompts = [*PROMPTS, REPEATING]
+    with kernel_settings(bf16_gemm=gemm):
+        off, _ = run(prompts, params, False, **engine)
+        on, stats = run(prompts, params, True, **engine)
+    same(off, on)
+    for a, b in zip(off, on):
+        want, got = a.outputs[0].logprobs, b.outputs[0].logprobs
+        assert [(lp.logprob, lp.top) for lp in got] == [(lp.logprob, lp.top) for lp in want]
+    assert stats.spec_draft_tokens > 40 and stats.spec_accepted_tokens > 12
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

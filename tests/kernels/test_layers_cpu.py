@@ -139,13 +139,13 @@ def test_moe_families_take_the_program_bit_for_bit(moe_models, name, monkeypatch
     assert native_run == loop_run
 
 
-@pytest.mark.parametrize("gemm", ["tiles", "pairs", "off"])
+@pytest.mark.parametrize("gemm", ["tiles", "pairs", "float32", "off"])
 @pytest.mark.parametrize("name", ["llama3", "qwen2"])
 def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, monkeypatch):
-    # bfloat16: the C loop rounds where the loop's bfloat16 tensors round. With the pair GEMM
-    # or AMX's tiles it takes every step (these are short); without either, only the steps of
-    # at most BF16Linear.SMALL_ROWS tokens (two sequences decoding), and the prefill chunks in
-    # between run the loop. Both runs must agree to the bit.
+    # bfloat16: the C loop rounds where the loop's bfloat16 tensors round. With the pair GEMM,
+    # the float32 panels or AMX's tiles it takes every step (these are short); without any,
+    # only the steps of at most 8 tokens (the row kernels: two sequences decoding), and the
+    # prefill chunks in between run the loop. Both runs must agree to the bit.
     if gemm == "tiles" and not quant_cpu.bf16_tiles():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     calls = _counting(monkeypatch)
@@ -156,7 +156,7 @@ def test_bfloat16_steps_take_the_layers_bit_for_bit(tiny_models, name, gemm, mon
         _, loop_run = _run(tiny_models[name], False, **options)
     model = llm.engine.runner.model
     assert model.layers[0].mlp.down_proj.single_weight.format.name == "bfloat16"
-    # without the pair GEMM, most of the 8 x 11 decode steps of two sequences took the C loop
+    # without a native GEMM, most of the 8 x 11 decode steps of two sequences took the C loop
     assert used >= (8 * 11 // 2 if gemm == "off" else 11) and calls[0] == used
     assert native_run == loop_run
 

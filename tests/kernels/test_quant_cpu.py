@@ -568,8 +568,9 @@ def test_prefetch_level_must_be_known():
 # bfloat16 inputs with bfloat16 weights (quant_cpu.bf16_linear, csrc/gemm_bf16.c): exact
 # products, float32 sums; the row kernels up to 8 rows, then AMX's tiles ("tiles", CPUs with
 # AMX), the pair GEMM ("pairs": VDPBF16PS on the AVX-512 path of a CPU with AVX512_BF16, its
-# portable loop on the other paths) or the float32 panels on the widened input ("off").
-@pytest.fixture(params=["tiles", "pairs", "off"])
+# portable loop on the other paths) or the float32 panels on the widened input ("float32",
+# and "off" when called anyway).
+@pytest.fixture(params=["tiles", "pairs", "float32", "off"])
 def bf16_gemm(request):
     if request.param == "tiles" and not quant_cpu.bf16_tiles():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
@@ -613,7 +614,8 @@ def test_bf16_pairs_sum_in_the_documented_order(path):
 
 def test_bf16_gemm_auto_follows_the_cpu():
     """On the AVX-512 path: AMX's tiles where the CPU has them (and Linux grants them), else
-    the pair GEMM where it has AVX512_BF16 and no AMX; torch's GEMM elsewhere."""
+    the pair GEMM where it has AVX512_BF16 and no AMX; on the AVX2 path the float32 panels;
+    torch's GEMM elsewhere."""
     flags = _flags()
     native = quant_cpu.isa() == "avx512" and "avx512_bf16" in flags
     tiles = quant_cpu.bf16_tiles()
@@ -623,9 +625,14 @@ def test_bf16_gemm_auto_follows_the_cpu():
     want = "tiles" if tiles and quant_cpu.isa() == "avx512" else "off"
     if want == "off" and native and not amx:
         want = "pairs"
+    if quant_cpu.isa() == "avx2":
+        want = "float32"
     assert quant_cpu.bf16_gemm() == want
     with kernel_settings(isa="portable"):
         assert quant_cpu.bf16_gemm() == "off" and not quant_cpu.bf16_gemm_native()
+    if quant_cpu.isa() in ("avx2", "avx512"):
+        with kernel_settings(isa="avx2"):
+            assert quant_cpu.bf16_gemm() == "float32" and not quant_cpu.bf16_gemm_native()
     with pytest.raises(ValueError, match="bf16_gemm"):
         with kernel_settings(bf16_gemm="amx"):
             pass

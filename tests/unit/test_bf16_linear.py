@@ -1,6 +1,7 @@
 """bfloat16 linear layers on the CPU (layers/linear.BF16Linear): decode-sized products on the
-native row kernels, larger ones on the pair GEMM where it is chosen, float32 sums rounded once
-to bfloat16; without the pair GEMM, larger ones exactly torch's."""
+native row kernels (up to `quant_cpu.fused_rows()` rows, where each row has the bits it has
+alone), larger ones on the pair GEMM, AMX's tiles or the float32 panels where one is chosen,
+float32 sums rounded once to bfloat16; without one, larger ones exactly torch's."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def make(rows_out: int, cols: int, bias: bool, seed: int = 0):
 
 @pytest.fixture
 def bf16_gemm():
-    """Set the kernels' choice for larger batches for one test ("pairs", "off", "tiles")."""
+    """Set the kernels' choice for larger batches for one test ("pairs", "off", "tiles",
+    "float32")."""
     with contextlib.ExitStack() as stack:
         yield lambda choice: stack.enter_context(kernel_settings(bf16_gemm=choice))
 
@@ -47,12 +49,12 @@ def _counted(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(
     ("rows", "gemm"),
-    [(1, "off"), (2, "off"), (1, "pairs"), (3, "pairs"), (9, "pairs"), (64, "pairs")]
-    + [(9, "tiles"), (64, "tiles"), (256, "tiles")],
+    [(1, "off"), (2, "off"), (8, "off"), (1, "pairs"), (3, "pairs"), (9, "pairs"), (64, "pairs")]
+    + [(9, "float32"), (64, "float32"), (9, "tiles"), (64, "tiles"), (256, "tiles")],
 )
 def test_native_products_round_once(rows, gemm, bias, bf16_gemm, monkeypatch):
-    # the row kernels (up to SMALL_ROWS rows, or 8 with a native GEMM), the pair GEMM, and
-    # AMX's tiles up to TILES_ROWS rows
+    # the row kernels (up to 8 rows), the pair GEMM, the float32 panels, and AMX's tiles up to
+    # TILES_ROWS rows
     if gemm == "tiles" and not quant_cpu.bf16_tiles():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     bf16_gemm(gemm)
@@ -72,16 +74,43 @@ def test_native_products_round_once(rows, gemm, bias, bf16_gemm, monkeypatch):
     assert torch.equal(layer(x3), got.view(1, rows, 70))
 
 
-@pytest.mark.parametrize("rows", [3, 64])
-def test_larger_batches_without_the_pair_gemm_are_torch_gemm(rows, bf16_gemm, monkeypatch):
+@pytest.mark.parametrize("rows", [9, 64])
+def test_larger_batches_without_a_native_gemm_are_torch_gemm(rows, bf16_gemm, monkeypatch):
     bf16_gemm("off")
     weight, b = make(70, 96, bias=True)
     layer = BF16Linear(weight, b)
     calls = _counted(monkeypatch)
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
     assert torch.equal(layer(x), F.linear(x, weight, b))
-    assert calls == [] and not BF16Linear.native_takes(BF16Linear.SMALL_ROWS + 1)
-    assert BF16Linear.native_takes(BF16Linear.SMALL_ROWS)
+    assert calls == [] and quant_cpu.fused_rows() == 8
+    assert BF16Linear.native_takes(8) and not BF16Linear.native_takes(9)
+
+
+@pytest.mark.parametrize("gemm", ["off", "pairs", "float32", "tiles"])
+@pytest.mark.parametrize("fused_rows", [0, 17])
+def test_a_row_has_the_bits_it_has_alone_up_to_fused_rows(gemm, fused_rows, bf16_gemm, monkeypatch):
+    """Speculative decoding's verify rows in bfloat16: a batch of 2 to `quant_cpu.fused_rows()`
+    rows (8, or 17 = 1 + 16 drafts where a step asks for it) takes the row kernels whatever
+    takes larger batches (torch's GEMM under "off", whose rows depend on their batch), and
+    each row's float32 sums are bit for bit those of its row alone (compared before the
+    rounding to bfloat16, which would hide most differences of order)."""
+    if gemm == "tiles" and not quant_cpu.bf16_tiles():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    bf16_gemm(gemm)
+    weight, _ = make(200, 1024, bias=False)
+    layer = BF16Linear(weight, None)
+    sums = quant_cpu.bf16_linear
+    calls = _counted(monkeypatch)
+    with kernel_settings(fused_rows=fused_rows):
+        most = quant_cpu.fused_rows()
+        assert most == (fused_rows or 8)
+        x = torch.randn(most, 1024, generator=torch.Generator().manual_seed(most)).bfloat16()
+        alone = torch.cat([sums(x[i : i + 1], layer.single_weight) for i in range(most)])
+        for m in range(2, most + 1):
+            got = sums(x[:m], layer.single_weight)
+            assert torch.equal(got.view(torch.int32), alone[:m].view(torch.int32)), m
+            assert torch.equal(layer(x[:m]), alone[:m].bfloat16())
+    assert calls == list(range(2, most + 1))  # the layer took the native kernels every time
 
 
 def test_tiles_leave_batches_past_their_rows_to_torch(bf16_gemm, monkeypatch):
