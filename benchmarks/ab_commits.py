@@ -3,8 +3,10 @@
 Runs `pagecli bench --scenario latency --pp P --tg T --json` from two checkouts of pagecli (this
 one, B, and another one, A, given by --base: a `git worktree` of the commit to compare with),
 --rounds times, in turn first, each on the same GGUF file (or the default model) and thread
-count. Both use this venv's packages; PYTHONPATH points each run at its own checkout (its
-native library is built from its own C sources, into the same cache keyed by them). Prints
+count. Both use this venv's packages; each run starts in its own checkout with PYTHONPATH on
+it (its native library is built from its own C sources, into the same cache keyed by them;
+until 2026-12-06 both sides ran this checkout's code when the script ran from its root, so
+the A/Bs in benchmarks/RESULTS.md before then compared a commit with itself). Prints
 each side's median pp and tg rates and the median of the rounds' own B/A ratios, with the CPU
 named. Quiet machines only.
 
@@ -29,19 +31,28 @@ from quant_vs_llamacpp import cpu_name
 HERE = Path(__file__).resolve().parent.parent
 
 
+def run_side(checkout: Path, args: list[str]) -> str:
+    """`pagecli ARGS` run from `checkout`'s code; its stdout. It runs in the checkout's
+    directory: `python -c` puts the working directory first on sys.path, before PYTHONPATH, so
+    run from this repository's root the other side would import this checkout's pagecli."""
+    code = "import sys; from pagecli.cli.entry import main; sys.argv[0] = 'pagecli'; main()"
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    argv = [sys.executable, "-c", code, *args]
+    return subprocess.run(
+        argv, check=True, stdout=subprocess.PIPE, text=True, env=env, cwd=checkout
+    ).stdout
+
+
 def bench(
     checkout: Path, model: str | None, threads: int, pp: int, tg: int, extra: list[str]
 ) -> dict:
     """One `pagecli bench` run of `checkout`'s code (`extra`: more bench arguments):
     {"pp": t/s, "tg": t/s}."""
-    code = "import sys; from pagecli.cli.entry import main; sys.argv[0] = 'pagecli'; main()"
-    args = [sys.executable, "-c", code, "bench", "--scenario", "latency", "--pp", str(pp)]
-    args += ["--tg", str(tg), "--num-threads", str(threads), "--json"]
+    args = ["bench", "--scenario", "latency", "--pp", str(pp), "--tg", str(tg)]
+    args += ["--num-threads", str(threads), "--json"]
     if model is not None:
         args += ["--model", model]
-    args += extra
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    out = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
+    out = run_side(checkout, args + extra)
     rates = {row["test"]: row["tokens_per_s_mean"] for row in json.loads(out)["results"]}
     return {"pp": rates[f"pp{pp}"], "tg": rates[f"tg{tg}"]}
 
@@ -58,6 +69,8 @@ def main() -> None:
     parser.add_argument("--bench-args", default="", help="more arguments for both sides' bench")
     args = parser.parse_args()
     extra = shlex.split(args.bench_args)
+    if args.model is not None and Path(args.model).exists():
+        args.model = str(Path(args.model).resolve())  # the sides run in their checkouts
     sides = {"A": args.base.resolve(), "B": HERE}
     rounds = []
     for number in range(args.rounds):
