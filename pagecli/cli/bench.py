@@ -361,11 +361,14 @@ def bench(
 
 
 def _bf16_gemm_name(quant_cpu) -> str:
-    """Who multiplies bfloat16 batches of three rows or more (pagecli_kernels.quant_cpu)."""
+    """Who multiplies bfloat16 batches of more rows than the row kernels take
+    (pagecli_kernels.quant_cpu)."""
     from pagecli.layers.linear import BF16Linear
 
     if quant_cpu.bf16_gemm() == "tiles":
         return f"native (AMX tiles) to {BF16Linear.TILES_ROWS} rows, torch (oneDNN) above"
+    if quant_cpu.bf16_gemm() == "float32":
+        return "native (float32 panels)"
     if quant_cpu.bf16_gemm() != "pairs":
         return "torch (oneDNN)"
     return "native (VDPBF16PS)" if quant_cpu.bf16_gemm_native() else "native (portable loop)"

@@ -179,6 +179,8 @@ def test_bfloat16_json_names_who_multiplies_its_batches(capsys):
     want = "torch (oneDNN)"
     if quant_cpu.bf16_gemm() == "tiles":
         want = "native (AMX tiles) to 256 rows, torch (oneDNN) above"
+    elif quant_cpu.bf16_gemm() == "float32":
+        want = "native (float32 panels)"
     elif quant_cpu.bf16_gemm() == "pairs":
         want = "native (VDPBF16PS)" if quant_cpu.bf16_gemm_native() else "native (portable loop)"
     assert report["cpu_bf16_gemm"] == want
