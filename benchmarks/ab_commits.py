@@ -12,7 +12,7 @@ named. Quiet machines only.
 
     .venv/bin/python benchmarks/ab_commits.py --base /path/to/worktree [--model FILE.gguf]
         [--threads 2] [--rounds 5] [--pp 512] [--tg 128] [--json OUT.json]
-        [--bench-args "--dtype bfloat16 --quantization none"]
+        [--bench-args "--dtype bfloat16 --quantization none"] [--head /path/to/b-worktree]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def bench(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="the A checkout")
+    parser.add_argument("--head", type=Path, default=HERE, help="the B checkout (this one)")
     parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
@@ -71,7 +72,7 @@ def main() -> None:
     extra = shlex.split(args.bench_args)
     if args.model is not None and Path(args.model).exists():
         args.model = str(Path(args.model).resolve())  # the sides run in their checkouts
-    sides = {"A": args.base.resolve(), "B": HERE}
+    sides = {"A": args.base.resolve(), "B": args.head.resolve()}
     rounds = []
     for number in range(args.rounds):
         order = ["A", "B"] if number % 2 == 0 else ["B", "A"]
@@ -84,7 +85,7 @@ def main() -> None:
         print(f"ab_commits: round {number}: {json.dumps(row)}", file=sys.stderr, flush=True)
         rounds.append(row)
     model = (args.model or "the default model") + (f" {args.bench_args}" if extra else "")
-    print(f"CPU: {cpu_name()}; {args.threads} threads; {model}; A = {sides['A']}, B = {HERE}")
+    print(f"CPU: {cpu_name()}; {args.threads} threads; {model}; A = {sides['A']}, B = {sides['B']}")
     print("| | A t/s | B t/s | B/A (median of rounds; each round) |")
     print("| --- | --- | --- | --- |")
     for key in ("pp", "tg"):
