@@ -128,10 +128,13 @@ def _part_linear(x2d: torch.Tensor, part: Part, out: torch.Tensor | None) -> tor
 class QuantEmbedding(nn.Module):
     """A token embedding kept in a block format: lookups dequantize only their rows."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.dtype = torch.get_default_dtype()  # the model's, as nn.Embedding would take it
+        # the lookups' dtype: the model's, as nn.Embedding would take it
+        self.dtype = torch.get_default_dtype() if dtype is None else dtype
         self.weight: QuantWeight | None = None  # set by set_weight()
 
     def set_weight(self, weight: QuantWeight) -> None:

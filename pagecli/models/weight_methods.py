@@ -252,19 +252,42 @@ def prepare_float32(model: CausalLM) -> None:
     rows (quant_formats.F32): the decode kernels of the GGUF formats, and the one-call
     layer program. A tied output projection multiplies with the embedding's rows in place,
     no copy. Without them, the weights are packed for oneDNN (layers/linear.py), and a tied
-    output projection gets a packed copy."""
+    output projection gets a packed copy.
+
+    A weight whose every value is a bfloat16 value (a bfloat16 checkpoint's, widened at
+    load) keeps bfloat16 rows instead (quant_formats.BF16), and so does the embedding (a
+    `QuantEmbedding`; a tied output projection reads it): their kernels widen each weight
+    exactly and sum in the float32 kernels' order, so the products have the same bits from
+    half the bytes."""
     native = quant_cpu.library() is not None
     hidden = model.embed_tokens.embedding_dim
-    if model.lm_head is None and isinstance(model.embed_tokens, nn.Embedding):
-        table = model.embed_tokens.weight
-        if native and hidden % F32.block_values == 0 and table.dtype == torch.float32:
+    embed = model.embed_tokens
+    table = embed.weight if isinstance(embed, nn.Embedding) else None
+    whole = hidden % F32.block_values == 0
+    if native and whole and table is not None and table.dtype == torch.float32:
+        if _bfloat16_values(table.data):
+            rows = float_rows(host_memory.copy(table.data.bfloat16()))
+            model.embed_tokens = QuantEmbedding(*table.shape, dtype=torch.float32)
+            model.embed_tokens.set_weight(rows)
+        elif model.lm_head is None:
             table.data = host_memory.copy(table.data)  # streamed every step: huge pages
             model.float_head = quant_cpu.PreparedLinear(float_rows(table.data))
-        else:
-            model.packed_head = PackedLinear(table, None)
+    elif model.lm_head is None and table is not None:
+        model.packed_head = PackedLinear(table, None)
     if native:
         _float_rows_linears(model)
     pack_linears(model)
+
+
+def _bfloat16_values(t: torch.Tensor, rows: int = 4096) -> bool:
+    """Whether every value of the float32 tensor `t` is a bfloat16 value (its low 16 bits
+    zero), `rows` rows at a time."""
+    flat = t.reshape(t.shape[0], -1) if t.dim() > 1 else t.reshape(1, -1)
+    for start in range(0, flat.shape[0], rows):
+        bits = flat[start : start + rows].contiguous().view(torch.int32)
+        if (bits & 0xFFFF).any():
+            return False
+    return True
 
 
 def prepare_bfloat16(model: CausalLM) -> None:
@@ -287,7 +310,8 @@ def prepare_bfloat16(model: CausalLM) -> None:
 
 def _float_rows_linears(module: nn.Module) -> None:
     """Replace every float32 `nn.Linear` below `module` (columns whole 32-value blocks) by a
-    `QuantLinear` over its rows in the F32 format, with its bias if it has one."""
+    `QuantLinear` over its rows in the F32 format (BF16 where every value is a bfloat16
+    value), with its bias if it has one."""
     for name, child in list(module.named_children()):
         if (
             type(child) is nn.Linear
@@ -296,7 +320,10 @@ def _float_rows_linears(module: nn.Module) -> None:
         ):
             bias = child.bias is not None
             layer = QuantLinear(child.in_features, [child.out_features], bias=bias)
-            layer.set_part(0, float_rows(child.weight.data.contiguous()))
+            weight = child.weight.data.contiguous()
+            if _bfloat16_values(weight):  # the same products from half the bytes
+                weight = host_memory.copy(weight.bfloat16())
+            layer.set_part(0, float_rows(weight))
             if bias:
                 layer.bias.data.copy_(child.bias.data)
             setattr(module, name, layer)

@@ -165,3 +165,37 @@ def test_a_bfloat16_engine_takes_them_with_the_tied_head(tiny_models):
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     (out,) = llm.generate([{"prompt_token_ids": [3, 1, 4, 1, 5]}], params)
     assert len(out.outputs[0].token_ids) == 6
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama3"])  # a tied head, an untied one
+def test_a_bfloat16_checkpoint_in_float32_keeps_bfloat16_rows(
+    tiny_models, tmp_path, name, monkeypatch
+):
+    """A bfloat16 checkpoint run in float32 (`--dtype auto` on a CPU without native
+    bfloat16) keeps its projections and embedding as bfloat16 rows: the same logprobs, bit
+    for bit, as with the float32 rows they widen to, from half the weight bytes."""
+    from transformers import AutoModelForCausalLM
+
+    from pagecli import LLM, SamplingParams
+    from pagecli.models import weight_methods
+
+    path = tmp_path / name
+    model = AutoModelForCausalLM.from_pretrained(tiny_models[name], dtype=torch.float32)
+    model.to(torch.bfloat16).save_pretrained(path)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+    prompts = [{"prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6]}, {"prompt_token_ids": [2, 7]}]
+
+    def run():
+        llm = LLM(str(path), dtype="float32", num_kv_blocks=32, max_num_seqs=2)
+        outputs = llm.generate(prompts, params)
+        logprobs = [[(lp.logprob, lp.top) for lp in o.outputs[0].logprobs] for o in outputs]
+        return llm.engine.runner.model, logprobs, llm.engine.stats().weight_bytes
+
+    halves, want_logprobs, bf16_bytes = run()
+    assert set(sum(halves.weight_formats.values(), [])) <= {"bfloat16", "tied"}
+    assert isinstance(halves.embed_tokens, weight_methods.QuantEmbedding)
+    monkeypatch.setattr(weight_methods, "_bfloat16_values", lambda t: False)  # float32 rows
+    whole, got_logprobs, f32_bytes = run()
+    assert set(sum(whole.weight_formats.values(), [])) <= {"float32", "tied"}
+    assert got_logprobs == want_logprobs
+    assert bf16_bytes < 0.55 * f32_bytes
