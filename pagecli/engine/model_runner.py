@@ -396,7 +396,10 @@ class ModelRunner:
                 raise ModelLoadError(f"{source.name}: {exc}") from None
         model.post_load()
         if packing_supported(self.dtype, self.device):
-            weight_methods.prepare_float32(model)
+            saved = weight_methods.prepare_float32(model)  # bfloat16 checkpoints' rows kept
+            if saved:  # the fit was checked at float32's size: what loading them takes
+                memory = self.memory
+                self.memory = dataclasses.replace(memory, anonymous=memory.anonymous - saved)
         elif bf16_rows_supported(self.dtype, self.device):
             weight_methods.prepare_bfloat16(model)
         if self.device.type == "cpu":

@@ -245,7 +245,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
     dst.copy_(src)
 
 
-def prepare_float32(model: CausalLM) -> None:
+def prepare_float32(model: CausalLM) -> int:
     """Prepare float32 projections for the CPU, once after loading.
 
     With the native kernels, each projection becomes a `QuantLinear` over its own float32
@@ -258,8 +258,9 @@ def prepare_float32(model: CausalLM) -> None:
     load) keeps bfloat16 rows instead (quant_formats.BF16), and so does the embedding (a
     `QuantEmbedding`; a tied output projection reads it): their kernels widen each weight
     exactly and sum in the float32 kernels' order, so the products have the same bits from
-    half the bytes."""
+    half the bytes. Returns the bytes that saves."""
     native = quant_cpu.library() is not None
+    saved = 0
     hidden = model.embed_tokens.embedding_dim
     embed = model.embed_tokens
     table = embed.weight if isinstance(embed, nn.Embedding) else None
@@ -269,14 +270,16 @@ def prepare_float32(model: CausalLM) -> None:
             rows = float_rows(host_memory.copy(table.data.bfloat16()))
             model.embed_tokens = QuantEmbedding(*table.shape, dtype=torch.float32)
             model.embed_tokens.set_weight(rows)
+            saved += table.numel() * 2
         elif model.lm_head is None:
             table.data = host_memory.copy(table.data)  # streamed every step: huge pages
             model.float_head = quant_cpu.PreparedLinear(float_rows(table.data))
     elif model.lm_head is None and table is not None:
         model.packed_head = PackedLinear(table, None)
     if native:
-        _float_rows_linears(model)
+        saved += _float_rows_linears(model)
     pack_linears(model)
+    return saved
 
 
 def _bfloat16_values(t: torch.Tensor, rows: int = 4096) -> bool:
@@ -308,10 +311,11 @@ def prepare_bfloat16(model: CausalLM) -> None:
         model.bf16_head = float_rows(table.data)
 
 
-def _float_rows_linears(module: nn.Module) -> None:
+def _float_rows_linears(module: nn.Module) -> int:
     """Replace every float32 `nn.Linear` below `module` (columns whole 32-value blocks) by a
     `QuantLinear` over its rows in the F32 format (BF16 where every value is a bfloat16
-    value), with its bias if it has one."""
+    value), with its bias if it has one; the bytes the BF16 rows save."""
+    saved = 0
     for name, child in list(module.named_children()):
         if (
             type(child) is nn.Linear
@@ -323,12 +327,14 @@ def _float_rows_linears(module: nn.Module) -> None:
             weight = child.weight.data.contiguous()
             if _bfloat16_values(weight):  # the same products from half the bytes
                 weight = host_memory.copy(weight.bfloat16())
+                saved += weight.numel() * 2
             layer.set_part(0, float_rows(weight))
             if bias:
                 layer.bias.data.copy_(child.bias.data)
             setattr(module, name, layer)
         else:
-            _float_rows_linears(child)
+            saved += _float_rows_linears(child)
+    return saved
 
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
