@@ -89,11 +89,11 @@ class BF16Linear(nn.Module):
     its rows' bits depend on their batch. Larger ones take csrc/gemm_bf16.c's GEMM where
     `quant_cpu.bf16_gemm()` names one (the one-call decoder layers run it too): "pairs"
     (AVX512_BF16 without AMX: as fast as oneDNN's) and "float32" (the AVX2 path: the input
-    widened, the float32 panels; torch's GEMM ran at a fifth of their rate there) for every
-    size, "tiles" (AMX) up to `TILES_ROWS` rows; torch's GEMM otherwise. All of them sum the
-    exact products of the bfloat16 values in float32, as oneDNN's bfloat16 GEMM does, so the
-    result differs from `F.linear` in summation order only before the output is rounded to
-    bfloat16."""
+    widened, the float32 panels; torch's GEMM ran at a third to an eighth of their rate
+    there) for every size, "tiles" (AMX) up to `TILES_ROWS` rows; torch's GEMM otherwise.
+    All of them sum the exact products of the bfloat16 values in float32, as oneDNN's
+    bfloat16 GEMM does, so the result differs from `F.linear` in summation order only before
+    the output is rounded to bfloat16."""
 
     # AMX tiles against oneDNN (which also multiplies on them), 2-core Xeon with AMX, 2
     # threads: 1,330-1,630 against 980-1,100 GFLOP/s at 64 rows, 1,640-1,760 against

@@ -80,8 +80,9 @@ static int gemm_choice = BF16_GEMM_AUTO;
  * CPU suggests (0): on the AVX-512 path, the tiles where we can use them, else the pair GEMM
  * where the CPU has AVX512_BF16 and no AMX (where it has AMX that this build or kernel cannot
  * use, torch's oneDNN may still: the pair GEMM ran at a fifth of its rate there); on the AVX2
- * path the float32 panels (torch's bfloat16 GEMM ran at a fifth of their rate on an AVX2 AMD
- * EPYC, benchmarks/bf16_rows.py); torch's elsewhere. Forced, the tiles run whatever the path.
+ * path the float32 panels (torch's bfloat16 GEMM, without native products there, ran at a
+ * third to an eighth of their rate from 4 to 512 rows on an AVX2 AMD EPYC,
+ * benchmarks/bf16_rows.py); torch's elsewhere. Forced, the tiles run whatever the path.
  * Returns 0, -1 for an unknown choice, -2 for the tiles where they cannot run. */
 int pagecli_bf16_set_gemm(int choice) {
     if (choice < BF16_GEMM_AUTO || choice > BF16_GEMM_FLOAT32) return -1;

@@ -5,9 +5,10 @@ runs k + 1 rows of a sequence where decoding alone runs one, so every kernel mus
 the same bits in either batch:
 - the quantized linear layers: a step with drafts runs its batch through the fused decode
   kernels whatever its size (`fused_rows`), which sum each output in the order they use at
-  one row; the panels and tiles that larger batches take sum in their own order. Steps
-  without drafts keep the process's choice, so prefills have the bits they have without
-  speculation;
+  one row; the panels and tiles that larger batches take sum in their own order (bfloat16
+  products too: layers/linear.BF16Linear takes the row kernels up to `fused_rows` rows).
+  Steps without drafts keep the process's choice, so prefills have the bits they have
+  without speculation;
 - the integer paths of Q4_K and Q6_K give each of several rows its batch-1 bits
   (csrc/quant_k.c), but under "auto" AVX-512 VNNI takes them at batch 1 only (its 2-8 rows
   are faster on the float kernels): a step with drafts asks for them at every batch
