@@ -12,6 +12,7 @@ rows for the native kernels or oneDNN-packed weights (`prepare_float32`), bfloat
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -267,7 +268,7 @@ def prepare_float32(model: CausalLM) -> int:
     whole = hidden % F32.block_values == 0
     if native and whole and table is not None and table.dtype == torch.float32:
         if _bfloat16_values(table.data):
-            rows = float_rows(host_memory.copy(table.data.bfloat16()))
+            rows = float_rows(_bfloat16_copy(table.data))
             model.embed_tokens = QuantEmbedding(*table.shape, dtype=torch.float32)
             model.embed_tokens.set_weight(rows)
             saved += table.numel() * 2
@@ -282,15 +283,19 @@ def prepare_float32(model: CausalLM) -> int:
     return saved
 
 
-def _bfloat16_values(t: torch.Tensor, rows: int = 4096) -> bool:
-    """Whether every value of the float32 tensor `t` is a bfloat16 value (its low 16 bits
-    zero), `rows` rows at a time."""
-    flat = t.reshape(t.shape[0], -1) if t.dim() > 1 else t.reshape(1, -1)
-    for start in range(0, flat.shape[0], rows):
-        bits = flat[start : start + rows].contiguous().view(torch.int32)
-        if (bits & 0xFFFF).any():
-            return False
-    return True
+def _bfloat16_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t` (float32, bfloat16 values) as bfloat16, converted straight into memory from
+    host_memory (huge pages where the OS has them: every decode step streams it)."""
+    out = host_memory.empty(t.numel() * 2).view(torch.bfloat16).view(t.shape)
+    out.copy_(t)  # exact: every value is a bfloat16 value
+    return out
+
+
+def _bfloat16_values(t: torch.Tensor) -> bool:
+    """Whether every value of the float32 tensor `t` is a bfloat16 value: the low 16 bits of
+    each are zero (counted over the low halves in place, no temporary)."""
+    low = t.contiguous().view(torch.int16).view(-1, 2)[:, 0 if sys.byteorder == "little" else 1]
+    return not torch.count_nonzero(low)
 
 
 def prepare_bfloat16(model: CausalLM) -> None:
@@ -326,7 +331,7 @@ def _float_rows_linears(module: nn.Module) -> int:
             layer = QuantLinear(child.in_features, [child.out_features], bias=bias)
             weight = child.weight.data.contiguous()
             if _bfloat16_values(weight):  # the same products from half the bytes
-                weight = host_memory.copy(weight.bfloat16())
+                weight = _bfloat16_copy(weight)
                 saved += weight.numel() * 2
             layer.set_part(0, float_rows(weight))
             if bias:
