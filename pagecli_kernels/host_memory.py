@@ -67,9 +67,11 @@ def empty(nbytes: int) -> torch.Tensor:
         return buffer[used : used + nbytes]
 
 
-def copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of a CPU `tensor` in memory from `empty`."""
-    out = empty(tensor.numel() * tensor.element_size()).view(tensor.dtype).view(tensor.shape)
+def copy(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A contiguous copy of a CPU `tensor` in memory from `empty`, converted to `dtype` on the
+    way where one is given (one pass, no temporary)."""
+    dtype = tensor.dtype if dtype is None else dtype
+    out = empty(tensor.numel() * dtype.itemsize).view(dtype).view(tensor.shape)
     out.copy_(tensor)
     return out
 

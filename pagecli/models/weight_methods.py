@@ -268,7 +268,7 @@ def prepare_float32(model: CausalLM) -> int:
     whole = hidden % F32.block_values == 0
     if native and whole and table is not None and table.dtype == torch.float32:
         if _bfloat16_values(table.data):
-            rows = float_rows(_bfloat16_copy(table.data))
+            rows = float_rows(host_memory.copy(table.data, torch.bfloat16))  # exact
             model.embed_tokens = QuantEmbedding(*table.shape, dtype=torch.float32)
             model.embed_tokens.set_weight(rows)
             saved += table.numel() * 2
@@ -281,14 +281,6 @@ def prepare_float32(model: CausalLM) -> int:
         saved += _float_rows_linears(model)
     pack_linears(model)
     return saved
-
-
-def _bfloat16_copy(t: torch.Tensor) -> torch.Tensor:
-    """`t` (float32, bfloat16 values) as bfloat16, converted straight into memory from
-    host_memory (huge pages where the OS has them: every decode step streams it)."""
-    out = host_memory.empty(t.numel() * 2).view(torch.bfloat16).view(t.shape)
-    out.copy_(t)  # exact: every value is a bfloat16 value
-    return out
 
 
 def _bfloat16_values(t: torch.Tensor) -> bool:
@@ -331,7 +323,7 @@ def _float_rows_linears(module: nn.Module) -> int:
             layer = QuantLinear(child.in_features, [child.out_features], bias=bias)
             weight = child.weight.data.contiguous()
             if _bfloat16_values(weight):  # the same products from half the bytes
-                weight = _bfloat16_copy(weight)
+                weight = host_memory.copy(weight, torch.bfloat16)  # exact
                 saved += weight.numel() * 2
             layer.set_part(0, float_rows(weight))
             if bias:
