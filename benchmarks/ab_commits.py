@@ -5,8 +5,7 @@ one, B, and another one, A, given by --base: a `git worktree` of the commit to c
 --rounds times, in turn first, each on the same GGUF file (or the default model) and thread
 count. Both use this venv's packages; each run starts in its own checkout with PYTHONPATH on
 it (its native library is built from its own C sources, into the same cache keyed by them;
-until 2026-12-06 both sides ran this checkout's code when the script ran from its root, so
-the A/Bs in benchmarks/RESULTS.md before then compared a commit with itself). Prints
+`run_side` says why the working directory matters). Prints
 each side's median pp and tg rates and the median of the rounds' own B/A ratios, with the CPU
 named. Quiet machines only.
 
