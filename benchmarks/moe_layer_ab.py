@@ -42,8 +42,9 @@ def library_path(checkout: Path) -> str:
     """The native library built from `checkout`'s sources (built now if it is not cached)."""
     code = "from pagecli_kernels import native; print(native.library()._name)"
     env = {**os.environ, "PYTHONPATH": str(checkout)}
+    # run in the checkout: `python -c` puts the working directory first on sys.path
     out = subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.PIPE,
-                         text=True, env=env).stdout  # fmt: skip
+                         text=True, env=env, cwd=checkout).stdout  # fmt: skip
     return out.strip().splitlines()[-1]
 
 
