@@ -278,6 +278,8 @@ struct quant_format {
     int_rows_fn int_rows2;
     int_wide_fn int_wide2;     /* its batch-1 kernel over several rows of W (the same bits) */
     int int2_when_on;          /* 1: that path only under int_dots on (Q4_0, Q4_1) */
+    int_rows_fn int_rows2_on;  /* under int_dots on, kernels with other bits (Q4_K); NULL: */
+    int_wide_fn int_wide2_on;  /* int_rows2 and int_wide2 */
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough

@@ -998,12 +998,74 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_set1_ps(ds_ * 0x1p-15f), acc[i]); \
     } while (0)
 
-/* Q4_K: each sub-block's products q * A and q * B (q <= 15, |A|, |B| <= 2^14) are summed as
- * integers without its scale (|sum| <= 32 * 15 * 2^14 < 2^23, so exact in float32 too), the
- * eight sums gathered into one vector, converted, and scaled in float32 by d * sc * s (exact:
- * an f16 times a 6-bit integer times a power of two), one rounding a sub-block. Multiplying
- * each weight by its scale first (VPMULLW, two a 32 weights) ran at 0.84x of this on a Zen 3
- * (one thread, the matrix in the L2). */
+/* Q4_K: per super-block at most 32 products of |q * sc| <= 945 and |A|, |B| <= 2^14 per
+ * int32 lane (4.9e8 < 2^31). */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
+    const block_q4_K *blocks = row;
+    const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
+    const __m256i nib = _mm256_set1_epi16(0x0F);
+    __m256 acc[INT_ROWS_MAX], accm[INT_ROWS_MAX];
+    for (int i = 0; i < M; i++) acc[i] = accm[i] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q4_K *b = blocks + s;
+        for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
+            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
+        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
+        uint32_t u[3];
+        memcpy(u, b->scales, sizeof u);
+        const uint32_t scw[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
+        const uint32_t mw[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
+        uint8_t sc[8];
+        memcpy(sc, scw, sizeof sc);
+        uint32_t sw[8]; /* each scale in both words: broadcast from memory, no shuffle */
+        for (int j = 0; j < 8; j++) sw[j] = sc[j] * 0x10001u;
+        const __m256 ms = _mm256_mul_ps(
+            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));
+        for (int i = 0; i < M; i++)
+            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
+        __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
+        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j += 2) {
+            const __m256i s0 = _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j]));
+            const __m256i s1 =
+                _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j + 1]));
+            for (int h = 0; h < 32; h += 16) {
+                const __m256i q =
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h)));
+                const __m256i w0 = _mm256_mullo_epi16(_mm256_and_si256(q, nib), s0);
+                const __m256i w1 = _mm256_mullo_epi16(_mm256_srli_epi16(q, 4), s1);
+                const int64_t o0 = s * QK_K + 32 * j + h, o1 = o0 + 32;
+                for (int i = 0; i < M; i++) {
+                    const int16_t *A = xs[i].a, *B = xs[i].b;
+                    ia[i] = _mm256_add_epi32(
+                        ia[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(A + o0))));
+                    ib[i] = _mm256_add_epi32(
+                        ib[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(B + o0))));
+                    ia[i] = _mm256_add_epi32(
+                        ia[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(A + o1))));
+                    ib[i] = _mm256_add_epi32(
+                        ib[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(B + o1))));
+                }
+            }
+        }
+        const float d = _cvtsh_ss(b->d);
+        for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
+    }
+    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]) - hsum256(accm[i]);
+}
+
+/* Q4_K under int_dots on (int2s): each sub-block's products q * A and q * B (q <= 15, |A|,
+ * |B| <= 2^14) are summed as integers without its scale (|sum| <= 32 * 15 * 2^14 < 2^23, so
+ * exact in float32 too), the eight sums gathered into one vector, converted, and scaled in
+ * float32 by d * sc * s (exact: an f16 times a 6-bit integer times a power of two), one
+ * rounding a sub-block. At one input row this is 1.08-1.17x as fast as int2_q4_K_m above,
+ * whose VPMULLW of each weight by its scale is work for AVX2's multipliers; from two rows on
+ * it is 0.8-0.9x as fast (the gathering is done for every input, the scaling once for all;
+ * one thread, a Zen 3, benchmarks/RESULTS.md). A row must have one kernel's bits at every
+ * batch, so auto takes int2_q4_K_m, and engines of one sequence at a time, whose decode steps
+ * are one row, run under on (engine/spec_decode/invariance.py). */
 TARGET_AVX2 static inline __attribute__((always_inline)) __m256i int2_pair(__m256i p, __m256i q) {
     /* [p, q, p, q | p, q, p, q]: two sub-blocks' eight lanes each summed to four */
     return _mm256_add_epi32(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q));
@@ -1022,7 +1084,7 @@ int2_gather8(__m256i h0, __m256i h1, __m256i h2, __m256i h3) {
 }
 
 TARGET_AVX2 static inline __attribute__((always_inline)) void
-int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
+int2s_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
     const block_q4_K *blocks = row;
     const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
     const __m256i nib = _mm256_set1_epi16(0x0F);
@@ -1142,8 +1204,10 @@ int2_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
 
 INT_ROWS_DISPATCH(TARGET_AVX2, int2, q4_K)
 INT_ROWS_DISPATCH(TARGET_AVX2, int2, q6_K)
+INT_ROWS_DISPATCH(TARGET_AVX2, int2s, q4_K)
 INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, q4_K)
 INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, q6_K)
+INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2s, q4_K)
 
 #define PATHS(name)                                                                            \
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
@@ -1157,14 +1221,17 @@ INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, q6_K)
 #define INT_PATH(name) split_x_##name, int_wide_##name, int_rows_##name
 #define SMALL(name) small_##name##_avx512
 #define INT2(name) split2_x, int2_rows_##name, int2_wide_##name
+#define INT2_ON(name) int2s_rows_##name, int2s_wide_##name
 #else
 #define INT_PATH(name) NULL, NULL, NULL
 #define SMALL(name) NULL
 #define INT2(name) NULL, NULL, NULL
+#define INT2_ON(name) NULL, NULL
 #endif
 
 const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K), 0,
-                                         INT_PATH(q4_K), NULL, INT2(q4_K)};
+                                         INT_PATH(q4_K), NULL, INT2(q4_K), 0,
+                                         INT2_ON(q4_K)};
 const struct quant_format FORMAT_Q5_K = {QT_Q5_K, QK_K, sizeof(block_q5_K), PATHS(q5_K)};
 const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K), 0,
                                          INT_PATH(q6_K), SMALL(q6_K), INT2(q6_K)};

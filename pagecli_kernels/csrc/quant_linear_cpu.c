@@ -479,13 +479,17 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         return;
     const int int2 = f->int_rows2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
                      (!f->int2_when_on || int_choice == INT_ON);
-    if (int2 && m == 1 && f->int_wide2 &&
-        int_batch_one(f->split2, f->int_wide2, f, w, row_bytes, n, blocks_per_row, x, y,
+    /* a format's kernels under on, where it has its own (the same ones at every batch) */
+    const int on2 = int_choice == INT_ON && f->int_rows2_on;
+    const int_wide_fn int_wide2 = on2 ? f->int_wide2_on : f->int_wide2;
+    const int_rows_fn int_rows2 = on2 ? f->int_rows2_on : f->int_rows2;
+    if (int2 && m == 1 && int_wide2 &&
+        int_batch_one(f->split2, int_wide2, f, w, row_bytes, n, blocks_per_row, x, y,
                       num_threads))
         return;
     if (int2 &&
-        int_rows(f->split2, f->int_rows2, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y,
-                 ldy, num_threads))
+        int_rows(f->split2, int_rows2, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy,
+                 num_threads))
         return;
     if (wide && m == 1 && n >= group) {
         const int64_t groups = n / group;

@@ -668,10 +668,12 @@ def test_bf16_linear_takes_bfloat16_only():
 INT_FORMATS = ["q4_k", "q6_k", "q4_0", "q4_1"]
 
 
-def _int_path_for(isa: str, fmt: str) -> None:
-    """Skip where the path `isa` has no integer kernel for `fmt`."""
-    if fmt not in quant_cpu.INT_DOTS_FORMATS and isa != "avx2":
+def _int_path_for(path: str, fmt: str) -> None:
+    """Skip where `path` (the `int_dots` fixture's) has no integer kernel for `fmt`."""
+    if fmt not in quant_cpu.INT_DOTS_FORMATS and not path.startswith("avx2"):
         pytest.skip(f"{fmt} has an integer path on the AVX2 path only")
+    if path == "avx2-auto" and fmt not in quant_cpu.INT_DOTS_FORMATS:
+        pytest.skip(f"AVX2's integer path for {fmt} runs under on only")
 
 
 def _cpu_flags() -> set[str]:
@@ -686,15 +688,16 @@ def _int_dots_run() -> bool:
     return "avx512" in quant_cpu.supported_isas() and "avx512_vnni" in _cpu_flags()
 
 
-@pytest.fixture(params=["avx512", "avx2"])
+@pytest.fixture(params=["avx512", "avx2", "avx2-auto"])
 def int_dots(request):
-    """An integer path on (AVX-512 VNNI, skipped where the CPU lacks it; AVX2), back to auto
-    after."""
-    if request.param == "avx512" and not _int_dots_run():
+    """An integer path: AVX-512 VNNI's under on (skipped where the CPU lacks it), AVX2's under
+    on and under auto (Q4_K has other kernels under each); back to auto after."""
+    isa, _, choice = request.param.partition("-")
+    if isa == "avx512" and not _int_dots_run():
         pytest.skip("this CPU has no AVX512_VNNI")
-    if request.param not in quant_cpu.supported_isas():
-        pytest.skip(f"this CPU does not run the {request.param} path")
-    with kernel_settings(isa=request.param, int_dots="on"):
+    if isa not in quant_cpu.supported_isas():
+        pytest.skip(f"this CPU does not run the {isa} path")
+    with kernel_settings(isa=isa, int_dots=choice or "on"):
         yield request.param
 
 
@@ -782,6 +785,27 @@ def test_avx2_takes_the_q4_integer_path_under_on_only_at_every_batch(fmt):
             assert torch.equal(got.view(torch.int32), ints[:m].view(torch.int32)), m
     assert not torch.equal(ints, floats)
     assert_within(ints, x, weight, fmt)
+
+
+def test_avx2_q4_k_takes_other_kernels_under_on():
+    """AVX2's Q4_K integer path has two kernels: under auto each weight times its sub-block's
+    scale, under on each sub-block's sum scaled in float32 (faster at one row, slower at
+    several; csrc/quant_k.c). Each gives a row its bits alone at 1-8 rows, within the float64
+    tolerance, and the two differ (so each ran)."""
+    if "avx2" not in quant_cpu.supported_isas():
+        pytest.skip("this CPU does not run the avx2 path")
+    weight = random_weight("q4_k", 37, 3 * 256, seed=11)
+    x = torch.randn(8, weight.cols, generator=torch.Generator().manual_seed(11))
+    got = {}
+    for choice in ("auto", "on"):
+        with kernel_settings(isa="avx2", int_dots=choice):
+            alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(8)])
+            for m in range(2, 9):
+                together = quant_cpu.quant_linear(x[:m], weight)
+                assert torch.equal(together.view(torch.int32), alone[:m].view(torch.int32)), m
+        assert_within(alone, x, weight, "q4_k")
+        got[choice] = alone
+    assert not torch.equal(got["auto"], got["on"])
 
 
 @pytest.mark.parametrize("cols", [768, 8192])
