@@ -21,8 +21,9 @@ An engine that runs one sequence at a time (`max_num_seqs` 1: `chat`, bench's la
 spec scenarios) has no neighbours to share a step with, so it takes the integer paths at
 every batch (`int_dots` on) where the CPU has them: on AVX2 that adds Q4_0 and Q4_1, whose
 integer batch-1 kernels are 1.2-1.6x as fast as their float ones (their several-row kernels
-are slower, which is why engines of several sequences keep them off), and on AVX-512 VNNI the
-K-quants' verify rows, as above. Every step has the same choice, so a row's bits do not
+are slower, which is why engines of several sequences keep them off), and Q4_K's kernel that
+scales each sub-block's sum rather than each weight (faster at one row, slower at several:
+csrc/quant_k.c); on AVX-512 VNNI the K-quants' verify rows, as above. Every step has the same choice, so a row's bits do not
 depend on the step. With speculative decoding too: its verify rows would be faster on the
 float kernels of Q4_0 and Q4_1 (benchmarks/RESULTS.md), but its tokens must be bit for bit
 those of the same engine without drafts, which takes the integer paths.
