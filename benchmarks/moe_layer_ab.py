@@ -10,7 +10,10 @@ shared machine's drift moves both). Prints each side's median time a call, B / A
 that both give the same bits.
 
     .venv/bin/python benchmarks/moe_layer_ab.py --base /path/to/worktree [--experts 64]
-        [--tokens 1,4,8] [--threads 2] [--rounds 41] [--json OUT.json]
+        [--tokens 1,4,8] [--threads 2] [--rounds 41] [--int-dots auto|on|off] [--json OUT.json]
+
+--int-dots is the kernels' choice on both sides (engines of one sequence at a time run under
+on; csrc/quant_k.c's Q4_K has other kernels there on AVX2).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,4,8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=41)
+    parser.add_argument("--int-dots", default="auto", choices=["auto", "off", "on"])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     paths = {"A": library_path(Path(args.base).resolve()), "B": library_path(HERE)}
@@ -75,6 +79,8 @@ def main() -> None:
     for lib in libs.values():
         lib.pagecli_moe.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+        if lib.pagecli_quant_set_int_dots(["auto", "off", "on"].index(args.int_dots)) != 0:
+            raise SystemExit(f"moe_layer_ab: int_dots={args.int_dots} is refused here")
     moe, table = layer(args.experts)  # moe keeps the weights the table points at
     results = []
     for tokens in map(int, args.tokens.split(",")):
@@ -100,10 +106,11 @@ def main() -> None:
         print(f"T={tokens}: A {a * 1e6:.0f} us, B {b * 1e6:.0f} us a call, B/A {b / a:.3f}, "
               f"same bits: {same}")  # fmt: skip
     print(f"CPU: {cpu_name()}; {args.threads} threads; {args.experts} experts of {WIDTH}, top "
-          f"{TOP_K}, Q4_K; A = {args.base}, B = {HERE}")  # fmt: skip
+          f"{TOP_K}, Q4_K, int_dots={args.int_dots}; A = {args.base}, B = {HERE}")  # fmt: skip
     del moe
     if args.json:
         record = {"cpu": cpu_name(), "threads": args.threads, "experts": args.experts,
+                  "int_dots": args.int_dots,
                   "rounds": args.rounds, "libraries": paths, "results": results}  # fmt: skip
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
 
