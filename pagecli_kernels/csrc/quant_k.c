@@ -1060,9 +1060,9 @@ int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
  * |B| <= 2^14) are summed as integers without its scale (|sum| <= 32 * 15 * 2^14 < 2^23, so
  * exact in float32 too), the eight sums gathered into one vector, converted, and scaled in
  * float32 by d * sc * s (exact: an f16 times a 6-bit integer times a power of two), one
- * rounding a sub-block. At one input row this is 1.08-1.17x as fast as int2_q4_K_m above,
+ * rounding a sub-block. At one input row this is 1.08-1.34x as fast as int2_q4_K_m above,
  * whose VPMULLW of each weight by its scale is work for AVX2's multipliers; from two rows on
- * it is 0.8-0.9x as fast (the gathering is done for every input, the scaling once for all;
+ * it is 0.78-0.95x as fast (the gathering is done for every input, the scaling once for all;
  * one thread, a Zen 3, benchmarks/RESULTS.md). A row must have one kernel's bits at every
  * batch, so auto takes int2_q4_K_m, and engines of one sequence at a time, whose decode steps
  * are one row, run under on (engine/spec_decode/invariance.py). */
