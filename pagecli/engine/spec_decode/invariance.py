@@ -23,10 +23,11 @@ every batch (`int_dots` on) where the CPU has them: on AVX2 that adds Q4_0 and Q
 integer batch-1 kernels are 1.2-1.6x as fast as their float ones (their several-row kernels
 are slower, which is why engines of several sequences keep them off), and Q4_K's kernel that
 scales each sub-block's sum rather than each weight (faster at one row, slower at several:
-csrc/quant_k.c); on AVX-512 VNNI the K-quants' verify rows, as above. Every step has the same choice, so a row's bits do not
-depend on the step. With speculative decoding too: its verify rows would be faster on the
-float kernels of Q4_0 and Q4_1 (benchmarks/RESULTS.md), but its tokens must be bit for bit
-those of the same engine without drafts, which takes the integer paths.
+csrc/quant_k.c); on AVX-512 VNNI the K-quants' verify rows, as above. Every step has the
+same choice, so a row's bits do not depend on the step. With speculative decoding too: its
+verify rows would be faster on the float kernels of Q4_0 and Q4_1 and on Q4_K's kernel for
+batches (benchmarks/RESULTS.md), but its tokens must be bit for bit those of the same engine
+without drafts, which takes the integer paths (Q4_K's kernel for one row).
 
 Settings the user chose (`--kernels`) are kept. Each step that needs a change runs under it
 and puts the process's settings back after it (about 50 microseconds).
