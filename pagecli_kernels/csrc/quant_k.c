@@ -1058,14 +1058,15 @@ int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out,
 
 /* Q4_K under int_dots on (int2s): each sub-block's products q * A and q * B (q <= 15, |A|,
  * |B| <= 2^14) are summed as integers without its scale (|sum| <= 32 * 15 * 2^14 < 2^23, so
- * exact in float32 too), the eight sums gathered into one vector, converted, and scaled in
- * float32 by d * sc * s (exact: an f16 times a 6-bit integer times a power of two), one
- * rounding a sub-block. At one input row this is 1.08-1.34x as fast as int2_q4_K_m above,
- * whose VPMULLW of each weight by its scale is work for AVX2's multipliers; from two rows on
- * it is 0.78-0.95x as fast (the gathering is done for every input, the scaling once for all;
- * one thread, a Zen 3, benchmarks/RESULTS.md). A row must have one kernel's bits at every
- * batch, so auto takes int2_q4_K_m, and engines of one sequence at a time, whose decode steps
- * are one row, run under on (engine/spec_decode/invariance.py). */
+ * exact in float32 too), the eight sums gathered into one vector, converted, and multiplied
+ * by d * sc * s (exact: an f16 times a 6-bit integer times a power of two) into a float32
+ * accumulator a sub-block (FMA: one rounding a part). At one input row this is 1.08-1.34x
+ * as fast as int2_q4_K_m above, whose VPMULLW of each weight by its scale is work for AVX2's
+ * multipliers; from two rows on it is 0.78-0.95x as fast (the gathering is done for every
+ * input, the scaling once for all; one thread, a Zen 3, benchmarks/RESULTS.md). A row must
+ * have one kernel's bits at every batch, so auto takes int2_q4_K_m, and engines of one
+ * sequence at a time, whose decode steps are one row, run under on
+ * (engine/spec_decode/invariance.py). */
 TARGET_AVX2 static inline __attribute__((always_inline)) __m256i int2_pair(__m256i p, __m256i q) {
     /* [p, q, p, q | p, q, p, q]: two sub-blocks' eight lanes each summed to four */
     return _mm256_add_epi32(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q));
@@ -1074,7 +1075,7 @@ TARGET_AVX2 static inline __attribute__((always_inline)) __m256i int2_pair(__m25
 TARGET_AVX2 static inline __attribute__((always_inline)) __m256i
 int2_gather8(__m256i h0, __m256i h1, __m256i h2, __m256i h3) {
     /* h_k = int2_pair(sub-block 2k, sub-block 2k + 1): the eight sub-blocks' sums in order
-     * (unpacks and adds: VPHADDD costs two of each on Zen 3) */
+     * (unpacks and adds: VPHADDD was slower on a Zen 3) */
     const __m256i x =
         _mm256_add_epi32(_mm256_unpacklo_epi64(h0, h1), _mm256_unpackhi_epi64(h0, h1));
     const __m256i y =
