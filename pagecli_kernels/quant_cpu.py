@@ -103,7 +103,8 @@ def tiles() -> bool:
 
 INT_DOTS = ("auto", "off", "on")  # pagecli_quant_set_int_dots's choices
 INT_DOTS_FORMATS = ("q4_k", "q6_k")  # formats with an integer path on both paths
-INT_DOTS_FORMATS_AVX2 = INT_DOTS_FORMATS + ("q4_0", "q4_1")  # and on the AVX2 path, when on
+INT_DOTS_FORMATS_AVX2_AUTO = INT_DOTS_FORMATS + ("q5_k",)  # on the AVX2 path, at every batch
+INT_DOTS_FORMATS_AVX2 = INT_DOTS_FORMATS_AVX2_AUTO + ("q4_0", "q4_1")  # and there, when on
 
 
 def int_dots() -> bool:
@@ -117,15 +118,17 @@ def int_dots() -> bool:
 
 def int_dots_formats() -> tuple[str, ...]:
     """The formats whose products take an integer path under the settings in effect: Q4_K
-    and Q6_K where int_dots() is on, and on the AVX2 path under "on" also Q4_0 and Q4_1
-    (csrc/quant_q4_q8.c: a scale per 32-value block), at every batch; under "auto" those
-    keep the float kernels (their 2-8 rows are faster there, and a row keeps one kernel's
-    bits at every batch)."""
+    and Q6_K where int_dots() is on, on the AVX2 path also Q5_K, and there under "on" also
+    Q4_0 and Q4_1 (csrc/quant_q4_q8.c: a scale per 32-value block), at every batch; under
+    "auto" those two keep the float kernels (their 2-8 rows are faster there, and a row
+    keeps one kernel's bits at every batch)."""
     lib = library()
     if lib is None or not lib.pagecli_quant_int_dots():
         return ()
-    if isa() == "avx2" and lib.pagecli_quant_int_dots_on():
-        return INT_DOTS_FORMATS_AVX2
+    if isa() == "avx2":
+        return (
+            INT_DOTS_FORMATS_AVX2 if lib.pagecli_quant_int_dots_on() else INT_DOTS_FORMATS_AVX2_AUTO
+        )
     return INT_DOTS_FORMATS
 
 

@@ -665,14 +665,14 @@ def test_bf16_linear_takes_bfloat16_only():
 # AVX-512 VNNI at batch 1, or at any batch up to fused_rows when on; AVX2 at any batch for
 # Q4_K and Q6_K, and for Q4_0 and Q4_1 when on) ----
 
-INT_FORMATS = ["q4_k", "q6_k", "q4_0", "q4_1"]
+INT_FORMATS = ["q4_k", "q6_k", "q5_k", "q4_0", "q4_1"]
 
 
 def _int_path_for(path: str, fmt: str) -> None:
     """Skip where `path` (the `int_dots` fixture's) has no integer kernel for `fmt`."""
     if fmt not in quant_cpu.INT_DOTS_FORMATS and not path.startswith("avx2"):
         pytest.skip(f"{fmt} has an integer path on the AVX2 path only")
-    if path == "avx2-auto" and fmt not in quant_cpu.INT_DOTS_FORMATS:
+    if path == "avx2-auto" and fmt not in quant_cpu.INT_DOTS_FORMATS_AVX2_AUTO:
         pytest.skip(f"AVX2's integer path for {fmt} runs under on only")
 
 
