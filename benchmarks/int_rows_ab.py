@@ -34,7 +34,13 @@ from quant_vs_llamacpp import cpu_name  # noqa: E402
 from pagecli_kernels.quant_formats import FORMATS  # noqa: E402
 
 INT_DOTS = {"auto": 0, "off": 1, "on": 2}  # csrc/quant_linear_cpu.c's INT_AUTO, INT_OFF, INT_ON
-SCALE_OFFSETS = {"q4_k": [0, 2], "q4_0": [0], "q4_1": [0, 2], "q8_0": [0]}  # else the last 2
+SCALE_OFFSETS = {
+    "q4_k": [0, 2],
+    "q5_k": [0, 2],
+    "q4_0": [0],
+    "q4_1": [0, 2],
+    "q8_0": [0],
+}  # else the last 2
 
 
 def random_matrix(fmt: str, n: int, k: int) -> torch.Tensor:

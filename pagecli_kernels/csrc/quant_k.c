@@ -998,133 +998,91 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_set1_ps(ds_ * 0x1p-15f), acc[i]); \
     } while (0)
 
-/* Q4_K: per super-block at most 32 products of |q * sc| <= 945 and |A|, |B| <= 2^14 per
- * int32 lane (4.9e8 < 2^31). */
+/* Q4_K and Q5_K (their blocks differ only in Q5_K's qh, the fifth bit of each value: bit j
+ * of qh[l] for value l of sub-block j): each weight's q * sc made once for all the inputs
+ * (VPMULLW), then multiplied with both int16 parts of each input. Per super-block at most 32
+ * products of |q * sc| <= 31 * 63 (Q4_K: 15 * 63) and |A|, |B| <= 2^14 per int32 lane
+ * (1.03e9 < 2^31). */
+#define INT2_K45_BODY(type, FIFTH)                                                             \
+    const type *blocks = row;                                                                  \
+    const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */ \
+    const __m256i nib = _mm256_set1_epi16(0x0F), five = _mm256_set1_epi16(0x10);               \
+    (void)five;                                                                                \
+    __m256 acc[INT_ROWS_MAX], accm[INT_ROWS_MAX];                                              \
+    for (int i = 0; i < M; i++) acc[i] = accm[i] = _mm256_setzero_ps();                        \
+    for (int64_t s = 0; s < nb; s++) {                                                         \
+        const type *b = blocks + s;                                                            \
+        for (int p = 0; p < (int)sizeof(type); p += 64)                                        \
+            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);                              \
+        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;             \
+        uint32_t u[3];                                                                         \
+        memcpy(u, b->scales, sizeof u);                                                        \
+        const uint32_t scw[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};   \
+        const uint32_t mw[2] = {u[1] & six,                                                    \
+                                ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};         \
+        uint8_t sc[8];                                                                         \
+        memcpy(sc, scw, sizeof sc);                                                            \
+        uint32_t sw[8]; /* each scale in both words: broadcast from memory, no shuffle */      \
+        for (int j = 0; j < 8; j++) sw[j] = sc[j] * 0x10001u;                                  \
+        const __m256 ms = _mm256_mul_ps(                                                       \
+            _mm256_set1_ps(_cvtsh_ss(b->dmin)),                                                \
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));      \
+        for (int i = 0; i < M; i++)                                                            \
+            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);       \
+        FIFTH(b, hq4) /* Q5_K: qh of values 16h..16h+15 as words, times 16 */                 \
+        __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];                                            \
+        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();                    \
+        for (int j = 0; j < 8; j += 2) {                                                       \
+            const __m256i s0 = _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j])); \
+            const __m256i s1 =                                                                 \
+                _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j + 1]));           \
+            for (int h = 0; h < 32; h += 16) {                                                 \
+                const __m256i q = _mm256_cvtepu8_epi16(                                        \
+                    _mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h)));                   \
+                __m256i q0 = _mm256_and_si256(q, nib), q1 = _mm256_srli_epi16(q, 4);           \
+                FIFTH##_PUT(hq4[h / 16], j, q0, q1)                                            \
+                const __m256i w0 = _mm256_mullo_epi16(q0, s0);                                 \
+                const __m256i w1 = _mm256_mullo_epi16(q1, s1);                                 \
+                const int64_t o0 = s * QK_K + 32 * j + h, o1 = o0 + 32;                        \
+                for (int i = 0; i < M; i++) {                                                  \
+                    const int16_t *A = xs[i].a, *B = xs[i].b;                                  \
+                    ia[i] = _mm256_add_epi32(                                                  \
+                        ia[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(A + o0)))); \
+                    ib[i] = _mm256_add_epi32(                                                  \
+                        ib[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(B + o0)))); \
+                    ia[i] = _mm256_add_epi32(                                                  \
+                        ia[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(A + o1)))); \
+                    ib[i] = _mm256_add_epi32(                                                  \
+                        ib[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(B + o1)))); \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        const float d = _cvtsh_ss(b->d);                                                       \
+        for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);                            \
+    }                                                                                          \
+    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]) - hsum256(accm[i]);
+
+/* Q4_K has no fifth bits; Q5_K's bit j of each value lands on bit 4 after a right shift by j */
+#define NO_FIFTH(b, hq4)
+#define NO_FIFTH_PUT(hi, j, q0, q1)
+#define FIFTH_BITS(b, hq4)                                                                     \
+    const __m256i hq4[2] = {                                                                   \
+        _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b->qh)), 4),   \
+        _mm256_slli_epi16(                                                                     \
+            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b->qh + 16))), 4)};
+#define FIFTH_BITS_PUT(hi, j, q0, q1)                                                          \
+    q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(j)), five)); \
+    q1 = _mm256_or_si256(q1,                                                                   \
+                         _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(j + 1)), five));
+
 TARGET_AVX2 static inline __attribute__((always_inline)) void
 int2_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
-    const block_q4_K *blocks = row;
-    const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
-    const __m256i nib = _mm256_set1_epi16(0x0F);
-    __m256 acc[INT_ROWS_MAX], accm[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) acc[i] = accm[i] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < nb; s++) {
-        const block_q4_K *b = blocks + s;
-        for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
-            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
-        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
-        uint32_t u[3];
-        memcpy(u, b->scales, sizeof u);
-        const uint32_t scw[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
-        const uint32_t mw[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
-        uint8_t sc[8];
-        memcpy(sc, scw, sizeof sc);
-        uint32_t sw[8]; /* each scale in both words: broadcast from memory, no shuffle */
-        for (int j = 0; j < 8; j++) sw[j] = sc[j] * 0x10001u;
-        const __m256 ms = _mm256_mul_ps(
-            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));
-        for (int i = 0; i < M; i++)
-            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
-        __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
-        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j += 2) {
-            const __m256i s0 = _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j]));
-            const __m256i s1 =
-                _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j + 1]));
-            for (int h = 0; h < 32; h += 16) {
-                const __m256i q =
-                    _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h)));
-                const __m256i w0 = _mm256_mullo_epi16(_mm256_and_si256(q, nib), s0);
-                const __m256i w1 = _mm256_mullo_epi16(_mm256_srli_epi16(q, 4), s1);
-                const int64_t o0 = s * QK_K + 32 * j + h, o1 = o0 + 32;
-                for (int i = 0; i < M; i++) {
-                    const int16_t *A = xs[i].a, *B = xs[i].b;
-                    ia[i] = _mm256_add_epi32(
-                        ia[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(A + o0))));
-                    ib[i] = _mm256_add_epi32(
-                        ib[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(B + o0))));
-                    ia[i] = _mm256_add_epi32(
-                        ia[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(A + o1))));
-                    ib[i] = _mm256_add_epi32(
-                        ib[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(B + o1))));
-                }
-            }
-        }
-        const float d = _cvtsh_ss(b->d);
-        for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
-    }
-    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]) - hsum256(accm[i]);
+    INT2_K45_BODY(block_q4_K, NO_FIFTH)
 }
 
-/* Q5_K: Q4_K's kernel with each value's fifth bit (bit j of qh[l] for value l of sub-block j)
- * put in: per super-block at most 32 products of |q * sc| <= 31 * 63 and |A|, |B| <= 2^14 per
- * int32 lane (1.03e9 < 2^31). */
 TARGET_AVX2 static inline __attribute__((always_inline)) void
 int2_q5_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
-    const block_q5_K *blocks = row;
-    const int l2 = pagecli_quant_prefetch_l2;
-    const __m256i nib = _mm256_set1_epi16(0x0F), five = _mm256_set1_epi16(0x10);
-    __m256 acc[INT_ROWS_MAX], accm[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) acc[i] = accm[i] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < nb; s++) {
-        const block_q5_K *b = blocks + s;
-        for (int p = 0; p < (int)sizeof(block_q5_K); p += 64)
-            prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
-        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
-        uint32_t u[3];
-        memcpy(u, b->scales, sizeof u);
-        const uint32_t scw[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
-        const uint32_t mw[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
-        uint8_t sc[8];
-        memcpy(sc, scw, sizeof sc);
-        uint32_t sw[8]; /* each scale in both words: broadcast from memory, no shuffle */
-        for (int j = 0; j < 8; j++) sw[j] = sc[j] * 0x10001u;
-        const __m256 ms = _mm256_mul_ps(
-            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));
-        for (int i = 0; i < M; i++)
-            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
-        /* qh[l] of values l = 16h..16h+15 as words, shifted so that bit j lands on bit 4
-         * after a right shift by j */
-        const __m256i hq4[2] = {
-            _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b->qh)), 4),
-            _mm256_slli_epi16(
-                _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b->qh + 16))), 4)};
-        __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
-        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j += 2) {
-            const __m256i s0 = _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j]));
-            const __m256i s1 =
-                _mm256_castps_si256(_mm256_broadcast_ss((const float *)&sw[j + 1]));
-            const __m128i c0 = _mm_cvtsi32_si128(j), c1 = _mm_cvtsi32_si128(j + 1);
-            for (int h = 0; h < 32; h += 16) {
-                const __m256i q =
-                    _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b->qs + 16 * j + h)));
-                const __m256i hi = hq4[h / 16];
-                const __m256i f0 = _mm256_and_si256(_mm256_srl_epi16(hi, c0), five);
-                const __m256i f1 = _mm256_and_si256(_mm256_srl_epi16(hi, c1), five);
-                const __m256i q0 = _mm256_or_si256(_mm256_and_si256(q, nib), f0);
-                const __m256i q1 = _mm256_or_si256(_mm256_srli_epi16(q, 4), f1);
-                const __m256i w0 = _mm256_mullo_epi16(q0, s0);
-                const __m256i w1 = _mm256_mullo_epi16(q1, s1);
-                const int64_t o0 = s * QK_K + 32 * j + h, o1 = o0 + 32;
-                for (int i = 0; i < M; i++) {
-                    const int16_t *A = xs[i].a, *B = xs[i].b;
-                    ia[i] = _mm256_add_epi32(
-                        ia[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(A + o0))));
-                    ib[i] = _mm256_add_epi32(
-                        ib[i], _mm256_madd_epi16(w0, _mm256_loadu_si256((const void *)(B + o0))));
-                    ia[i] = _mm256_add_epi32(
-                        ia[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(A + o1))));
-                    ib[i] = _mm256_add_epi32(
-                        ib[i], _mm256_madd_epi16(w1, _mm256_loadu_si256((const void *)(B + o1))));
-                }
-            }
-        }
-        const float d = _cvtsh_ss(b->d);
-        for (int i = 0; i < M; i++) INT2_SCALE(ia[i], ib[i], d, i);
-    }
-    for (int i = 0; i < M; i++) out[i] = hsum256(acc[i]) - hsum256(accm[i]);
+    INT2_K45_BODY(block_q5_K, FIFTH_BITS)
 }
 
 /* Q4_K under int_dots on (int2s): each sub-block's products q * A and q * B (q <= 15, |A|,
