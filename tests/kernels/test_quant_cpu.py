@@ -663,7 +663,7 @@ def test_bf16_linear_takes_bfloat16_only():
 
 # ---- the integer paths (csrc/quant_k.c, quant_q4_q8.c: x split into two int16 parts;
 # AVX-512 VNNI at batch 1, or at any batch up to fused_rows when on; AVX2 at any batch for
-# Q4_K and Q6_K, and for Q4_0 and Q4_1 when on) ----
+# Q4_K, Q5_K and Q6_K, and for Q4_0 and Q4_1 when on) ----
 
 INT_FORMATS = ["q4_k", "q6_k", "q5_k", "q4_0", "q4_1"]
 
