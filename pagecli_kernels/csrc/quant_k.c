@@ -86,18 +86,27 @@ static void dequant_q6_K_portable(const void *blocks, float *out, int64_t num_bl
 
 #if QUANT_X86
 
-/* The 8 (scale, min) float pairs of a Q4_K/Q5_K super-block: ds[j] = d * sc_j and ms[j] =
- * dmin * m_j (each product exact in float32). The 6-bit fields are unpacked four at a time,
- * by 32-bit words (what k_scale_min does one at a time): sc_0..3 and m_0..3 are the low six
- * bits of bytes 0..3 and 4..7; sc_4..7 and m_4..7 are the low and high nibbles of bytes 8..11
- * under the top two bits of bytes 0..3 and 4..7. */
-TARGET_AVX2 static inline void k_scales(const uint8_t *scales, float d, float dmin, float *ds,
-                                        float *ms) {
+/* A Q4_K/Q5_K super-block's eight 6-bit scales sc_j and mins m_j as bytes (sc[0..2) and
+ * m[0..2) hold four each), unpacked four at a time by 32-bit words (what k_scale_min does one
+ * at a time): sc_0..3 and m_0..3 are the low six bits of bytes 0..3 and 4..7; sc_4..7 and
+ * m_4..7 are the low and high nibbles of bytes 8..11 under the top two bits of bytes 0..3 and
+ * 4..7. */
+static inline void k_scale_words(const uint8_t *scales, uint32_t sc[2], uint32_t m[2]) {
     const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
     uint32_t u[3];
     memcpy(u, scales, sizeof u);
-    const uint32_t sc[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
-    const uint32_t m[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
+    sc[0] = u[0] & six;
+    sc[1] = (u[2] & nibble) | (((u[0] >> 6) & two) << 4);
+    m[0] = u[1] & six;
+    m[1] = ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4);
+}
+
+/* The 8 (scale, min) float pairs of a Q4_K/Q5_K super-block: ds[j] = d * sc_j and ms[j] =
+ * dmin * m_j (each product exact in float32). */
+TARGET_AVX2 static inline void k_scales(const uint8_t *scales, float d, float dmin, float *ds,
+                                        float *ms) {
+    uint32_t sc[2], m[2];
+    k_scale_words(scales, sc, m);
     const __m256 vsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)sc)));
     const __m256 vm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m)));
     _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_set1_ps(d), vsc));
@@ -769,11 +778,8 @@ TARGET_VNNI static inline __attribute__((always_inline)) void
 int_q4_K_block(const block_q4_K *b, int64_t s, const struct int_split *xs, const int M,
                const __m512i pick[2][2], __m512 *acc, __m256 *accm) {
     const __m512i nib = _mm512_set1_epi16(0x0F);
-    const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
-    uint32_t u[3];
-    memcpy(u, b->scales, sizeof u);
-    const uint32_t sc[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
-    const uint32_t m[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
+    uint32_t sc[2], m[2];
+    k_scale_words(b->scales, sc, m);
     const __m512i scw =
         _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const void *)sc)));
     const __m256 ms = _mm256_mul_ps(
@@ -998,6 +1004,18 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_set1_ps(ds_ * 0x1p-15f), acc[i]); \
     } while (0)
 
+/* accm[i] += dmin * m_j * (sum of input i's sub-block j), the eight j as lanes: the minimum's
+ * part of super-block s, for Q4_K's and Q5_K's integer kernels. */
+TARGET_AVX2 static inline __attribute__((always_inline)) void
+int2_mins(f16_bits dmin, const uint32_t mw[2], const struct int_split *xs, int64_t s,
+          const int M, __m256 *accm) {
+    const __m256 ms = _mm256_mul_ps(
+        _mm256_set1_ps(_cvtsh_ss(dmin)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));
+    for (int i = 0; i < M; i++)
+        accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
+}
+
 /* Q4_K and Q5_K (their blocks differ only in Q5_K's qh, the fifth bit of each value: bit j
  * of qh[l] for value l of sub-block j): each weight's q * sc made once for all the inputs
  * (VPMULLW), then multiplied with both int16 parts of each input. Per super-block at most 32
@@ -1014,21 +1032,13 @@ TARGET_AVX2 static int split2_x(const float *x, int64_t num_blocks, const struct
         const type *b = blocks + s;                                                            \
         for (int p = 0; p < (int)sizeof(type); p += 64)                                        \
             prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);                              \
-        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;             \
-        uint32_t u[3];                                                                         \
-        memcpy(u, b->scales, sizeof u);                                                        \
-        const uint32_t scw[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};   \
-        const uint32_t mw[2] = {u[1] & six,                                                    \
-                                ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};         \
+        uint32_t scw[2], mw[2];                                                                \
+        k_scale_words(b->scales, scw, mw);                                                     \
         uint8_t sc[8];                                                                         \
         memcpy(sc, scw, sizeof sc);                                                            \
         uint32_t sw[8]; /* each scale in both words: broadcast from memory, no shuffle */      \
         for (int j = 0; j < 8; j++) sw[j] = sc[j] * 0x10001u;                                  \
-        const __m256 ms = _mm256_mul_ps(                                                       \
-            _mm256_set1_ps(_cvtsh_ss(b->dmin)),                                                \
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));      \
-        for (int i = 0; i < M; i++)                                                            \
-            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);       \
+        int2_mins(b->dmin, mw, xs, s, M, accm);                                                \
         FIFTH(b, hq4) /* Q5_K: qh of values 16h..16h+15 as words, times 16 */                 \
         __m256i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];                                            \
         for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm256_setzero_si256();                    \
@@ -1124,16 +1134,9 @@ int2s_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out
         const block_q4_K *b = blocks + s;
         for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
             prefetch_w(l2, (const char *)b + PREFETCH_BYTES + p);
-        const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
-        uint32_t u[3];
-        memcpy(u, b->scales, sizeof u);
-        const uint32_t scw[2] = {u[0] & six, (u[2] & nibble) | (((u[0] >> 6) & two) << 4)};
-        const uint32_t mw[2] = {u[1] & six, ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4)};
-        const __m256 ms = _mm256_mul_ps(
-            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)mw))));
-        for (int i = 0; i < M; i++)
-            accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
+        uint32_t scw[2], mw[2];
+        k_scale_words(b->scales, scw, mw);
+        int2_mins(b->dmin, mw, xs, s, M, accm);
         __m256i ha[INT_ROWS_MAX][4], hb[INT_ROWS_MAX][4];
         for (int j = 0; j < 8; j += 2) {
             __m256i pa0[INT_ROWS_MAX], pb0[INT_ROWS_MAX], pa1[INT_ROWS_MAX], pb1[INT_ROWS_MAX];
