@@ -3,10 +3,11 @@ native library in one process: the A/B for a change to a fused or integer kernel
 
 Builds this checkout's library (B) and another checkout's (A, --base: a `git worktree` of the
 commit to compare with; each from its own C sources, as benchmarks/moe_layer_ab.py does),
-loads both, and multiplies one random matrix of --format (--n x --k, in the L3 at the
-default 2048 x 2048) with m random input rows, m = 1..--rows, on --threads threads under
---int-dots, 20 calls a round, --rounds rounds, the sides alternating. Prints each side's
-median time a call, its time over its own one-row call, and B / A.
+loads both, and multiplies one random matrix of --format (quant_kernels.random_weight; --n x
+--k, in the L3 at the default 2048 x 2048) with m random input rows, m = 1..--rows, on
+--threads threads under --int-dots, 20 calls a round, --rounds rounds, the sides
+alternating. Prints each side's median time a call, its time over its own one-row call, and
+B / A.
 
     .venv/bin/python benchmarks/int_rows_ab.py --base /path/to/worktree [--format q4_k]
         [--int-dots auto|on|off] [--threads 1] [--rows 5] [--rounds 31] [--json OUT.json]
@@ -29,29 +30,12 @@ HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
 from moe_layer_ab import library_path  # noqa: E402
+from quant_kernels import random_weight  # noqa: E402
 from quant_vs_llamacpp import cpu_name  # noqa: E402
 
 from pagecli_kernels.quant_formats import FORMATS  # noqa: E402
 
 INT_DOTS = {"auto": 0, "off": 1, "on": 2}  # csrc/quant_linear_cpu.c's INT_AUTO, INT_OFF, INT_ON
-SCALE_OFFSETS = {
-    "q4_k": [0, 2],
-    "q5_k": [0, 2],
-    "q4_0": [0],
-    "q4_1": [0, 2],
-    "q8_0": [0],
-}  # else the last 2
-
-
-def random_matrix(fmt: str, n: int, k: int) -> torch.Tensor:
-    """Random blocks with small positive f16 scales (finite products)."""
-    f = FORMATS[fmt]
-    rng = np.random.default_rng(0)
-    data = rng.integers(0, 256, size=(n, k // f.block_values, f.block_bytes), dtype=np.uint8)
-    for offset in SCALE_OFFSETS.get(fmt, [f.block_bytes - 2]):
-        scales = (np.abs(rng.standard_normal(data.shape[:2])) * 1e-3).astype(np.float16)
-        data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(*data.shape[:2], 2)
-    return torch.from_numpy(data.reshape(n, -1).copy())
 
 
 def main() -> None:
@@ -75,7 +59,7 @@ def main() -> None:
         if lib.pagecli_quant_set_int_dots(INT_DOTS[args.int_dots]) != 0:
             raise SystemExit(f"int_rows_ab: side {side} refuses int_dots={args.int_dots}")
     fmt = FORMATS[args.format]
-    w = random_matrix(args.format, args.n, args.k)
+    w = random_weight(args.format, args.n, args.k, np.random.default_rng(0)).data
     counts = range(1, args.rows + 1)
     times: dict[tuple[str, int], list[float]] = {(s, m): [] for s in libs for m in counts}
     outs: dict[tuple[str, int], torch.Tensor] = {}
