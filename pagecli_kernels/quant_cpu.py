@@ -12,8 +12,9 @@ torch's own BLAS (MKL's `sgemm_` in libtorch_cpu, looked up once here), or with 
 own AVX-512 GEMM (csrc/gemm_f32.c) on AVX-512 CPUs that are not Intel's, where MKL runs its
 AVX2 code (`gemm()`); with neither, every call takes the fused path, correct but slower for
 prefill. On CPUs with AMX, the formats with a scale per 32 values (Q8_0, Q4_0, Q4_1, Q4_K,
-Q5_K) multiply such batches on AMX's tiles instead (csrc/gemm_quant_amx.c: the activations
-split exactly into three bfloat16 parts, float32 sums; `tiles()`).
+Q5_K) and Q6_K multiply such batches on AMX's tiles instead (csrc/gemm_quant_amx.c: the
+activations split exactly into three bfloat16 parts, Q6_K's weights `sc * (q - 32)` into two,
+float32 sums; `tiles()`).
 """
 
 from __future__ import annotations
@@ -88,14 +89,14 @@ def gemm() -> str | None:
 
 
 TILES = ("auto", "off", "on")  # pagecli_quant_set_tiles's choices
-# a scale per 32 values, and a split in csrc/gemm_quant_amx.c (Q5_0 and Q5_1 have none)
-TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k")
+# a split in csrc/gemm_quant_amx.c: a scale per 32 values, or Q6_K's 8-bit scales folded into
+# its weights (Q5_0, Q5_1, the IQ4 formats and MXFP4 have none)
+TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
 
 
 def tiles() -> bool:
-    """Whether batches of more than a few rows of the formats with a scale per 32 values
-    multiply on AMX's tiles under the settings in effect (csrc/gemm_quant_amx.c); Q6_K and
-    float rows never do. Under "auto": on the AVX-512 path where Linux grants the tiles; "on"
+    """Whether batches of more than a few rows of TILES_FORMATS multiply on AMX's tiles under
+    the settings in effect (csrc/gemm_quant_amx.c); float rows never do. Under "auto": on the AVX-512 path where Linux grants the tiles; "on"
     needs AMX and AVX-512."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_tiles())

@@ -6,21 +6,27 @@
  *
  * Which formats: those whose every 32 values share one scale and one offset, value =
  * scale * q + offset with q a small integer: Q8_0 (q -128..127, no offset), Q4_0 (q - 8),
- * Q4_1, and the sub-blocks of Q4_K and Q5_K (scale d * sc, offset -dmin * m). Q6_K (a scale
- * per 16 values) and float rows keep the float32 panels.
+ * Q4_1, and the sub-blocks of Q4_K and Q5_K (scale d * sc, offset -dmin * m); and Q6_K, value
+ * = d * (sc * (q - 32)), whose 8-bit scale per 16 values goes into the weight: the integer
+ * w = sc * (q - 32) (at most 12 significant bits) is split exactly into two bfloat16 parts,
+ * w = hi + lo (hi: w's top 8 significant bits, lo: the rest, at most 4), each multiplied with
+ * the three parts of x, and the super-block's sum is multiplied by d once. Float rows keep
+ * the float32 panels.
  *
  * Numerics. The activations are not rounded:
  *   - each input value is split exactly into three bfloat16 parts, x = hi + mid + lo (hi: x's
  *     top 8 significant bits, mid: the next 8 of the rest, lo: the remaining at most 8 bits);
  *   - q is exact in bfloat16 (at most 8 bits), so every product q * part is exact in float32
- *     (at most 16 bits);
- *   - TDPBF16PS adds those products into float32 sums, one per block of 32 values and output;
+ *     (at most 16 bits); so are Q6_K's hi and lo;
+ *   - TDPBF16PS adds those products into float32 sums, one per block of 32 values (Q6_K: of
+ *     256) and output;
  *   - the block's sum times its scale, plus its offset times the block's float32 sum of x,
  *     is added to the output's float32 total.
  * So the result is sum over blocks of (scale * sum(q * x) + offset * sum(x)): the products of
  * the weights scale * q + offset as they are, where the dequantization (and transformers'
- * float32 reference) rounds each such weight to float32 once (Q4_1, Q4_K, Q5_K: a difference
- * of at most half an ulp of the weight; Q8_0 and Q4_0 weights are exact either way), then
+ * float32 reference) rounds each such weight to float32 once (Q4_1, Q4_K, Q5_K, Q6_K: a
+ * difference of at most half an ulp of the weight; Q8_0 and Q4_0 weights are exact either
+ * way), then
  * float32 rounding of the sums and of the scale's product, in another order than the float32
  * panels'. The error is bounded by sum |x| (|scale * q| + |offset|) rather than sum |x| |w|;
  * the kernel tests hold it to the same per-format tolerance against float64 as the panels.
@@ -29,13 +35,15 @@
  * on) can overflow the unscaled block sums where the panels' products stay finite.
  *
  * Layout. Each thread turns a panel of W's rows into bfloat16 codes of q (rows k values apart,
- * whole 32-row micro-blocks, zero past W's end) and per-block scales and offsets; x is packed
+ * Q6_K's 2k: each 32 values' 32 hi codes, then their 32 lo codes; whole 32-row micro-blocks,
+ * zero past W's end) and per-block scales and offsets; x is packed
  * once per call by all threads: per 32-token strip and block, the three parts as 16 pairs x 32
  * tokens of 32-bit pairs (TDPBF16PS's second operand), and the block's sums of x. A
- * micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums (tmm0-3); per block two tiles
- * of codes (tmm4-5, loaded from the panel as it lies), two of each part (tmm6-7), twelve
- * TDPBF16PS; the sums go to memory and are scaled into the micro-block's totals with AVX-512,
- * which are written out by gemm_f32.c's transposing writer.
+ * micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums (tmm0-3); per 32 values and
+ * weight part two tiles of codes (tmm4-5, loaded from the panel as it lies), two of each part
+ * of x (tmm6-7), twelve TDPBF16PS; at the end of a block (Q6_K: of 8 times 32 values, two
+ * weight parts) the sums go to memory and are scaled into the micro-block's totals with
+ * AVX-512, which are written out by gemm_f32.c's transposing writer.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -49,7 +57,7 @@
 #include "transpose16.h"
 #endif
 
-#define BLOCK 32               /* values per scale */
+#define BLOCK 32               /* values per scale (Q6_K: per step of its 256) */
 #define PARTS 3                /* bfloat16 parts of an input value */
 #define AMX_ROWS 32            /* W rows per micro-block (two tiles' height) */
 #define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
@@ -95,6 +103,18 @@ TARGET_AMX static inline __m256i nibbles(const uint8_t *qs) {
                                    _mm_and_si128(_mm_srli_epi16(raw, 4), low), 1);
 }
 
+/* The top 16 bits of each float: its bfloat16 truncation, kept in place. */
+TARGET_AMX static inline __m512 top_bits(__m512 v) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* 16 floats' bfloat16 codes (each exact in bfloat16), stored at q. */
+TARGET_AMX static inline void store_float_codes(__m512 v, uint16_t *q) {
+    _mm256_storeu_si256((__m256i *)q,
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+}
+
 TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, float *scale,
                                   float *offset) {
     (void)offset;
@@ -103,11 +123,9 @@ TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, float
         scale[i] = _cvtsh_ss(b[i].d);
         const __m128i lo = _mm_loadu_si128((const __m128i *)b[i].qs);
         const __m128i hi = _mm_loadu_si128((const __m128i *)(b[i].qs + 16));
-        /* int8 -> float (exact) -> its top 16 bits: the bfloat16 code, exact */
-        const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
-        const __m512i c = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)));
-        _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(_mm512_srli_epi32(a, 16)));
-        _mm256_storeu_si256((__m256i *)(q + 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(c, 16)));
+        /* int8 -> float: exact, and exact in bfloat16 */
+        store_float_codes(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), q);
+        store_float_codes(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), q + 16);
     }
 }
 
@@ -184,15 +202,43 @@ TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, float
     }
 }
 
+/* Q6_K: w = sc * (q - 32), exact in float32 (a 7-bit times a 5-bit magnitude, or a power of
+ * two); hi its top 8 significant bits, lo = w - hi (exact, at most 4 bits). Per 32 values of
+ * the row: 32 hi codes, then 32 lo codes; one scale, d, per 256 values, in scale[i * 8]. */
+TARGET_AMX static void split_q6_K(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
+    (void)offset;
+    const block_q6_K *b = row;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        scale[i * (QK_K / BLOCK)] = _cvtsh_ss(b[i].d);
+        for (int h = 0; h < 2; h++) {
+            __m512i v[2];
+            q6_half_bytes(b[i].ql + 64 * h, b[i].qh + 32 * h, &v[0], &v[1]);
+#pragma GCC unroll 8 /* q6_lane's c a constant */
+            for (int c = 0; c < 8; c++) {
+                const __m512 w = _mm512_mul_ps(_mm512_set1_ps((float)b[i].scales[8 * h + c]),
+                                               q6_lane(v, c));
+                const __m512 hi = top_bits(w);
+                /* values 16c..16c+16 of the half: step c / 2, first or second 16 */
+                uint16_t *at = q + (4 * h + c / 2) * 2 * BLOCK + 16 * (c & 1);
+                store_float_codes(hi, at);
+                store_float_codes(_mm512_sub_ps(w, hi), at + BLOCK);
+            }
+        }
+        q += 2 * QK_K;
+    }
+}
+
 /* The formats this path takes: values per block (k must be whole blocks), whether values have
- * an offset, and the split. */
+ * an offset, the bfloat16 parts of a weight (codes per value), the 32-value steps that share
+ * a scale (an offset only with one), and the split. */
 static const struct tiles_format {
-    int type, block_values, has_offset;
+    int type, block_values, has_offset, weight_parts, steps;
     split_fn split;
 } TILES_FORMATS[] = {
-    {QT_Q8_0, QK8_0, 0, split_q8_0}, {QT_Q4_0, QK4_0, 0, split_q4_0},
-    {QT_Q4_1, QK4_1, 1, split_q4_1}, {QT_Q4_K, QK_K, 1, split_q4_K},
-    {QT_Q5_K, QK_K, 1, split_q5_K},
+    {QT_Q8_0, QK8_0, 0, 1, 1, split_q8_0}, {QT_Q4_0, QK4_0, 0, 1, 1, split_q4_0},
+    {QT_Q4_1, QK4_1, 1, 1, 1, split_q4_1}, {QT_Q4_K, QK_K, 1, 1, 1, split_q4_K},
+    {QT_Q5_K, QK_K, 1, 1, 1, split_q5_K},  {QT_Q6_K, QK_K, 0, 2, QK_K / BLOCK, split_q6_K},
 };
 
 static const struct tiles_format *tiles_format_of(int type) {
@@ -202,12 +248,6 @@ static const struct tiles_format *tiles_format_of(int type) {
 }
 
 /* ---- x: three bfloat16 parts per value, and each block's sum -------------------------------- */
-
-/* The top 16 bits of each float: its bfloat16 truncation, kept in place. */
-TARGET_AMX static inline __m512 top_bits(__m512 v) {
-    return _mm512_castsi512_ps(
-        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0xFFFF0000u)));
-}
 
 /* The 32-bit pairs of part values (even value in the low half, as a row of codes lies). */
 TARGET_AMX static inline __m512i pair(__m512 even, __m512 odd) {
@@ -251,32 +291,39 @@ TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_
 
 /* ---- the micro-blocks ----------------------------------------------------------------------- */
 
-/* y[tok][r] for the tokens of xs (m rows) and the panel's rows [0, count): codes q (whole
- * micro-blocks, rows k apart), scale and offset (k / 32 per row; offset NULL: none).
- * Single-threaded, tiles configured. */
-TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float *offset,
-                             int64_t k, int64_t count, const uint32_t *xs, const float *xsum,
-                             int64_t m, float *y, int64_t ldy) {
+/* y[tok][r] for the tokens of xs (m rows) and the panel's rows [0, count) of format f: codes q
+ * (whole micro-blocks, rows k * f->weight_parts apart), scale and offset (k / 32 per row, a
+ * block's at its first 32 values; offset NULL: none). Single-threaded, tiles configured. */
+TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, const float *scale,
+                             const float *offset, int64_t k, int64_t count, const uint32_t *xs,
+                             const float *xsum, int64_t m, float *y, int64_t ldy) {
     float sums[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
     float total[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
     const int64_t blocks = k / BLOCK, strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
-    const int64_t stride = k * (int64_t)sizeof(uint16_t);
+    const int parts = f->weight_parts, steps = f->steps;
+    const int64_t row = k * parts, stride = row * (int64_t)sizeof(uint16_t);
     int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
     group = group < 1 ? 1 : group;
     for (int64_t t0 = 0; t0 < strips; t0 += group)
         for (int64_t r0 = 0; r0 < count; r0 += AMX_ROWS) {
-            const uint16_t *a = q + r0 * k;
+            const uint16_t *a = q + r0 * row;
             const float *s = scale + r0 * blocks, *o = offset ? offset + r0 * blocks : NULL;
             for (int64_t t = t0; t < min64(t0 + group, strips); t++) {
-                for (int64_t b = 0; b < blocks; b++) {
-                    const uint32_t *bx = xs + (t * blocks + b) * PACKED_BLOCK;
+                for (int64_t b = 0; b < blocks; b += steps) {
                     _tile_zero(0);
                     _tile_zero(1);
                     _tile_zero(2);
                     _tile_zero(3);
-                    _tile_loadd(4, a + b * BLOCK, stride);
-                    _tile_loadd(5, a + 16 * k + b * BLOCK, stride);
-                    for (int p = 0; p < PARTS; p++) amx_products(bx + p * PAIRS * GEMM_TOKENS);
+                    for (int64_t i = b; i < b + steps; i++) {
+                        const uint32_t *bx = xs + (t * blocks + i) * PACKED_BLOCK;
+                        for (int w = 0; w < parts; w++) {
+                            const uint16_t *c = a + (i * parts + w) * BLOCK;
+                            _tile_loadd(4, c, stride);
+                            _tile_loadd(5, c + 16 * row, stride);
+                            for (int p = 0; p < PARTS; p++)
+                                amx_products(bx + p * PAIRS * GEMM_TOKENS);
+                        }
+                    }
                     amx_store_sums(sums);
                     const float *xb = xsum + (t * blocks + b) * GEMM_TOKENS;
                     const __m512 x0 = _mm512_load_ps(xb), x1 = _mm512_load_ps(xb + 16);
@@ -313,7 +360,7 @@ TARGET_AMX static void sweep(const uint16_t *q, const float *scale, const float 
  * [p * micro_blocks / panels, (p + 1) * micro_blocks / panels). */
 static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
     const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
-    int64_t most = PANEL_BYTES / (k * (int64_t)sizeof(uint16_t) * AMX_ROWS);
+    int64_t most = PANEL_BYTES / (k * (int64_t)sizeof(uint16_t) * AMX_ROWS); /* k: codes a row */
     most = most < 1 ? 1 : most;
     const int64_t share = (micro_blocks + num_threads - 1) / num_threads;
     const int64_t panels = (share + most - 1) / most * num_threads;
@@ -354,10 +401,11 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
         return E_MEMORY;
     uint32_t *const xs = (uint32_t *)packed; /* shared with the team below */
     float *const xsum = packed + strips * blocks * PACKED_BLOCK;
-    const int64_t panels = num_panels(n, k, num_threads);
+    const int64_t codes = k * f->weight_parts; /* a row's */
+    const int64_t panels = num_panels(n, codes, num_threads);
     const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
     const int64_t rows = (micro_blocks + panels - 1) / panels * AMX_ROWS; /* the most per panel */
-    const int64_t panel_floats = rows * k / 2 + 2 * rows * blocks;
+    const int64_t panel_floats = rows * codes / 2 + 2 * rows * blocks;
     const uint8_t *wb = w;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
@@ -372,16 +420,17 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
             const int64_t first = p * micro_blocks / panels * AMX_ROWS;
             const int64_t count = min64((p + 1) * micro_blocks / panels * AMX_ROWS, n) - first;
             uint16_t *q = (uint16_t *)panel;
-            float *scale = panel + rows * k / 2, *offset = scale + rows * blocks;
+            float *scale = panel + rows * codes / 2, *offset = scale + rows * blocks;
             for (int64_t r = 0; r < count; r++)
-                f->split(wb + (first + r) * row_bytes, k, q + r * k, scale + r * blocks,
+                f->split(wb + (first + r) * row_bytes, k, q + r * codes, scale + r * blocks,
                          offset + r * blocks);
             const int64_t padded = (count + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
             for (int64_t r = count; r < padded; r++) /* zero rows: finite sums, not written */
-                for (int64_t i = 0; i < k; i++) q[r * k + i] = 0;
+                for (int64_t i = 0; i < codes; i++) q[r * codes + i] = 0;
             for (int64_t i = count * blocks; i < padded * blocks; i++) scale[i] = offset[i] = 0;
             MEMORY_BARRIER();
-            sweep(q, scale, f->has_offset ? offset : NULL, k, count, xs, xsum, m, y + first, ldy);
+            sweep(f, q, scale, f->has_offset ? offset : NULL, k, count, xs, xsum, m, y + first,
+                  ldy);
         }
         amx_end();
     }

@@ -548,6 +548,37 @@ TARGET_AVX2 static inline float hsum256(__m256 v) {
     } while (0)
 #define AVX2_BLOCK32_KERNELS(name) AVX2_KERNELS(name, 32, AVX2_WALK32)
 
+/* Q6_K: the 6-bit values of a 128-value half are put together 64 at a time in bytes (the low
+ * nibbles of ql with qh's 2-bit fields, then the high nibbles), minus 32; each 16 of them are
+ * then widened and converted (quant_k.c's dequantization, gemm_quant_amx.c's split). */
+TARGET_AVX512 static inline void q6_half_bytes(const uint8_t *ql, const uint8_t *qh, __m512i *v01,
+                                               __m512i *v23) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
+    const __m512i top = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    /* bytes 0..31: qh; bytes 32..63: qh >> 2 (fields 1 and 3 where fields 0 and 2 were) */
+    const __m512i hz = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1);
+    const __m512i l = _mm512_loadu_si512((const void *)ql); /* ql[0..64) */
+    const __m512i a = _mm512_or_si512(_mm512_and_si512(l, nib),
+                                      _mm512_slli_epi16(_mm512_and_si512(hz, two), 4));
+    const __m512i c = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), nib),
+                                      _mm512_and_si512(hz, top));
+    *v01 = _mm512_sub_epi8(a, bias); /* values 0..63 of the half */
+    *v23 = _mm512_sub_epi8(c, bias); /* values 64..127 */
+}
+
+/* Values 16c..16c+16 of the half as float32 (c a constant after unrolling). */
+TARGET_AVX512 static inline __m512 q6_lane(const __m512i v[2], int c) {
+    __m128i q;
+    switch (c & 3) {
+    case 0: q = _mm512_castsi512_si128(v[c >> 2]); break;
+    case 1: q = _mm512_extracti32x4_epi32(v[c >> 2], 1); break;
+    case 2: q = _mm512_extracti32x4_epi32(v[c >> 2], 2); break;
+    default: q = _mm512_extracti32x4_epi32(v[c >> 2], 3); break;
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
 #endif
 
 #endif

@@ -31,9 +31,9 @@
  *     that Python hands over (torch's MKL, run single-threaded inside the thread), or through
  *     gemm_f32.c's kernel on CPUs that are not Intel's (pagecli_quant_gemm), or, with
  *     neither, through the fused path;
- *   - larger m, on CPUs with AMX (pagecli_quant_tiles) and formats with a scale per 32 values
- *     that gemm_quant_amx.c splits (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K): AMX's tiles instead of the
- *     panels, BLAS or not.
+ *   - larger m, on CPUs with AMX (pagecli_quant_tiles) and the formats that gemm_quant_amx.c
+ *     splits (a scale per 32 values: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K; and Q6_K): AMX's tiles
+ *     instead of the panels, BLAS or not.
  *
  * Runtime dispatch: the instruction-set path (portable, AVX2+FMA, AVX-512) is the best one the
  * CPU runs (cpu_features.c), unless pagecli_quant_set_isa() chose a lower one (tests run every
@@ -184,7 +184,7 @@ static int gemm_for(int64_t m) {
     return gemm;
 }
 
-/* Whether batches of the formats with a scale per 32 values multiply on AMX's tiles
+/* Whether batches of the formats gemm_quant_amx.c splits multiply on AMX's tiles
  * (gemm_quant_amx.c, 1.4-1.7x the float32 panels' rate): on (TILES_ON, refused where the
  * tiles cannot run: no AMX granted, or no AVX-512, which their packing and scaling use), off,
  * or as the CPU suggests (TILES_AUTO: on the AVX-512 path where the tiles are granted). */

@@ -288,7 +288,8 @@ def _tiles_run() -> bool:
     return quant_cpu.bf16_tiles() and "avx512" in quant_cpu.supported_isas()
 
 
-TILES_FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k"]  # a scale per 32 values; not Q5_0/1
+# a scale per 32 values, or Q6_K's 8-bit scales in the weights; not Q5_0/1
+TILES_FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
 
 
 def _tiles_and_panels(x: torch.Tensor, weight: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -415,10 +416,11 @@ def test_tiles_auto_follows_the_cpu():
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_tiles_take_the_formats_with_32_value_scales(fmt):
+def test_tiles_take_their_formats(fmt):
     """With the tiles on, those formats' batches sum in another order than the float32 panels
-    (so some output differs in its last bits: the tiles ran); Q6_K's, Q5_0's and Q5_1's (no
-    split for the tiles) do not change. 800 outputs: several panels per thread."""
+    (so some output differs in its last bits: the tiles ran); Q5_0's and Q5_1's (no split for
+    the tiles) and the IQ4/MXFP4 formats' do not change. 800 outputs: several panels per
+    thread."""
     if not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     cols = _cols(fmt)
@@ -458,6 +460,57 @@ def test_tiles_keep_every_bit_of_the_input(fmt):
     # the same shapes with random blocks: the tiles, not the panels, made `got`
     scrambled = random_weight(fmt, 32, 32, seed=7)
     tiles, panels = _tiles_and_panels(x[8:], scrambled)
+    assert not torch.equal(tiles, panels)
+
+
+def _q6_k_one_value_a_row(values: list[tuple[int, int, int]]) -> QuantWeight:
+    """One Q6_K super-block a row (256 columns, d = 2^-10): row r's weight at column col is
+    d * sc * (q - 32) for values[r] = (col, sc, q), every other weight of the row 0 (q = 32)."""
+    f = FORMATS["q6_k"]
+    data = np.zeros((len(values), f.block_bytes), dtype=np.uint8)
+    data[:, 128:192] = 0xAA  # every 2-bit high field 2, low nibbles 0: q = 32
+    data[:, 208:210] = np.frombuffer(np.float16(2.0**-10).tobytes(), dtype=np.uint8)
+    for r, (col, sc, q) in enumerate(values):
+        half, j = divmod(col, 128)
+        group, lane = divmod(j, 32)  # ql byte lane (+32 for groups 1, 3), nibble group // 2
+        ql = 64 * half + lane + 32 * (group & 1)
+        data[r, ql] |= (q & 0xF) << (4 * (group >> 1))
+        qh = 128 + 32 * half + lane
+        keep = 0xFF ^ (3 << (2 * group))
+        data[r, qh] = (int(data[r, qh]) & keep) | ((q >> 4) << (2 * group))
+        data[r, 192 + 8 * half + j // 16] = np.uint8(sc & 0xFF)  # int8
+    return QuantWeight(f, torch.from_numpy(data), 256)
+
+
+def test_tiles_keep_every_bit_of_q6_k_weights():
+    """Row r of W holds one weight, d * sc * (q - 32) with 10-12 significant bits in
+    sc * (q - 32), so neither bfloat16 part of the weight alone is it; x has 11 significant
+    bits, so each product x * w and any sum of its parts' products is exact in float32: y is
+    x * w exactly, and only if both parts of the weight and all parts of x reach the sums."""
+    if not _tiles_run():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    scales = [127, -127, 93, -115, 101, 77, -89, 125]
+    qs = [1, 63, 3, 61, 50, 13, 0, 44]  # q - 32: -31, 31, -29, 29, 18, -19, -32, 12
+    values = [(8 * r, scales[r % 8], qs[(r * 3) % 8]) for r in range(32)]
+    weight = _q6_k_one_value_a_row(values)
+    dense = quant_cpu.dequantize(weight).double()
+    want_w = torch.zeros(32, 256, dtype=torch.float64)
+    for r, (col, sc, q) in enumerate(values):
+        want_w[r, col] = 2.0**-10 * sc * (q - 32)
+    assert torch.equal(dense, want_w)  # the blocks hold what the test means
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randint(1 << 10, 1 << 11, (40, 256), generator=gen).double()  # 11 bits
+    x = x * (torch.randint(0, 2, (40, 256), generator=gen) * 2 - 1) * 2.0 ** torch.randint(
+        -20, -5, (40, 256), generator=gen
+    )
+    x = x.float()
+    got, panels = _tiles_and_panels(x, weight)
+    want = (x.double() @ want_w.T).float()  # one product a row: exact in float32
+    assert torch.equal(got, want), (got - want).abs().max()
+    assert torch.equal(panels, want)
+    # the same shapes with random blocks: the tiles, not the panels, made `got`
+    scrambled = random_weight("q6_k", 32, 256, seed=7)
+    tiles, panels = _tiles_and_panels(x, scrambled)
     assert not torch.equal(tiles, panels)
 
 
