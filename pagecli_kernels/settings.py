@@ -62,7 +62,7 @@ class KernelSettings:
     prefetch: Prefetch = "auto"
     # who multiplies the float32 panels of large batches; off: the fused path takes them
     gemm: Gemm = "auto"
-    # batches of the 32-value-scale formats on AMX's tiles (on: needs AMX and AVX-512)
+    # batches of the 32-value-scale formats and Q6_K on AMX's tiles (on: needs AMX, AVX-512)
     tiles: Switch = "auto"
     # Q4_K/Q6_K products through integer dots (auto: AVX-512 VNNI at batch 1, AVX2 at any
     # batch; on: any batch on both, and AVX2's Q4_0/Q4_1 too; an engine of one sequence at a

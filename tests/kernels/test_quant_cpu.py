@@ -269,8 +269,7 @@ def test_quant_linear_strided_input_rows(isa, fmt, rows):
 def gemm(request):
     """Each GEMM of the panel path in turn (the native one on every ISA path: the portable
     loop where the CPU lacks AVX-512), with AMX's tiles off; then the tiles, on CPUs with AMX,
-    for the formats with a scale per 32 values (the others keep the float32 panels). "auto"
-    again afterwards."""
+    for TILES_FORMATS (the others keep the float32 panels). "auto" again afterwards."""
     if request.param == "tiles" and not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     if request.param == "tiles":
