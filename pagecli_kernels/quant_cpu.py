@@ -96,8 +96,8 @@ TILES_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
 
 def tiles() -> bool:
     """Whether batches of more than a few rows of TILES_FORMATS multiply on AMX's tiles under
-    the settings in effect (csrc/gemm_quant_amx.c); float rows never do. Under "auto": on the AVX-512 path where Linux grants the tiles; "on"
-    needs AMX and AVX-512."""
+    the settings in effect (csrc/gemm_quant_amx.c); float rows never do. Under "auto": on the
+    AVX-512 path where Linux grants the tiles; "on" needs AMX and AVX-512."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_tiles())
 
@@ -119,10 +119,10 @@ def int_dots() -> bool:
 
 def int_dots_formats() -> tuple[str, ...]:
     """The formats whose products take an integer path under the settings in effect: Q4_K
-    and Q6_K where int_dots() is on, on the AVX2 path also Q5_K, and there under "on" also
-    Q4_0 and Q4_1 (csrc/quant_q4_q8.c: a scale per 32-value block), at every batch; under
-    "auto" those two keep the float kernels (their 2-8 rows are faster there, and a row
-    keeps one kernel's bits at every batch)."""
+    and Q6_K where int_dots() is on (on the AVX-512 path Q4_K only where vnni_q4_k() is), on
+    the AVX2 path also Q5_K, and there under "on" also Q4_0 and Q4_1 (csrc/quant_q4_q8.c: a
+    scale per 32-value block), at every batch; under "auto" those two keep the float kernels
+    (their 2-8 rows are faster there, and a row keeps one kernel's bits at every batch)."""
     lib = library()
     if lib is None or not lib.pagecli_quant_int_dots():
         return ()
@@ -130,7 +130,19 @@ def int_dots_formats() -> tuple[str, ...]:
         return (
             INT_DOTS_FORMATS_AVX2 if lib.pagecli_quant_int_dots_on() else INT_DOTS_FORMATS_AVX2_AUTO
         )
-    return INT_DOTS_FORMATS
+    return INT_DOTS_FORMATS if vnni_q4_k() else ("q6_k",)
+
+
+VNNI_Q4_K = ("auto", "off", "on")  # pagecli_quant_set_vnni_q4_k's choices
+
+
+def vnni_q4_k() -> bool:
+    """Whether Q4_K may take AVX-512 VNNI's integer kernels, where int_dots() says the
+    integer paths run: under "auto" on AMD's CPUs with VNNI (faster than the float kernels on
+    a Zen 4), not on Intel's (slower than the float kernels on a Xeon with AMX: there Q4_K
+    keeps the float kernels at every batch); "on" needs VNNI."""
+    lib = library()
+    return lib is not None and bool(lib.pagecli_quant_vnni_q4_k())
 
 
 SMALL_BATCHES = ("auto", "off")  # pagecli_quant_set_small_batches's choices
@@ -190,6 +202,7 @@ def _configure(
     small_batches: str,
     bf16_gemm: str,
     fused_rows: int = 0,
+    vnni_q4_k: str = "auto",
 ) -> None:
     """The settings' part (pagecli_kernels/settings.py): each choice into the library.
     ValueError for a choice this CPU, its kernel or this build cannot run."""
@@ -199,6 +212,7 @@ def _configure(
     _choose("pagecli_quant_set_tiles", TILES, tiles, "tiles")
     _choose("pagecli_quant_set_small_batches", SMALL_BATCHES, small_batches, "small_batches")
     _choose("pagecli_bf16_set_gemm", BF16_GEMMS, bf16_gemm, "bf16_gemm")
+    _choose("pagecli_quant_set_vnni_q4_k", VNNI_Q4_K, vnni_q4_k, "vnni_q4_k")
     _configure_step(int_dots, fused_rows)
 
 
@@ -292,6 +306,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_int_dots.restype = i32
     lib.pagecli_quant_int_dots.restype = i32
     lib.pagecli_quant_int_dots_on.restype = i32
+    lib.pagecli_quant_set_vnni_q4_k.argtypes = [i32]
+    lib.pagecli_quant_set_vnni_q4_k.restype = i32
+    lib.pagecli_quant_vnni_q4_k.restype = i32
     lib.pagecli_quant_set_small_batches.argtypes = [i32]
     lib.pagecli_quant_set_small_batches.restype = i32
     lib.pagecli_quant_small_batches.restype = i32

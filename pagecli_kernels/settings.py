@@ -37,6 +37,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemm": ("auto", "blas", "native", "off"),
     "tiles": ("auto", "off", "on"),
     "int_dots": ("auto", "off", "on"),
+    "vnni_q4_k": ("auto", "off", "on"),
     "small_batches": ("auto", "off"),
     "bf16_gemm": ("auto", "off", "pairs", "tiles", "float32"),
 }
@@ -68,6 +69,9 @@ class KernelSettings:
     # batch; on: any batch on both, and AVX2's Q4_0/Q4_1 too; an engine of one sequence at a
     # time runs its steps under on: engine/spec_decode/invariance.py)
     int_dots: Switch = "auto"
+    # Q4_K on AVX-512 VNNI's integer kernels where int_dots runs them (auto: on AMD's CPUs;
+    # on Intel's the float kernels were the faster, and Q4_K keeps them at every batch)
+    vnni_q4_k: Switch = "auto"
     # the small-batch kernels for 2-8 input rows (off: whole rows, the same bits)
     small_batches: SmallBatches = "auto"
     # bfloat16 batches: AMX's tiles, VDPBF16PS pairs, float32 panels, or off (torch's GEMM)
@@ -179,8 +183,8 @@ def kernel_settings(**changes: object) -> Iterator[KernelSettings]:
 def report() -> dict[str, object]:
     """The kernel choices in effect, resolved, as one plain dict: "native" ("on", "off",
     "not loaded" before the library is built, or "unavailable: <why>"), "layers", "isa",
-    "prefetch", "gemm", "tiles", "int_dots", "small_batches", "bf16_gemm", "fused_rows",
-    "timing" and "cpu"
+    "prefetch", "gemm", "tiles", "int_dots", "vnni_q4_k", "small_batches", "bf16_gemm",
+    "fused_rows", "timing" and "cpu"
     (what the library found). Before the library loads the other choices are the settings
     as given ("auto"); reading this never builds the library."""
     from pagecli_kernels import layers_cpu, native, quant_cpu
@@ -201,6 +205,7 @@ def report() -> dict[str, object]:
         gemm=quant_cpu.gemm() or "off",
         tiles="on" if quant_cpu.tiles() else "off",
         int_dots="on" if quant_cpu.int_dots() else "off",
+        vnni_q4_k="on" if quant_cpu.vnni_q4_k() else "off",
         small_batches="on" if quant_cpu.small_batches() else "off",
         bf16_gemm=quant_cpu.bf16_gemm(),
         fused_rows=quant_cpu.fused_rows(),
@@ -264,6 +269,7 @@ def _push(settings: KernelSettings) -> None:
             settings.small_batches,
             settings.bf16_gemm,
             settings.fused_rows,
+            settings.vnni_q4_k,
         )
     else:  # nothing to tell a library not built yet: it loads with the CPU's choices
         native._configure(settings.native, None)

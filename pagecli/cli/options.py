@@ -203,8 +203,9 @@ ENGINE_OPTIONS: dict[str, tuple[Any, typer.models.OptionInfo]] = {
         Optional[str],
         _opt(
             ENGINE_PANEL,
-            "CPU kernel choices (isa, prefetch, gemm, tiles, int_dots, small_batches, "
-            "bf16_gemm, fused_rows, native, layers, timing), e.g. isa=avx2,gemm=blas; "
+            "CPU kernel choices (isa, prefetch, gemm, tiles, int_dots, vnni_q4_k, "
+            "small_batches, bf16_gemm, fused_rows, native, layers, timing), e.g. "
+            "isa=avx2,gemm=blas; "
             "default: the CPU's own. `bench --json` reports what ran.",
             metavar="NAME=VALUE,...",
             show_default=False,

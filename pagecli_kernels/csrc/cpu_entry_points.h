@@ -37,6 +37,8 @@ int pagecli_quant_set_int_dots(int choice);
 int pagecli_quant_set_small_batches(int choice); /* quant_linear_cpu.c */
 int pagecli_quant_int_dots(void);
 int pagecli_quant_int_dots_on(void);
+int pagecli_quant_set_vnni_q4_k(int choice); /* quant_linear_cpu.c */
+int pagecli_quant_vnni_q4_k(void);
 int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64_t n, int64_t k,
                                const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
                                int num_threads);

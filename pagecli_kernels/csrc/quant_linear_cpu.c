@@ -236,6 +236,29 @@ int pagecli_quant_set_int_dots(int choice) {
     return 0;
 }
 
+/* Whether Q4_K takes AVX-512 VNNI's integer kernels where the integer paths run (above): on
+ * AMD's CPUs, where they beat the float kernels (Zen 4); not on Intel's, where the float
+ * kernels read Q4_K at batch 1 faster (a 2-core Xeon with AMX: 17.1 against 14.8 GB/s, and a
+ * 1B Q4_K_M decoded 1.07x, a Qwen3-30B-A3B shape 1.10x as fast; benchmarks/RESULTS.md), so
+ * there Q4_K keeps the float kernels at every batch, each row with the bits it has alone.
+ * Q6_K's integer kernel is the faster on both. VNNI_Q4_K_ON is refused without VNNI. */
+enum { VNNI_Q4_K_AUTO = 0, VNNI_Q4_K_OFF = 1, VNNI_Q4_K_ON = 2 };
+static int vnni_q4_k_choice = VNNI_Q4_K_AUTO;
+
+/* Choose; returns 0, -1 for an unknown choice, -2 for VNNI_Q4_K_ON without VNNI. */
+int pagecli_quant_set_vnni_q4_k(int choice) {
+    if (choice < VNNI_Q4_K_AUTO || choice > VNNI_Q4_K_ON) return -1;
+    if (choice == VNNI_Q4_K_ON && !cpu_features()->avx512_vnni) return -2;
+    vnni_q4_k_choice = choice;
+    return 0;
+}
+
+/* 1 where Q4_K may take VNNI's integer kernels (when the integer paths run), else 0. */
+int pagecli_quant_vnni_q4_k(void) {
+    if (!cpu_features()->avx512_vnni || vnni_q4_k_choice == VNNI_Q4_K_OFF) return 0;
+    return vnni_q4_k_choice == VNNI_Q4_K_ON || !cpu_features()->intel;
+}
+
 /* 1 under INT_ON (AVX2's Q4_0 and Q4_1 take their integer path then), else 0. */
 int pagecli_quant_int_dots_on(void) { return int_choice == INT_ON; }
 
@@ -468,11 +491,12 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     const rows_fn rows = f->rows[isa];
     const wide_fn wide = f->wide[isa];
     const int64_t group = f->wide_rows ? f->wide_rows : WIDE_ROWS;
-    if (m == 1 && f->int_wide && isa == ISA_AVX512 && pagecli_quant_int_dots() &&
+    const int vnni = isa == ISA_AVX512 && (f->type != QT_Q4_K || pagecli_quant_vnni_q4_k());
+    if (m == 1 && f->int_wide && vnni && pagecli_quant_int_dots() &&
         int_batch_one(f->split, f->int_wide, f, w, row_bytes, n, blocks_per_row, x, y,
                       num_threads))
         return;
-    if (m >= 2 && f->int_rows && isa == ISA_AVX512 && int_choice == INT_ON &&
+    if (m >= 2 && f->int_rows && vnni && int_choice == INT_ON &&
         pagecli_quant_int_dots() &&
         int_rows(f->split, f->int_rows, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy,
                  num_threads))

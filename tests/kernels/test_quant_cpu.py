@@ -499,8 +499,10 @@ def test_tiles_keep_every_bit_of_q6_k_weights():
     assert torch.equal(dense, want_w)  # the blocks hold what the test means
     gen = torch.Generator().manual_seed(9)
     x = torch.randint(1 << 10, 1 << 11, (40, 256), generator=gen).double()  # 11 bits
-    x = x * (torch.randint(0, 2, (40, 256), generator=gen) * 2 - 1) * 2.0 ** torch.randint(
-        -20, -5, (40, 256), generator=gen
+    x = (
+        x
+        * (torch.randint(0, 2, (40, 256), generator=gen) * 2 - 1)
+        * 2.0 ** torch.randint(-20, -5, (40, 256), generator=gen)
     )
     x = x.float()
     got, panels = _tiles_and_panels(x, weight)
@@ -742,14 +744,16 @@ def _int_dots_run() -> bool:
 
 @pytest.fixture(params=["avx512", "avx2", "avx2-auto"])
 def int_dots(request):
-    """An integer path: AVX-512 VNNI's under on (skipped where the CPU lacks it), AVX2's under
-    on and under auto (Q4_K has other kernels under each); back to auto after."""
+    """An integer path: AVX-512 VNNI's under on, Q4_K's kernels included (skipped where the CPU
+    lacks VNNI), AVX2's under on and under auto (Q4_K has other kernels under each); back to
+    auto after."""
     isa, _, choice = request.param.partition("-")
     if isa == "avx512" and not _int_dots_run():
         pytest.skip("this CPU has no AVX512_VNNI")
     if isa not in quant_cpu.supported_isas():
         pytest.skip(f"this CPU does not run the {isa} path")
-    with kernel_settings(isa=isa, int_dots=choice or "on"):
+    vnni_q4_k = "on" if isa == "avx512" else "auto"
+    with kernel_settings(isa=isa, int_dots=choice or "on", vnni_q4_k=vnni_q4_k):
         yield request.param
 
 
@@ -800,7 +804,7 @@ def test_only_steps_with_drafts_take_vnnis_integer_path_for_several_rows(fmt):
         pytest.skip("this CPU has no AVX512_VNNI")
     weight = random_weight(fmt, 37, 17 * 256, seed=7)
     x = torch.randn(4, 17 * 256, generator=torch.Generator().manual_seed(7))
-    with kernel_settings(isa="avx512"):
+    with kernel_settings(isa="avx512", vnni_q4_k="on"):  # Q4_K's kernels on Intel's CPUs too
         alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(4)])
         assert not torch.equal(quant_cpu.quant_linear(x, weight), alone)  # the float kernels
         drafts = verify_kernel_settings(applied(), rows=4, drafts=True)
@@ -808,6 +812,35 @@ def test_only_steps_with_drafts_take_vnnis_integer_path_for_several_rows(fmt):
         with kernel_settings(int_dots=drafts.int_dots):
             got = quant_cpu.quant_linear(x, weight)
     assert torch.equal(got.view(torch.int32), alone.view(torch.int32))
+
+
+def test_vnni_q4_k_follows_the_vendor():
+    """Under auto Q4_K takes VNNI's integer kernels on AMD's CPUs only; on Intel's it keeps
+    the float kernels (the faster there) at every batch, so under int_dots on its rows have
+    the float kernels' bits at 1-17 rows, each as alone. "on" and "off" override; "on" needs
+    VNNI. Q6_K takes its integer kernel either way."""
+    if not _int_dots_run():
+        with pytest.raises(ValueError, match="vnni_q4_k"):
+            with kernel_settings(vnni_q4_k="on"):
+                pass
+        assert not quant_cpu.vnni_q4_k()
+        return
+    assert quant_cpu.vnni_q4_k() == (_vendor() != "GenuineIntel")
+    weight = random_weight("q4_k", 37, 17 * 256, seed=3)
+    x = torch.randn(17, weight.cols, generator=torch.Generator().manual_seed(3))
+    with kernel_settings(isa="avx512", int_dots="off"):
+        floats = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(17)])
+    for choice in ("off", "on"):
+        with kernel_settings(isa="avx512", int_dots="on", vnni_q4_k=choice, fused_rows=17):
+            assert quant_cpu.vnni_q4_k() == (choice == "on")
+            assert ("q4_k" in quant_cpu.int_dots_formats()) == (choice == "on")
+            assert "q6_k" in quant_cpu.int_dots_formats()
+            alone = torch.cat([quant_cpu.quant_linear(x[i : i + 1], weight) for i in range(17)])
+            for m in (2, 5, 8, 17):
+                together = quant_cpu.quant_linear(x[:m], weight)
+                assert torch.equal(together.view(torch.int32), alone[:m].view(torch.int32)), m
+        assert torch.equal(alone, floats) == (choice == "off")
+        assert_within(alone, x, weight, "q4_k")
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1"])

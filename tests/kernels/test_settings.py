@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 REPORT_KEYS = {"native", "layers", "isa", "prefetch", "gemm", "tiles", "int_dots"}
-REPORT_KEYS |= {"small_batches", "bf16_gemm", "fused_rows", "timing", "cpu"}
+REPORT_KEYS |= {"vnni_q4_k", "small_batches", "bf16_gemm", "fused_rows", "timing", "cpu"}
 
 
 def test_defaults_are_auto_and_values_are_checked():
@@ -68,6 +68,7 @@ def test_report_names_the_resolved_values():
     assert got["isa"] == native.isa() == quant_cpu.isa() == native.supported_isas()[-1]
     assert got["gemm"] == quant_cpu.gemm() and got["prefetch"] == quant_cpu.prefetch()
     assert got["tiles"] == ("on" if quant_cpu.tiles() else "off")
+    assert got["vnni_q4_k"] == ("on" if quant_cpu.vnni_q4_k() else "off")
     assert got["bf16_gemm"] == quant_cpu.bf16_gemm()
     assert got["small_batches"] == "on"
     assert got["fused_rows"] == quant_cpu.fused_rows() == 8
