@@ -239,7 +239,7 @@ int pagecli_quant_set_int_dots(int choice) {
 /* Whether Q4_K takes AVX-512 VNNI's integer kernels where the integer paths run (above): on
  * AMD's CPUs, where they beat the float kernels (Zen 4); not on Intel's, where the float
  * kernels read Q4_K at batch 1 faster (a 2-core Xeon with AMX: 17.1 against 14.8 GB/s, and a
- * 1B Q4_K_M decoded 1.07x, a Qwen3-30B-A3B shape 1.10x as fast; benchmarks/RESULTS.md), so
+ * 1B Q4_K_M decoded 1.03x, a Qwen3-30B-A3B shape 1.13x as fast; benchmarks/RESULTS.md), so
  * there Q4_K keeps the float kernels at every batch, each row with the bits it has alone.
  * Q6_K's integer kernel is the faster on both. VNNI_Q4_K_ON is refused without VNNI. */
 enum { VNNI_Q4_K_AUTO = 0, VNNI_Q4_K_OFF = 1, VNNI_Q4_K_ON = 2 };
