@@ -26,9 +26,8 @@
  * the weights scale * q + offset as they are, where the dequantization (and transformers'
  * float32 reference) rounds each such weight to float32 once (Q4_1, Q4_K, Q5_K, Q6_K: a
  * difference of at most half an ulp of the weight; Q8_0 and Q4_0 weights are exact either
- * way), then
- * float32 rounding of the sums and of the scale's product, in another order than the float32
- * panels'. The error is bounded by sum |x| (|scale * q| + |offset|) rather than sum |x| |w|;
+ * way), then float32 rounding of the sums and of the scale's product, in another order than
+ * the float32 panels'. The error is bounded by sum |x| (|scale * q| + |offset|) rather than sum |x| |w|;
  * the kernel tests hold it to the same per-format tolerance against float64 as the panels.
  * TDPBF16PS takes denormal inputs as zero, so an input below 2^-103 in magnitude can lose its
  * lowest bits; an infinite input gives NaN, and inputs near float32's largest values (1e34
@@ -36,8 +35,8 @@
  *
  * Layout. Each thread turns a panel of W's rows into bfloat16 codes of q (rows k values apart,
  * Q6_K's 2k: each 32 values' 32 hi codes, then their 32 lo codes; whole 32-row micro-blocks,
- * zero past W's end) and per-block scales and offsets; x is packed
- * once per call by all threads: per 32-token strip and block, the three parts as 16 pairs x 32
+ * zero past W's end) and per-block scales and offsets; x is packed once per call by all
+ * threads: per 32-token strip and block, the three parts as 16 pairs x 32
  * tokens of 32-bit pairs (TDPBF16PS's second operand), and the block's sums of x. A
  * micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums (tmm0-3); per 32 values and
  * weight part two tiles of codes (tmm4-5, loaded from the panel as it lies), two of each part
