@@ -27,8 +27,9 @@
  * float32 reference) rounds each such weight to float32 once (Q4_1, Q4_K, Q5_K, Q6_K: a
  * difference of at most half an ulp of the weight; Q8_0 and Q4_0 weights are exact either
  * way), then float32 rounding of the sums and of the scale's product, in another order than
- * the float32 panels'. The error is bounded by sum |x| (|scale * q| + |offset|) rather than sum |x| |w|;
- * the kernel tests hold it to the same per-format tolerance against float64 as the panels.
+ * the float32 panels'. The error is bounded by sum |x| (|scale * q| + |offset|) rather than
+ * sum |x| |w|; the kernel tests hold it to the same per-format tolerance against float64 as
+ * the panels.
  * TDPBF16PS takes denormal inputs as zero, so an input below 2^-103 in magnitude can lose its
  * lowest bits; an infinite input gives NaN, and inputs near float32's largest values (1e34
  * on) can overflow the unscaled block sums where the panels' products stay finite.
