@@ -14,9 +14,8 @@
  *     row by row: a format's register-fused rows kernel (every format on AVX2 and AVX-512)
  *     dequantizes a row in registers and dots it with up to ROWS_MAX input rows at a time
  *     (ROWS_GROUP rows of W against each ROWS_MAX inputs in turn while they are in the cache,
- *     and x in L1-sized
- *     pieces where its rows are long: rows_piece_blocks); the portable path dequantizes a
- *     chunk of the row into an L1 buffer and dots it with the input rows. Every one of these
+ *     and x in L1-sized pieces where its rows are long: rows_piece_blocks); the portable
+ *     path dequantizes a chunk of the row into an L1 buffer and dots it with the input rows. Every one of these
  *     sums each (row of W, input row) in the order of the format's one-row kernels: an
  *     output has the same bits at 1 input row or at fused_rows, beside any other rows (what
  *     speculative decoding's verify rows need). Q4_K and Q6_K take the integer paths
