@@ -8,23 +8,22 @@
  *     for more): each thread takes contiguous ranges of W's output rows (one range each; for
  *     m == 1, guided chunks) and streams them once. For m == 1, a format's wide kernel takes
  *     WIDE_ROWS rows of W at a time (one for the float formats), with software prefetch. For
- *     m = 2..8 on AVX-512, a format's small-batch kernel (Q8_0, Q4_0, Q4_1, Q6_K; Q4_K at
- *     2-4 on Intel's CPUs) takes SMALL_ROWS(m) rows of W against up to SMALL_MAX_M inputs
- *     (5-8 in two passes), sharing each load of x. The last rows, and every other case, go
- *     row by row: a format's register-fused rows kernel (every format on AVX2 and AVX-512)
- *     dequantizes a row in registers and dots it with up to ROWS_MAX input rows at a time
- *     (ROWS_GROUP rows of W against each ROWS_MAX inputs in turn while they are in the cache,
- *     and x in L1-sized pieces where its rows are long: rows_piece_blocks); the portable
- *     path dequantizes a chunk of the row into an L1 buffer and dots it with the input rows. Every one of these
- *     sums each (row of W, input row) in the order of the format's one-row kernels: an
- *     output has the same bits at 1 input row or at fused_rows, beside any other rows (what
- *     speculative decoding's verify rows need). Q4_K and Q6_K take the integer paths
- *     instead (pagecli_quant_int_dots): on AVX-512 VNNI, a batch-1 kernel over WIDE_ROWS
- *     rows of W (int_batch_one) and a kernel for 2 or more input rows (int_rows) that gives
- *     each input the batch-1 bits, taken only under INT_ON (see int_choice); on AVX2 the
- *     same two (the batch-1 kernel's rows of W one after another, each with the other
- *     kernel's one-input body) for any m up to there, and for Q4_0 and Q4_1 too under
- *     INT_ON.
+ *     m = 2..8 on AVX-512, a format's small-batch kernel (Q8_0, Q4_0, Q4_1, Q6_K; Q4_K at 2-4 on
+ *     Intel's CPUs) takes SMALL_ROWS(m) rows of W against up to SMALL_MAX_M inputs (5-8 in two
+ *     passes), sharing each load of x. The last rows, and every other case, go row by row: a
+ *     format's register-fused rows kernel (every format on AVX2 and AVX-512) dequantizes a row in
+ *     registers and dots it with up to ROWS_MAX input rows at a time (ROWS_GROUP rows of W against
+ *     each ROWS_MAX inputs in turn while they are in the cache, and x in L1-sized pieces where its
+ *     rows are long: rows_piece_blocks); the portable path dequantizes a chunk of the row into an
+ *     L1 buffer and dots it with the input rows. Every one of these sums each (row of W, input row)
+ *     in the order of the format's one-row kernels: an output has the same bits at 1 input row or
+ *     at fused_rows, beside any other rows (what speculative decoding's verify rows need).
+ *     Q4_K and Q6_K take the integer paths instead (pagecli_quant_int_dots): on AVX-512 VNNI,
+ *     a batch-1 kernel over WIDE_ROWS rows of W (int_batch_one) and a kernel for 2 or more
+ *     input rows (int_rows) that gives each input the batch-1 bits, taken only under INT_ON
+ *     (see int_choice; Q4_K on AMD's CPUs only, see vnni_q4_k_choice); on AVX2 the same two
+ *     (the batch-1 kernel's rows of W one after another, each with the other kernel's
+ *     one-input body) for any m up to there, and for Q4_0 and Q4_1 too under INT_ON.
  *     Decode is bound by the bytes of W read, so W is read once, packed.
  *   - larger m (batched decode, prefill): each thread dequantizes a panel of W's rows into a
  *     cache-resident float32 buffer and multiplies it with the m rows through the BLAS sgemm
