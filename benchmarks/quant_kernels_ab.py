@@ -9,7 +9,7 @@ a side after a warm-up. Prints each side's median ms a pass, B / A, and whether 
 the same bits (the last pass's outputs).
 
     .venv/bin/python benchmarks/quant_kernels_ab.py --base /path/to/worktree [--shape 1b]
-        [--formats q4_k,q6_k] [--rows 1,2,3,4,5,6] [--int-dots on] [--threads 2]
+        [--formats q4_k,q6_k] [--rows 1,2,3,4,5,6] [--int-dots on] [--isa avx2] [--threads 2]
         [--repeats 15] [--json OUT.json]
 """
 
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--formats", default="q4_k,q6_k")
     parser.add_argument("--rows", default="1,2,3,4,5,6")
     parser.add_argument("--int-dots", default="auto", choices=["auto", "on", "off"])
+    parser.add_argument("--isa", default=None, help="portable, avx2 or avx512 (default: the CPU's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None)
@@ -57,7 +58,10 @@ def main() -> None:
     hidden, intermediate = MODEL_SHAPES[args.shape][:2]
     rng = np.random.default_rng(0)
     results = []
-    print(f"{cpu_name()}, {args.threads} threads, {args.shape} shapes, int_dots {args.int_dots}")
+    print(
+        f"{cpu_name()}, {args.threads} threads, {args.shape} shapes, int_dots {args.int_dots}, "
+        f"isa {args.isa or 'auto'}"
+    )
     print(f"{'format':<7}{'rows':>5}{'A ms':>9}{'B ms':>9}{'B/A':>7}  same bits")
     for fmt in args.formats.split(","):
         weights = model_weights(fmt, args.shape, rng)
@@ -66,7 +70,11 @@ def main() -> None:
             calls, outs = {}, {}
             for side, lib in libs.items():
                 native._state["lib"] = lib
-                apply(KernelSettings(int_dots=args.int_dots))
+                # apply() skips what the applied settings already say: the defaults first, so
+                # that each side's library is told the chosen ones (else only B's was)
+                apply(KernelSettings())
+                apply(KernelSettings(int_dots=args.int_dots, isa=args.isa or "auto"))
+                assert lib.pagecli_quant_isa() == libs["B"].pagecli_quant_isa()
                 calls[side] = [(quant_cpu.PreparedLinear(w), xs[w.cols]) for w in weights]
             times = {"A": [], "B": []}
             for repeat in range(args.repeats + 1):
@@ -76,14 +84,19 @@ def main() -> None:
                     outs[side] = [prepared(x) for prepared, x in calls[side]]
                     if repeat:
                         times[side].append(time.perf_counter() - start)
-            same = all(torch.equal(a, b) for a, b in zip(outs["A"], outs["B"]))
+            # bit patterns: random blocks may hold a NaN scale, and NaN != NaN
+            same = all(
+                torch.equal(a.view(torch.int32), b.view(torch.int32))
+                for a, b in zip(outs["A"], outs["B"])
+            )
             a, b = (statistics.median(times[s]) * 1e3 for s in ("A", "B"))
             print(f"{fmt:<7}{rows:>5}{a:>9.2f}{b:>9.2f}{b / a:>7.3f}  {same}")
             results.append({"format": fmt, "rows": rows, "a_ms": a, "b_ms": b, "same_bits": same})
     native._state["lib"] = libs["B"]
     if args.json:
         meta = {"cpu": cpu_name(), "threads": args.threads, "shape": args.shape,
-                "int_dots": args.int_dots, "repeats": args.repeats}  # fmt: skip
+                "int_dots": args.int_dots, "isa": args.isa or "auto",
+                "repeats": args.repeats}  # fmt: skip
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 
