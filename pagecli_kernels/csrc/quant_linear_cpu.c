@@ -550,8 +550,9 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         /* ROWS_GROUP rows of W in turn against each piece of x (one piece: whole rows), their
          * sums kept in `state` between pieces; the next group's rows are prefetched meanwhile,
          * spread over this group's kernel calls. With pieces the reads no longer run in order;
-         * with one piece too (a 2-core Xeon's AVX2 path, the 1B shape's projections: Q4_K at 2
-         * rows 64-67 against 121-123 ms, Q4_0 57-63 against 104-110) */
+         * in one piece the hardware prefetcher alone kept up no better (a 2-core Xeon's AVX2
+         * path, the 1B shape's projections at 2 rows: Q4_0 64.4 against 106.5 ms, Q8_0 80.8
+         * against 101.9; benchmarks/RESULTS.md) */
         const int64_t piece = rows_piece_blocks(f, m, blocks_per_row);
         const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
         const int64_t pieces = (blocks_per_row + piece - 1) / piece;
