@@ -70,7 +70,7 @@ class KernelSettings:
     # time runs its steps under on: engine/spec_decode/invariance.py)
     int_dots: Switch = "auto"
     # Q4_K on AVX-512 VNNI's integer kernels where int_dots runs them (auto: on AMD's CPUs;
-    # on Intel's the float kernels were the faster, and Q4_K keeps them at every batch)
+    # on Intel's the float kernels are the faster, and Q4_K keeps them at every batch)
     vnni_q4_k: Switch = "auto"
     # the small-batch kernels for 2-8 input rows (off: whole rows, the same bits)
     small_batches: SmallBatches = "auto"

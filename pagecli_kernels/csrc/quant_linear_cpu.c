@@ -549,10 +549,10 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     if (rows) {
         /* ROWS_GROUP rows of W in turn against each piece of x (one piece: whole rows), their
          * sums kept in `state` between pieces; the next group's rows are prefetched meanwhile,
-         * spread over this group's kernel calls. With pieces the reads no longer run in order;
-         * in one piece the hardware prefetcher alone kept up no better (a 2-core Xeon's AVX2
-         * path, the 1B shape's projections at 2 rows: Q4_0 64.4 against 106.5 ms, Q8_0 80.8
-         * against 101.9; benchmarks/RESULTS.md) */
+         * spread over this group's kernel calls, in one piece as in several: with pieces the
+         * reads do not run in order, and in one piece the hardware prefetcher alone does not
+         * keep up (a 2-core Xeon's AVX2 path, the 1B shape's projections at 2 rows: Q4_0 64.4
+         * ms with this prefetch against 106.5 without, Q8_0 80.8 against 101.9) */
         const int64_t piece = rows_piece_blocks(f, m, blocks_per_row);
         const int64_t groups = (n + ROWS_GROUP - 1) / ROWS_GROUP;
         const int64_t pieces = (blocks_per_row + piece - 1) / piece;
