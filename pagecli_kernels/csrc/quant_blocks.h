@@ -262,6 +262,27 @@ int pagecli_split2_groups(const float *x, int64_t groups, int values, const stru
 typedef void (*small_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
                          int64_t ldx, int m, float *out);
 
+/* The half-sum kernels (many_fn): 5-8 input rows (AVX-512), where the small-batch kernels'
+ * two accumulators per (row, input) would not fit the registers. A call adds, for the R =
+ * MANY_ROWS(m) rows at w, w + row_bytes, ... and each of the m inputs, only the products that
+ * the rows kernel adds into one of its two accumulators (`half`: acc[half], the same 16-value
+ * lanes in the same order), so R * m accumulators (15-18 at 5-6 inputs, 14-16 at 7-8) share
+ * each load of x between R rows. The two halves' sums go to `state` between calls
+ * (MANY_STATE floats, 64-byte aligned): `phase` ROWS_FIRST starts them at zero, and the call
+ * of half 1 under ROWS_LAST reduces acc[0] + acc[1] into out[i * R + r] as the rows kernel
+ * does. A row is taken in pieces of at most MANY_PIECE_BLOCKS blocks, each piece's half 0
+ * then half 1 (x's piece in the L1): the same sums in the same order, the rows kernel's
+ * bits. `scratch` (MANY_SCRATCH floats) carries what half 0 unpacks for half 1 of a piece
+ * (the K-quants' scales). */
+#define MANY_MIN_M 5
+#define MANY_ROWS(m) ((m) <= 6 ? 3 : 2)
+#define MANY_STATE (3 * 6 * 2 * 16) /* R * M * 2 vectors at most (3 x 6; 2 x 8 is fewer) */
+#define MANY_PIECE_BLOCKS 16
+#define MANY_SCRATCH (3 * MANY_PIECE_BLOCKS * 16)
+typedef void (*many_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
+                        int64_t ldx, int m, int half, int phase, float *state, float *scratch,
+                        float *out);
+
 struct quant_format {
     int type;
     int block_values; /* values per block */
@@ -280,6 +301,7 @@ struct quant_format {
     int int2_when_on;          /* 1: that path only under int_dots on (Q4_0, Q4_1) */
     int_rows_fn int_rows2_on;  /* under int_dots on, kernels with other bits (Q4_K); NULL: */
     int_wide_fn int_wide2_on;  /* int_rows2 and int_wide2 */
+    many_fn many;              /* 5-8 input rows, AVX-512 (below); NULL: the other kernels */
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough
@@ -441,6 +463,60 @@ static inline __attribute__((always_inline)) void prefetch_w(int l2, const void 
         case 2: NAME##_t(w, row_bytes, nb, x, ldx, out, SMALL_ROWS(2), 2); break;              \
         case 3: NAME##_t(w, row_bytes, nb, x, ldx, out, SMALL_ROWS(3), 3); break;              \
         default: NAME##_t(w, row_bytes, nb, x, ldx, out, SMALL_ROWS(4), 4); break;             \
+        }                                                                                      \
+    }
+
+/* The half-sum kernels (many_fn): acc[r][i] for R weight rows and M input rows, the half
+ * HALF of the rows kernel's sums (R, M and HALF constants of each copy of the body).
+ * MANY_FMA16(w, off): 16 weights of each row against x[i][off..off+16) for every input, each
+ * load of x kept in a register for the R rows (GCC folds a load into each FMA otherwise: R
+ * loads a vector of x; 10% of a 2-row Q4_K kernel's time on a Xeon). */
+#define MANY_BEGIN                                                                             \
+    const int64_t ahead = wide_prefetch_distance(row_bytes, R);                                \
+    const int l2 = pagecli_quant_prefetch_l2;                                                  \
+    __m512 acc[3][ROWS_MAX];                                                                   \
+    for (int r_ = 0; r_ < R; r_++)                                                             \
+        for (int i_ = 0; i_ < M; i_++)                                                         \
+            acc[r_][i_] = (phase & ROWS_FIRST)                                                 \
+                              ? _mm512_setzero_ps()                                            \
+                              : _mm512_load_ps(state + ((r_ * M + i_) * 2 + HALF) * 16);
+/* The lines of the blocks at b, prefetched by the first half only (the second reads them from
+ * the L1). */
+#define MANY_PREFETCH_BLOCK(b, bytes)                                                          \
+    if (!HALF) WIDE_PREFETCH_BLOCK(b, bytes)
+#define MANY_FMA16(w, off)                                                                     \
+    for (int i_ = 0; i_ < M; i_++) {                                                           \
+        __m512 x_ = _mm512_loadu_ps(x + i_ * ldx + (off));                                     \
+        __asm__("" : "+v"(x_)); /* one load for the R rows, not one folded into each FMA */    \
+        for (int r_ = 0; r_ < R; r_++) acc[r_][i_] = _mm512_fmadd_ps((w)[r_], x_, acc[r_][i_]); \
+    }
+#define MANY_END                                                                               \
+    for (int r_ = 0; r_ < R; r_++)                                                             \
+        for (int i_ = 0; i_ < M; i_++) {                                                       \
+            float *at_ = state + (r_ * M + i_) * 2 * 16;                                       \
+            if (HALF && (phase & ROWS_LAST))                                                   \
+                out[i_ * R + r_] =                                                             \
+                    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_load_ps(at_), acc[r_][i_]));     \
+            else                                                                               \
+                _mm512_store_ps(at_ + HALF * 16, acc[r_][i_]);                                 \
+        }
+#define MANY_KERNEL(NAME)                                                                      \
+    TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_t(                 \
+        const void *w, int64_t row_bytes, int64_t nb, const float *x, int64_t ldx,             \
+        const int phase, float *state, float *scratch, float *out, const int R, const int M,   \
+        const int HALF)
+#define MANY_CASE(NAME, M, HALF)                                                               \
+    case (M) * 2 + (HALF):                                                                     \
+        NAME##_t(w, row_bytes, nb, x, ldx, phase, state, scratch, out, MANY_ROWS(M), M, HALF); \
+        break;
+#define MANY_DISPATCH(NAME)                                                                    \
+    TARGET_AVX512 static void NAME(const void *w, int64_t row_bytes, int64_t nb, const float *x, \
+                                   int64_t ldx, int m, int half, int phase, float *state,      \
+                                   float *scratch, float *out) {                               \
+        switch (m * 2 + (half != 0)) {                                                         \
+            MANY_CASE(NAME, 5, 0) MANY_CASE(NAME, 5, 1) MANY_CASE(NAME, 6, 0)                  \
+            MANY_CASE(NAME, 6, 1) MANY_CASE(NAME, 7, 0) MANY_CASE(NAME, 7, 1)                  \
+            MANY_CASE(NAME, 8, 0) MANY_CASE(NAME, 8, 1)                                        \
         }                                                                                      \
     }
 

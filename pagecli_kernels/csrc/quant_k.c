@@ -441,6 +441,85 @@ SMALL_KERNEL(small_q4_K_avx512) {
 }
 SMALL_DISPATCH(small_q4_K_avx512)
 
+/* ---- 5-8 input rows: one half of the rows kernel's sums a call (AVX-512; MANY_*) ----------
+ * Each row dequantized as its rows kernel does it, the products that go into acc[HALF] in
+ * its order: Q4_K's sub-blocks j = HALF, HALF + 2, ... (the low nibbles of its bytes for half
+ * 0, the high ones for half 1), Q6_K's 16-value lanes c = HALF, HALF + 2, ... of each half
+ * super-block. */
+
+MANY_KERNEL(many_q4_K_avx512) {
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    MANY_BEGIN
+    /* scratch: row r's super-block s's ds[8] then ms[8] at (r * nb + s) * 16, from half 0 */
+    if (!HALF)
+        for (int r = 0; r < R; r++)
+            for (int64_t s = 0; s < nb; s++) {
+                const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + r * row_bytes) + s;
+                float *dm = scratch + (r * nb + s) * 16;
+                k_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), dm, dm + 8);
+            }
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q4_K *b[3];
+        const float *dm[3];
+        for (int r = 0; r < R; r++) {
+            b[r] = (const block_q4_K *)((const uint8_t *)w + r * row_bytes) + s;
+            MANY_PREFETCH_BLOCK(b[r], (int)sizeof(block_q4_K))
+            dm[r] = scratch + (r * nb + s) * 16;
+        }
+        const int64_t base = s * QK_K;
+        for (int j = HALF; j < 8; j += 2) {
+            __m512 t[3], wv[3];
+            for (int r = 0; r < R; r++)
+                t[r] = _mm512_fmsub_ps(levels, _mm512_set1_ps(dm[r][j]),
+                                       _mm512_set1_ps(dm[r][8 + j]));
+            for (int h = 0; h < 32; h += 16) {
+                for (int r = 0; r < R; r++) {
+                    const __m512i q = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i *)(b[r]->qs + 16 * (j - HALF) + h)));
+                    wv[r] = _mm512_permutexvar_ps(HALF ? _mm512_srli_epi32(q, 4) : q, t[r]);
+                }
+                MANY_FMA16(wv, base + 32 * j + h)
+            }
+        }
+    }
+    MANY_END
+}
+MANY_DISPATCH(many_q4_K_avx512)
+
+MANY_KERNEL(many_q6_K_avx512) {
+    MANY_BEGIN
+    /* scratch: row r's super-block s's 16 scales d * sc at (r * nb + s) * 16, from half 0 */
+    if (!HALF)
+        for (int r = 0; r < R; r++)
+            for (int64_t s = 0; s < nb; s++)
+                q6_scales((const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s,
+                          scratch + (r * nb + s) * 16);
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q6_K *b[3];
+        const float *dsc[3];
+        for (int r = 0; r < R; r++) {
+            b[r] = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
+            MANY_PREFETCH_BLOCK(b[r], (int)sizeof(block_q6_K))
+            dsc[r] = scratch + (r * nb + s) * 16;
+        }
+        for (int h = 0; h < 2; h++) {
+            __m512i v[3][2];
+            for (int r = 0; r < R; r++)
+                q6_half_bytes(b[r]->ql + 64 * h, b[r]->qh + 32 * h, &v[r][0], &v[r][1]);
+            const int64_t base = s * QK_K + 128 * h;
+#pragma GCC unroll 4 /* q6_lane's c a constant */
+            for (int c = HALF; c < 8; c += 2) {
+                __m512 wv[3];
+                for (int r = 0; r < R; r++)
+                    wv[r] = _mm512_mul_ps(_mm512_set1_ps(dsc[r][8 * h + c]), q6_lane(v[r], c));
+                MANY_FMA16(wv, base + 16 * c)
+            }
+        }
+    }
+    MANY_END
+}
+MANY_DISPATCH(many_q6_K_avx512)
+
 /* ---- WIDE_ROWS rows against one input row (AVX-512) ----------------------------------------
  * Batch-1 decode, as quant_q4_q8.c's wide kernels: the rows' FMA chains side by side, each
  * super-block prefetched `ahead` (all of its cache lines). A row's sums go into its two
@@ -1266,19 +1345,22 @@ INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, q5_K)
 #if QUANT_X86
 #define INT_PATH(name) split_x_##name, int_wide_##name, int_rows_##name
 #define SMALL(name) small_##name##_avx512
+#define MANY(name) many_##name##_avx512
 #define INT2(name) split2_x, int2_rows_##name, int2_wide_##name
 #define INT2_ON(name) int2s_rows_##name, int2s_wide_##name
 #else
 #define INT_PATH(name) NULL, NULL, NULL
 #define SMALL(name) NULL
+#define MANY(name) NULL
 #define INT2(name) NULL, NULL, NULL
 #define INT2_ON(name) NULL, NULL
 #endif
 
 const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K), 0,
                                          INT_PATH(q4_K), SMALL(q4_K), INT2(q4_K), 0,
-                                         INT2_ON(q4_K)};
+                                         INT2_ON(q4_K), .many = MANY(q4_K)};
 const struct quant_format FORMAT_Q5_K = {QT_Q5_K, QK_K, sizeof(block_q5_K), PATHS(q5_K), 0,
                                          NULL, NULL, NULL, NULL, INT2(q5_K)};
 const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K), 0,
-                                         INT_PATH(q6_K), SMALL(q6_K), INT2(q6_K)};
+                                         INT_PATH(q6_K), SMALL(q6_K), INT2(q6_K),
+                                         .many = MANY(q6_K)};

@@ -10,14 +10,17 @@
  *     WIDE_ROWS rows of W at a time (one for the float formats), with software prefetch. For
  *     m = 2..8 on AVX-512, a format's small-batch kernel (Q8_0, Q4_0, Q4_1, Q6_K; Q4_K at 2-4 on
  *     Intel's CPUs) takes SMALL_ROWS(m) rows of W against up to SMALL_MAX_M inputs (5-8 in two
- *     passes), sharing each load of x. The last rows, and every other case, go row by row: a
- *     format's register-fused rows kernel (every format on AVX2 and AVX-512) dequantizes a row in
- *     registers and dots it with up to ROWS_MAX input rows at a time (ROWS_GROUP rows of W against
- *     each ROWS_MAX inputs in turn while they are in the cache, and x in L1-sized pieces where its
- *     rows are long: rows_piece_blocks); the portable path dequantizes a chunk of the row into an
- *     L1 buffer and dots it with the input rows. Every one of these sums each (row of W, input row)
- *     in the order of the format's one-row kernels: an output has the same bits at 1 input row or
- *     at fused_rows, beside any other rows (what speculative decoding's verify rows need).
+ *     passes), sharing each load of x; at m = 5..8 on Intel's CPUs, Q4_K's and Q6_K's half-sum
+ *     kernels take MANY_ROWS(m) rows of W against all m inputs instead, one of the rows
+ *     kernel's two sums per pass (many_batch). The last rows, and every other case, go row by
+ *     row: a format's register-fused rows kernel (every format on AVX2 and AVX-512) dequantizes a
+ *     row in registers and dots it with up to ROWS_MAX input rows at a time (ROWS_GROUP rows of W
+ *     against each ROWS_MAX inputs in turn while they are in the cache, and x in L1-sized pieces
+ *     where its rows are long: rows_piece_blocks); the portable path dequantizes a chunk of the row
+ *     into an L1 buffer and dots it with the input rows. Every one of these sums each (row of W,
+ *     input row) in the order of the format's one-row kernels: an output has the same bits at 1
+ *     input row or at fused_rows, beside any other rows (what speculative decoding's verify rows
+ *     need).
  *     Q4_K and Q6_K take the integer paths instead (pagecli_quant_int_dots): on AVX-512 VNNI,
  *     a batch-1 kernel over WIDE_ROWS rows of W (int_batch_one) and a kernel for 2 or more
  *     input rows (int_rows) that gives each input the batch-1 bits, taken only under INT_ON
@@ -77,6 +80,8 @@
 #define ONE_STRIP_PANEL_BYTES (1 << 18)
 #define ROWS_X_BYTES (16 << 10) /* a piece of x the rows kernels take at once: in the L1 */
 #define ROWS_GROUP 8 /* rows of W against each piece of x in turn */
+#define MANY_X_BYTES (16 << 10) /* a piece of x the half-sum kernels take at once: in the L1 */
+#define MANY_GROUPS 4 /* groups of W's rows against each piece of x in turn */
 
 typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n,
                          const int *k, const float *alpha, const float *a, const int *lda,
@@ -476,6 +481,56 @@ static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t 
     }
 }
 
+/* Blocks of a row that the half-sum kernels take at once against m input rows: all of them
+ * where those rows of x take at most twice MANY_X_BYTES, else pieces of MANY_X_BYTES (whole
+ * blocks, at least one); at most MANY_PIECE_BLOCKS. Each call of a piece touches half of its
+ * x. */
+static int64_t many_piece_blocks(const struct quant_format *f, int64_t m, int64_t blocks) {
+    const int64_t block_x = m * f->block_values * (int64_t)sizeof(float);
+    if (blocks * block_x <= 2 * MANY_X_BYTES) return min64(blocks, MANY_PIECE_BLOCKS);
+    const int64_t fit = min64(MANY_X_BYTES / block_x, MANY_PIECE_BLOCKS);
+    return fit > 0 ? fit : 1;
+}
+
+/* y = x @ W.T for m = MANY_MIN_M..ROWS_MAX input rows through the format's half-sum kernel,
+ * MANY_ROWS(m) rows of W at a time, MANY_GROUPS such groups against each piece of x in turn
+ * (half 0, then half 1) while it is in the L1; the last rows, fewer than a group, through
+ * the rows kernel (the same order of sums, so the same bits). */
+static void many_batch(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
+                       int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m,
+                       float *y, int64_t ldy, int num_threads) {
+    const int64_t group = MANY_ROWS(m), groups = n / group;
+    const int64_t sets = (groups + MANY_GROUPS - 1) / MANY_GROUPS;
+    const int64_t piece = many_piece_blocks(f, m, blocks);
+    FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 1)", num_threads,
+                set, sets, {
+        float state[MANY_GROUPS][MANY_STATE] __attribute__((aligned(64)));
+        float scratch[MANY_SCRATCH] __attribute__((aligned(64)));
+        float out[3 * ROWS_MAX];
+        const int64_t g0 = set * MANY_GROUPS, count = min64(MANY_GROUPS, groups - g0);
+        for (int64_t b0 = 0; b0 < blocks; b0 += piece) {
+            const int64_t nb = min64(piece, blocks - b0);
+            const int phase = (b0 == 0 ? ROWS_FIRST : 0) | (b0 + nb == blocks ? ROWS_LAST : 0);
+            for (int64_t g = g0; g < g0 + count; g++) {
+                const uint8_t *wg = w + g * group * row_bytes + b0 * f->block_bytes;
+                for (int half = 0; half < 2; half++)
+                    f->many(wg, row_bytes, nb, x + b0 * f->block_values, ldx, (int)m, half,
+                            phase, state[g - g0], scratch, out);
+                if (phase & ROWS_LAST)
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t r = 0; r < group; r++)
+                            y[i * ldy + g * group + r] = out[i * group + r];
+            }
+        }
+    });
+    for (int64_t row = groups * group; row < n; row++) {
+        float acc[ROWS_MAX];
+        f->rows[ISA_AVX512](w + row * row_bytes, blocks, x, ldx, (int)m, acc, NULL,
+                            ROWS_FIRST | ROWS_LAST);
+        for (int64_t i = 0; i < m; i++) y[i * ldy + row] = acc[i];
+    }
+}
+
 /* Fused dequantize-and-dot, for any number of input rows (the rows kernels take up to
  * ROWS_MAX of them at a time against each group of W's rows while it is in the cache; the
  * buffered path FUSED_MAX_ROWS). Each (row of W, input row) sums in the same order whatever
@@ -527,6 +582,17 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         w += done * row_bytes; /* the last rows, fewer than a group, take the paths below */
         y += done;
         n -= done;
+    }
+    /* 5-8 rows of the K-quants on Intel's CPUs: their half-sum kernels, each weight row
+     * unpacked once for all the inputs (two passes of the small-batch kernels unpack it
+     * twice, and Q4_K's rows kernel loads x again for every weight row; a 2-core Xeon with
+     * AMX, the 1B shape's projections at 5-8 rows: Q4_K 0.89-0.92 and Q6_K 0.81-0.93 the
+     * time, the 8B shape's 0.88 and 0.66-0.94). Not measured on AMD's CPUs: they keep the
+     * other kernels. */
+    if (f->many && isa == ISA_AVX512 && m >= MANY_MIN_M && m <= ROWS_MAX && small_batches &&
+        cpu_features()->intel) {
+        many_batch(f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy, num_threads);
+        return;
     }
     /* Q4_K's small-batch kernel: up to 4 rows, on Intel's CPUs (a 2-core Xeon with AMX, a 1B
      * shape's projections: 2 rows 52 against 98 ms on the rows kernel, 4 rows 78 against 91,
