@@ -270,15 +270,15 @@ typedef void (*small_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, c
  * each load of x between R rows. The two halves' sums go to `state` between calls
  * (MANY_STATE floats, 64-byte aligned): `phase` ROWS_FIRST starts them at zero, and the call
  * of half 1 under ROWS_LAST reduces acc[0] + acc[1] into out[i * R + r] as the rows kernel
- * does. A row is taken in pieces of at most MANY_PIECE_BLOCKS blocks, each piece's half 0
+ * does. A row is taken in pieces of at most MANY_PIECE_VALUES values, each piece's half 0
  * then half 1 (x's piece in the L1): the same sums in the same order, the rows kernel's
  * bits. `scratch` (MANY_SCRATCH floats) carries what half 0 unpacks for half 1 of a piece
  * (the K-quants' scales). */
 #define MANY_MIN_M 5
 #define MANY_ROWS(m) ((m) <= 6 ? 3 : 2)
 #define MANY_STATE (3 * 6 * 2 * 16) /* R * M * 2 vectors at most (3 x 6; 2 x 8 is fewer) */
-#define MANY_PIECE_BLOCKS 16
-#define MANY_SCRATCH (3 * MANY_PIECE_BLOCKS * 16)
+#define MANY_PIECE_VALUES 4096 /* 16 K-quant super-blocks */
+#define MANY_SCRATCH (3 * (MANY_PIECE_VALUES / 256) * 16) /* 16 floats a row, super-block */
 typedef void (*many_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, const float *x,
                         int64_t ldx, int m, int half, int phase, float *state, float *scratch,
                         float *out);

@@ -10,17 +10,17 @@
  *     WIDE_ROWS rows of W at a time (one for the float formats), with software prefetch. For
  *     m = 2..8 on AVX-512, a format's small-batch kernel (Q8_0, Q4_0, Q4_1, Q6_K; Q4_K at 2-4 on
  *     Intel's CPUs) takes SMALL_ROWS(m) rows of W against up to SMALL_MAX_M inputs (5-8 in two
- *     passes), sharing each load of x; at m = 5..8 on Intel's CPUs, Q4_K's and Q6_K's half-sum
- *     kernels take MANY_ROWS(m) rows of W against all m inputs instead, one of the rows
- *     kernel's two sums per pass (many_batch). The last rows, and every other case, go row by
- *     row: a format's register-fused rows kernel (every format on AVX2 and AVX-512) dequantizes a
- *     row in registers and dots it with up to ROWS_MAX input rows at a time (ROWS_GROUP rows of W
- *     against each ROWS_MAX inputs in turn while they are in the cache, and x in L1-sized pieces
- *     where its rows are long: rows_piece_blocks); the portable path dequantizes a chunk of the row
- *     into an L1 buffer and dots it with the input rows. Every one of these sums each (row of W,
- *     input row) in the order of the format's one-row kernels: an output has the same bits at 1
- *     input row or at fused_rows, beside any other rows (what speculative decoding's verify rows
- *     need).
+ *     passes), sharing each load of x; at m = 5..8 on Intel's CPUs, the half-sum kernels (those
+ *     formats', Q4_K's, IQ4_NL's and MXFP4's) take MANY_ROWS(m) rows of W against all m inputs
+ *     instead, one of the rows kernel's two sums per pass (many_batch). The last rows, and every
+ *     other case, go row by row: a format's register-fused rows kernel (every format on AVX2 and
+ *     AVX-512) dequantizes a row in registers and dots it with up to ROWS_MAX input rows at a time
+ *     (ROWS_GROUP rows of W against each ROWS_MAX inputs in turn while they are in the cache, and x
+ *     in L1-sized pieces where its rows are long: rows_piece_blocks); the portable path dequantizes
+ *     a chunk of the row into an L1 buffer and dots it with the input rows. Every one of these sums
+ *     each (row of W, input row) in the order of the format's one-row kernels: an output has the
+ *     same bits at 1 input row or at fused_rows, beside any other rows (what speculative decoding's
+ *     verify rows need).
  *     Q4_K and Q6_K take the integer paths instead (pagecli_quant_int_dots): on AVX-512 VNNI,
  *     a batch-1 kernel over WIDE_ROWS rows of W (int_batch_one) and a kernel for 2 or more
  *     input rows (int_rows) that gives each input the batch-1 bits, taken only under INT_ON
@@ -483,12 +483,13 @@ static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t 
 
 /* Blocks of a row that the half-sum kernels take at once against m input rows: all of them
  * where those rows of x take at most twice MANY_X_BYTES, else pieces of MANY_X_BYTES (whole
- * blocks, at least one); at most MANY_PIECE_BLOCKS. Each call of a piece touches half of its
- * x. */
+ * blocks, at least one); at most MANY_PIECE_VALUES values. Each call of a piece touches half
+ * of its x. */
 static int64_t many_piece_blocks(const struct quant_format *f, int64_t m, int64_t blocks) {
     const int64_t block_x = m * f->block_values * (int64_t)sizeof(float);
-    if (blocks * block_x <= 2 * MANY_X_BYTES) return min64(blocks, MANY_PIECE_BLOCKS);
-    const int64_t fit = min64(MANY_X_BYTES / block_x, MANY_PIECE_BLOCKS);
+    const int64_t most = MANY_PIECE_VALUES / f->block_values;
+    if (blocks * block_x <= 2 * MANY_X_BYTES) return min64(blocks, most);
+    const int64_t fit = min64(MANY_X_BYTES / block_x, most);
     return fit > 0 ? fit : 1;
 }
 
@@ -583,12 +584,12 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
         y += done;
         n -= done;
     }
-    /* 5-8 rows of the K-quants on Intel's CPUs: their half-sum kernels, each weight row
-     * unpacked once for all the inputs (two passes of the small-batch kernels unpack it
-     * twice, and Q4_K's rows kernel loads x again for every weight row; a 2-core Xeon with
-     * AMX, the 1B shape's projections at 5-8 rows: Q4_K 0.89-0.92 and Q6_K 0.81-0.93 the
-     * time, the 8B shape's 0.88 and 0.66-0.94). Not measured on AMD's CPUs: they keep the
-     * other kernels. */
+    /* 5-8 rows on Intel's CPUs: the half-sum kernels, each weight row unpacked once for all
+     * the inputs (two passes of the small-batch kernels unpack it twice, and Q4_K's rows
+     * kernel loads x again for every weight row; a 2-core Xeon with AMX, the 1B shape's
+     * projections at 5-8 rows: Q4_K 0.89-0.92 and Q6_K 0.81-0.93 the time, the 8B shape's
+     * 0.88 and 0.66-0.94; Q8_0 0.72-0.80, Q4_0 0.88-0.94, Q4_1 0.83-0.93, MXFP4 0.91-1.00).
+     * Not measured on AMD's CPUs: they keep the other kernels. */
     if (f->many && isa == ISA_AVX512 && m >= MANY_MIN_M && m <= ROWS_MAX && small_batches &&
         cpu_features()->intel) {
         many_batch(f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy, num_threads);

@@ -258,9 +258,10 @@ weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
 
 /* ---- register-fused decode rows, small-batch and wide kernels, per format (AVX-512) -------
  * rows: one weight row against up to ROWS_MAX inputs; small: R rows against 2-4 inputs
- * (SMALL_*: quant_blocks.h); wide: WIDE_ROWS rows against one input, so that eight FMA chains
- * run side by side and each 32 values of x are loaded once for the four (WIDE_*:
- * quant_blocks.h). */
+ * (SMALL_*: quant_blocks.h); many: R rows against 5-8 inputs, values 0..15 of every block
+ * (the rows kernel's first sum) in one pass and 16..31 in the other (MANY_*); wide: WIDE_ROWS
+ * rows against one input, so that eight FMA chains run side by side and each 32 values of x
+ * are loaded once for the four (WIDE_*: quant_blocks.h). */
 
 #define BLOCK_KERNELS(name)                                                                    \
     ROWS_KERNEL(rows_##name##_avx512) {                                                        \
@@ -291,6 +292,25 @@ weights_q4_1(const block_q4_1 *b, __m512 *w0, __m512 *w1) {
         SMALL_END                                                                              \
     }                                                                                          \
     SMALL_DISPATCH(small_##name##_avx512)                                                      \
+                                                                                               \
+    MANY_KERNEL(many_##name##_avx512) {                                                        \
+        MANY_BEGIN                                                                             \
+        (void)scratch;                                                                         \
+        for (int64_t j = 0; j < nb; j++) {                                                     \
+            __m512 wv[3];                                                                      \
+            for (int r = 0; r < R; r++) {                                                      \
+                const block_##name *b =                                                        \
+                    (const block_##name *)((const uint8_t *)w + r * row_bytes) + j;            \
+                if (!HALF) WIDE_PREFETCH(b);                                                   \
+                __m512 w0, w1; /* the half not taken is never computed */                      \
+                weights_##name(b, &w0, &w1);                                                   \
+                wv[r] = HALF ? w1 : w0;                                                        \
+            }                                                                                  \
+            MANY_FMA16(wv, 32 * j + 16 * HALF)                                                 \
+        }                                                                                      \
+        MANY_END                                                                               \
+    }                                                                                          \
+    MANY_DISPATCH(many_##name##_avx512)                                                        \
                                                                                                \
     TARGET_AVX512 static void wide_##name##_avx512(const void *w, int64_t row_bytes, int64_t nb, \
                                                    const float *x, float *out) {               \
@@ -566,7 +586,8 @@ AVX2_KERNELS(iq4_xs, QK_K, AVX2_WALK_IQ4_XS)
     {dequant_##name##_portable, dequant_##name##_avx2, dequant_##name##_avx512},               \
         {NULL, rows_##name##_avx2, rows_##name##_avx512}
 #define WIDE(name)                                                                             \
-    , {NULL, wide_##name##_avx2, wide_##name##_avx512}, .small = small_##name##_avx512
+    , {NULL, wide_##name##_avx2, wide_##name##_avx512}, .small = small_##name##_avx512,       \
+      .many = many_##name##_avx512
 #define INT2(name)                                                                             \
     , .split2 = split2_x32, .int_rows2 = int2_rows_##name, .int_wide2 = int2_wide_##name,     \
       .int2_when_on = 1

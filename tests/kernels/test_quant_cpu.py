@@ -151,11 +151,11 @@ def assert_bits_of_whole_rows(x: torch.Tensor, weight: QuantWeight, fmt: str) ->
 @pytest.mark.parametrize("rows", [3, 5, 8])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
-    """A batch of 3-8 input rows too long for the L1 goes through the row kernels (5-8 rows of
-    the K-quants on Intel's CPUs: the half-sum kernels) piece by piece, each row's sums kept
-    between pieces (17 super-blocks or 137 blocks: the last piece shorter; 37 outputs: the
-    last group of weight rows shorter). The result is the float64 product's within the
-    tolerance, and bit for bit that of whole rows."""
+    """A batch of 3-8 input rows too long for the L1 goes through the row kernels (5-8 rows on
+    Intel's CPUs: the half-sum kernels) piece by piece, each row's sums kept between pieces
+    (17 super-blocks or 137 blocks: the last piece shorter; 37 outputs: the last group of
+    weight rows shorter). The result is the float64 product's within the tolerance, and bit
+    for bit that of whole rows."""
     cols = 17 * 256 if FORMATS[fmt].block_values == 256 else 137 * 32
     weight = random_weight(fmt, 37, cols, seed=rows)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
@@ -166,9 +166,9 @@ def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_small_batch_kernels_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
     """2-8 input rows: the small-batch kernels (AVX-512; R weight rows sharing each load of x;
-    5-8 rows in two passes, or, for Q4_K and Q6_K on Intel's CPUs, the half-sum kernels: 3
-    weight rows at 5-6 inputs, 2 at 7-8, one of the rows kernel's two sums a pass) sum each
-    (row, input) as the rows kernel does; 37 outputs leave a last group shorter than R."""
+    5-8 rows in two passes, or, on Intel's CPUs, the half-sum kernels: 3 weight rows at 5-6
+    inputs, 2 at 7-8, one of the rows kernel's two sums a pass) sum each (row, input) as the
+    rows kernel does; 37 outputs leave a last group shorter than R."""
     cols = _cols(fmt)
     weight = random_weight(fmt, 37, cols, seed=rows + 10)
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + 10))
