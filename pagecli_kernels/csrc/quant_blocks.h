@@ -469,8 +469,9 @@ static inline __attribute__((always_inline)) void prefetch_w(int l2, const void 
 /* The half-sum kernels (many_fn): acc[r][i] for R weight rows and M input rows, the half
  * HALF of the rows kernel's sums (R, M and HALF constants of each copy of the body).
  * MANY_FMA16(w, off): 16 weights of each row against x[i][off..off+16) for every input, each
- * load of x kept in a register for the R rows (GCC folds a load into each FMA otherwise: R
- * loads a vector of x; 10% of a 2-row Q4_K kernel's time on a Xeon). */
+ * load of x kept in a register for the R rows (GCC otherwise folds a load into each FMA, R
+ * loads a vector of x: a C harness of Q4_K's kernel, 2 weight rows against 8 inputs, one
+ * thread of a Xeon with AMX, 2.45 against 2.72 G FMA/s). */
 #define MANY_BEGIN                                                                             \
     const int64_t ahead = wide_prefetch_distance(row_bytes, R);                                \
     const int l2 = pagecli_quant_prefetch_l2;                                                  \
