@@ -145,7 +145,7 @@ def vnni_q4_k() -> bool:
     return lib is not None and bool(lib.pagecli_quant_vnni_q4_k())
 
 
-SMALL_BATCHES = ("auto", "off")  # pagecli_quant_set_small_batches's choices
+SMALL_BATCHES = ("auto", "off", "on")  # pagecli_quant_set_small_batches's choices
 
 
 def small_batches() -> bool:
@@ -154,6 +154,14 @@ def small_batches() -> bool:
     stay in the L1; off, the row kernels take whole rows: the same bits, slower."""
     lib = library()
     return lib is not None and bool(lib.pagecli_quant_small_batches())
+
+
+def small_batches_all() -> bool:
+    """Whether the small-batch kernels that "auto" keeps to Intel's CPUs run too: Q4_K's for
+    2-4 input rows and the half-sum kernels for 5-8 (measured on a Xeon only). "on" runs them
+    on any CPU with AVX-512, with the same bits (tests, and measurements elsewhere)."""
+    lib = library()
+    return lib is not None and bool(lib.pagecli_quant_small_batches_all())
 
 
 def fused_rows() -> int:
@@ -312,6 +320,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pagecli_quant_set_small_batches.argtypes = [i32]
     lib.pagecli_quant_set_small_batches.restype = i32
     lib.pagecli_quant_small_batches.restype = i32
+    lib.pagecli_quant_small_batches_all.restype = i32
     lib.pagecli_quant_set_fused_rows.argtypes = [i32]
     lib.pagecli_quant_set_fused_rows.restype = i32
     lib.pagecli_quant_fused_rows.restype = i32

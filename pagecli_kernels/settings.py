@@ -27,7 +27,7 @@ Isa = Literal["auto", "portable", "avx2", "avx512"]
 Prefetch = Literal["auto", "l1", "l2"]
 Gemm = Literal["auto", "blas", "native", "off"]
 Switch = Literal["auto", "off", "on"]
-SmallBatches = Literal["auto", "off"]
+SmallBatches = Literal["auto", "off", "on"]
 Bf16Gemm = Literal["auto", "off", "pairs", "tiles", "float32"]
 
 # each choice field's values (the first is the default, the CPU's own choice)
@@ -38,7 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tiles": ("auto", "off", "on"),
     "int_dots": ("auto", "off", "on"),
     "vnni_q4_k": ("auto", "off", "on"),
-    "small_batches": ("auto", "off"),
+    "small_batches": ("auto", "off", "on"),
     "bf16_gemm": ("auto", "off", "pairs", "tiles", "float32"),
 }
 SWITCHES = ("native", "layers", "timing")  # the bool fields
@@ -72,7 +72,8 @@ class KernelSettings:
     # Q4_K on AVX-512 VNNI's integer kernels where int_dots runs them (auto: on AMD's CPUs;
     # on Intel's the float kernels are the faster, and Q4_K keeps them at every batch)
     vnni_q4_k: Switch = "auto"
-    # the small-batch kernels for 2-8 input rows (off: whole rows, the same bits)
+    # the small-batch kernels for 2-8 input rows (off: whole rows, the same bits; on: also
+    # those auto keeps to Intel's CPUs, Q4_K's 2-4 and the half-sum 5-8, on any AVX-512 CPU)
     small_batches: SmallBatches = "auto"
     # bfloat16 batches: AMX's tiles, VDPBF16PS pairs, float32 panels, or off (torch's GEMM)
     bf16_gemm: Bf16Gemm = "auto"

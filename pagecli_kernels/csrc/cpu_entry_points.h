@@ -35,6 +35,7 @@ int pagecli_bf16_linear(const void *w, int64_t n, int64_t k, const void *x, int6
 int pagecli_quant_tiles_format(int type);
 int pagecli_quant_set_int_dots(int choice);
 int pagecli_quant_set_small_batches(int choice); /* quant_linear_cpu.c */
+int pagecli_quant_small_batches_all(void); /* quant_linear_cpu.c */
 int pagecli_quant_int_dots(void);
 int pagecli_quant_int_dots_on(void);
 int pagecli_quant_set_vnni_q4_k(int choice); /* quant_linear_cpu.c */

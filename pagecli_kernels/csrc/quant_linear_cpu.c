@@ -406,18 +406,27 @@ static int int_batch_one(int_split_fn split, int_wide_fn kernel, const struct qu
 
 /* pagecli_quant_set_small_batches: 0 leaves batches of 2-8 rows to rows() over whole rows */
 static int small_batches = 1;
+static int small_everywhere = 0; /* 1: the kernels auto keeps to Intel's CPUs, on any CPU */
 
 /* 0 (auto: the small-batch kernels for 2-8 input rows, pieces of x where it does not fit the
- * L1) or 1 (neither: the rows kernel over whole rows, the same bits; tests); -1 for another
- * choice. */
+ * L1; Q4_K's small-batch kernel and the half-sum kernels on Intel's CPUs only), 1 (none: the
+ * rows kernel over whole rows, the same bits; tests) or 2 (on: all of them on every CPU with
+ * AVX-512: the same bits, for tests and measurements on other CPUs); -1 for another choice. */
 int pagecli_quant_set_small_batches(int choice) {
-    if (choice < 0 || choice > 1) return -1;
-    small_batches = !choice;
+    if (choice < 0 || choice > 2) return -1;
+    small_batches = choice != 1;
+    small_everywhere = choice == 2;
     return 0;
 }
 
-/* 1 where the small-batch kernels and the pieces of x are on (their auto), 0 where off. */
+/* 1 where the small-batch kernels and the pieces of x are on (auto or on), 0 where off. */
 int pagecli_quant_small_batches(void) { return small_batches; }
+
+/* 1 where Q4_K's small-batch kernel and the half-sum kernels run too: auto on Intel's CPUs,
+ * or on. */
+int pagecli_quant_small_batches_all(void) {
+    return small_batches && (small_everywhere || cpu_features()->intel);
+}
 
 /* The integer paths for several input rows (int_rows_fn; AVX2's for any number, AVX-512
  * VNNI's for 2 or more): each of the m input rows split once, then each thread's weight rows
@@ -589,9 +598,9 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
      * kernel loads x again for every weight row; a 2-core Xeon with AMX, the 1B shape's
      * projections at 5-8 rows: Q4_K 0.89-0.92 and Q6_K 0.81-0.93 the time, the 8B shape's
      * 0.88 and 0.66-0.94; Q8_0 0.72-0.80, Q4_0 0.88-0.94, Q4_1 0.83-0.93, MXFP4 0.91-1.00).
-     * Not measured on AMD's CPUs: they keep the other kernels. */
-    if (f->many && isa == ISA_AVX512 && m >= MANY_MIN_M && m <= ROWS_MAX && small_batches &&
-        cpu_features()->intel) {
+     * Not measured on AMD's CPUs: they keep the other kernels unless small_batches is on. */
+    if (f->many && isa == ISA_AVX512 && m >= MANY_MIN_M && m <= ROWS_MAX &&
+        pagecli_quant_small_batches_all()) {
         many_batch(f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy, num_threads);
         return;
     }
@@ -599,7 +608,7 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
      * shape's projections: 2 rows 52 against 98 ms on the rows kernel, 4 rows 78 against 91,
      * 8 in two passes 151 against 122; an earlier one ran 5-12% slower than the rows kernel
      * at 2-4 rows on a Zen 4) */
-    const int small_q4_K = m <= SMALL_MAX_M && cpu_features()->intel;
+    const int small_q4_K = m <= SMALL_MAX_M && pagecli_quant_small_batches_all();
     if (f->small && isa == ISA_AVX512 && m >= 2 && m <= FUSED_MAX_ROWS && small_batches &&
         (f->type != QT_Q4_K || small_q4_K)) {
         /* (more rows: the rows kernels, the same bits, W's rows read from memory once) */

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from pagecli.engine.spec_decode.invariance import verify_kernel_settings
-from pagecli_kernels import quant_cpu, reference
+from pagecli_kernels import native, quant_cpu, reference
 from pagecli_kernels.quant_formats import FORMATS, QuantWeight, float_rows
 from pagecli_kernels.settings import applied, kernel_settings
 
@@ -136,6 +136,17 @@ def test_quant_linear_matches_float64(isa, fmt, rows):
     assert_within(quant_cpu.quant_linear(x, weight), x, weight, fmt)
 
 
+@pytest.fixture(params=["auto", "on"])
+def small(request):
+    """small_batches "auto", then "on" (the kernels auto keeps to Intel's CPUs, on any CPU
+    with AVX-512); "on" is skipped (named) where it runs what auto runs: on Intel's CPUs, and
+    off the AVX-512 path (after `isa` where a test asks for both)."""
+    if request.param == "on" and (quant_cpu.small_batches_all() or quant_cpu.isa() != "avx512"):
+        pytest.skip("small_batches on runs auto's kernels on this CPU and path")
+    with kernel_settings(small_batches=request.param):
+        yield request.param
+
+
 def assert_bits_of_whole_rows(x: torch.Tensor, weight: QuantWeight, fmt: str) -> None:
     """x @ W.T as the small-batch paths take it (the small-batch kernels, pieces of x): within
     the float64 tolerance, and bit for bit the rows kernel's over whole rows (small_batches
@@ -150,7 +161,7 @@ def assert_bits_of_whole_rows(x: torch.Tensor, weight: QuantWeight, fmt: str) ->
 
 @pytest.mark.parametrize("rows", [3, 5, 8])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
+def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, small, fmt, rows):
     """A batch of 3-8 input rows too long for the L1 goes through the row kernels (5-8 rows on
     Intel's CPUs: the half-sum kernels) piece by piece, each row's sums kept between pieces
     (17 super-blocks or 137 blocks: the last piece shorter; 37 outputs: the last group of
@@ -164,7 +175,7 @@ def test_long_rows_in_pieces_give_the_bits_of_whole_rows(isa, fmt, rows):
 
 @pytest.mark.parametrize("rows", [2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_small_batch_kernels_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
+def test_small_batch_kernels_give_the_bits_of_the_rows_kernel(isa, small, fmt, rows):
     """2-8 input rows: the small-batch kernels (AVX-512; R weight rows sharing each load of x;
     5-8 rows in two passes, or, on Intel's CPUs, the half-sum kernels: 3 weight rows at 5-6
     inputs, 2 at 7-8, one of the rows kernel's two sums a pass) sum each (row, input) as the
@@ -177,8 +188,13 @@ def test_small_batch_kernels_give_the_bits_of_the_rows_kernel(isa, fmt, rows):
 
 def test_small_batches_choices():
     assert quant_cpu.small_batches()
+    assert quant_cpu.small_batches_all() == native.cpu_features()["intel"]
+    with kernel_settings(small_batches="on"):
+        assert quant_cpu.small_batches() and quant_cpu.small_batches_all()
+    with kernel_settings(small_batches="off"):
+        assert not quant_cpu.small_batches() and not quant_cpu.small_batches_all()
     with pytest.raises(ValueError, match="small_batches"):
-        with kernel_settings(small_batches="on"):
+        with kernel_settings(small_batches="always"):
             pass
 
 
