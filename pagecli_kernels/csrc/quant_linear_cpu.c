@@ -404,28 +404,30 @@ static int int_batch_one(int_split_fn split, int_wide_fn kernel, const struct qu
     return 1;
 }
 
-/* pagecli_quant_set_small_batches: 0 leaves batches of 2-8 rows to rows() over whole rows */
-static int small_batches = 1;
-static int small_everywhere = 0; /* 1: the kernels auto keeps to Intel's CPUs, on any CPU */
+/* pagecli_quant_set_small_batches's choice */
+enum small_choice { SMALL_AUTO = 0, SMALL_OFF = 1, SMALL_ON = 2 };
+static int small_choice = SMALL_AUTO;
+
+/* 0 where batches of 2-8 rows go to rows() over whole rows (small_batches off) */
+static inline int small_batches_on(void) { return small_choice != SMALL_OFF; }
 
 /* 0 (auto: the small-batch kernels for 2-8 input rows, pieces of x where it does not fit the
  * L1; Q4_K's small-batch kernel and the half-sum kernels on Intel's CPUs only), 1 (none: the
  * rows kernel over whole rows, the same bits; tests) or 2 (on: all of them on every CPU with
  * AVX-512: the same bits, for tests and measurements on other CPUs); -1 for another choice. */
 int pagecli_quant_set_small_batches(int choice) {
-    if (choice < 0 || choice > 2) return -1;
-    small_batches = choice != 1;
-    small_everywhere = choice == 2;
+    if (choice < SMALL_AUTO || choice > SMALL_ON) return -1;
+    small_choice = choice;
     return 0;
 }
 
 /* 1 where the small-batch kernels and the pieces of x are on (auto or on), 0 where off. */
-int pagecli_quant_small_batches(void) { return small_batches; }
+int pagecli_quant_small_batches(void) { return small_batches_on(); }
 
 /* 1 where Q4_K's small-batch kernel and the half-sum kernels run too: auto on Intel's CPUs,
  * or on. */
 int pagecli_quant_small_batches_all(void) {
-    return small_batches && (small_everywhere || cpu_features()->intel);
+    return small_choice == SMALL_ON || (small_choice == SMALL_AUTO && cpu_features()->intel);
 }
 
 /* The integer paths for several input rows (int_rows_fn; AVX2's for any number, AVX-512
@@ -457,15 +459,37 @@ static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_f
     return 1;
 }
 
+/* Blocks of a row taken at once, block_x bytes of x each: all of them (at most `most`) where
+ * they take at most twice `bytes`, else pieces whose x takes `bytes` (whole blocks, at least
+ * one; at most `most`). */
+static int64_t piece_blocks(int64_t block_x, int64_t blocks, int64_t bytes, int64_t most) {
+    if (blocks * block_x <= 2 * bytes) return min64(blocks, most);
+    const int64_t fit = min64(bytes / block_x, most);
+    return fit > 0 ? fit : 1;
+}
+
 /* Blocks of a row that the rows kernels take at once against `m` input rows: all of them
  * where those rows of x take at most twice ROWS_X_BYTES (the L1 holds them, or nearly), else
  * a piece whose rows take ROWS_X_BYTES (whole blocks, at least one). At m = 8 over 2048 values
  * x is 64 KiB: read again from the L2 for every row of W, it bounded the kernels. */
 static int64_t rows_piece_blocks(const struct quant_format *f, int64_t m, int64_t blocks) {
+    if (!small_batches_on()) return blocks;
     const int64_t block_x = min64(m, ROWS_MAX) * f->block_values * (int64_t)sizeof(float);
-    if (!small_batches || blocks * block_x <= 2 * ROWS_X_BYTES) return blocks;
-    const int64_t fit = ROWS_X_BYTES / block_x;
-    return fit > 0 ? fit : 1;
+    return piece_blocks(block_x, blocks, ROWS_X_BYTES, blocks);
+}
+
+/* Rows [from, n) of y = x @ W.T on this thread through the AVX-512 rows kernel over whole
+ * rows: the rows a group of the small-batch or half-sum kernels leaves over (the same order of
+ * sums, so the same bits). */
+static void rows_alone(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
+                       int64_t from, int64_t n, int64_t blocks, const float *x, int64_t ldx,
+                       int64_t m, float *y, int64_t ldy) {
+    for (int64_t row = from; row < n; row++) {
+        float acc[ROWS_MAX];
+        f->rows[ISA_AVX512](w + row * row_bytes, blocks, x, ldx, (int)m, acc, NULL,
+                            ROWS_FIRST | ROWS_LAST);
+        for (int64_t i = 0; i < m; i++) y[i * ldy + row] = acc[i];
+    }
 }
 
 /* y = x @ W.T for m = 2..SMALL_MAX_M input rows through the format's small-batch kernel,
@@ -482,12 +506,7 @@ static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t 
         for (int64_t i = 0; i < m; i++)
             for (int64_t r = 0; r < group; r++) y[i * ldy + g * group + r] = out[i * group + r];
     });
-    for (int64_t row = groups * group; row < n; row++) {
-        float acc[ROWS_MAX];
-        f->rows[ISA_AVX512](w + row * row_bytes, blocks, x, ldx, (int)m, acc, NULL,
-                            ROWS_FIRST | ROWS_LAST);
-        for (int64_t i = 0; i < m; i++) y[i * ldy + row] = acc[i];
-    }
+    rows_alone(f, w, row_bytes, groups * group, n, blocks, x, ldx, m, y, ldy);
 }
 
 /* Blocks of a row that the half-sum kernels take at once against m input rows: all of them
@@ -496,10 +515,7 @@ static void small_batch(const struct quant_format *f, const uint8_t *w, int64_t 
  * of its x. */
 static int64_t many_piece_blocks(const struct quant_format *f, int64_t m, int64_t blocks) {
     const int64_t block_x = m * f->block_values * (int64_t)sizeof(float);
-    const int64_t most = MANY_PIECE_VALUES / f->block_values;
-    if (blocks * block_x <= 2 * MANY_X_BYTES) return min64(blocks, most);
-    const int64_t fit = min64(MANY_X_BYTES / block_x, most);
-    return fit > 0 ? fit : 1;
+    return piece_blocks(block_x, blocks, MANY_X_BYTES, MANY_PIECE_VALUES / f->block_values);
 }
 
 /* y = x @ W.T for m = MANY_MIN_M..ROWS_MAX input rows through the format's half-sum kernel,
@@ -533,12 +549,7 @@ static void many_batch(const struct quant_format *f, const uint8_t *w, int64_t r
             }
         }
     });
-    for (int64_t row = groups * group; row < n; row++) {
-        float acc[ROWS_MAX];
-        f->rows[ISA_AVX512](w + row * row_bytes, blocks, x, ldx, (int)m, acc, NULL,
-                            ROWS_FIRST | ROWS_LAST);
-        for (int64_t i = 0; i < m; i++) y[i * ldy + row] = acc[i];
-    }
+    rows_alone(f, w, row_bytes, groups * group, n, blocks, x, ldx, m, y, ldy);
 }
 
 /* Fused dequantize-and-dot, for any number of input rows (the rows kernels take up to
@@ -609,7 +620,7 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
      * 8 in two passes 151 against 122; an earlier one ran 5-12% slower than the rows kernel
      * at 2-4 rows on a Zen 4) */
     const int small_q4_K = m <= SMALL_MAX_M && pagecli_quant_small_batches_all();
-    if (f->small && isa == ISA_AVX512 && m >= 2 && m <= FUSED_MAX_ROWS && small_batches &&
+    if (f->small && isa == ISA_AVX512 && m >= 2 && m <= FUSED_MAX_ROWS && small_batches_on() &&
         (f->type != QT_Q4_K || small_q4_K)) {
         /* (more rows: the rows kernels, the same bits, W's rows read from memory once) */
         /* 5-8 rows: two passes of 2-4 (5 = 3 + 2, ..., 8 = 4 + 4) */
