@@ -18,7 +18,7 @@ The oracle's best k bounds what prompt lookup can give a workload at these costs
 engine's policy (engine/spec_decode/proposer.py) picks k per step from measured acceptance.
 
     .venv/bin/python benchmarks/spec_lookup_bound.py MODEL.gguf [--threads 2]
-        [--num-prompts 2] [--max-tokens 96] [--rounds 3] [--json OUT]
+        [--num-prompts 2] [--max-tokens 96] [--rounds 3] [--kernels NAME=VALUE,...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -130,11 +130,13 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kernels", default="", help="the CPU kernels' choices, as --kernels")
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args()
     llm = LLM(
         args.model,
         num_threads=args.threads,
+        kernels=args.kernels,
         max_num_seqs=1,
         speculative_config={"method": "ngram", "num_speculative_tokens": MOST_ROWS - 1},
     )

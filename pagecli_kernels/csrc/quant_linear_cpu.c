@@ -23,8 +23,9 @@
  *     verify rows need).
  *     Q4_K and Q6_K take the integer paths instead (pagecli_quant_int_dots): on AVX-512 VNNI,
  *     a batch-1 kernel over WIDE_ROWS rows of W (int_batch_one) and a kernel for 2 or more
- *     input rows (int_rows) that gives each input the batch-1 bits, taken only under INT_ON
- *     (see int_choice; Q4_K on AMD's CPUs only, see vnni_q4_k_choice); on AVX2 the same two
+ *     input rows that gives each input the batch-1 bits (Q6_K's: int_many_rows, x packed and
+ *     taken in L1-sized pieces by groups of rows of W; Q4_K's: int_rows), taken only under
+ *     INT_ON (see int_choice; Q4_K on AMD's CPUs only, see vnni_q4_k_choice); on AVX2 the same two
  *     (the batch-1 kernel's rows of W one after another, each with the other kernel's
  *     one-input body) for any m up to there, and for Q4_0 and Q4_1 too under INT_ON.
  *     Decode is bound by the bytes of W read, so W is read once, packed.
@@ -367,17 +368,20 @@ static const struct int_split *split_rows(int_split_fn split, int64_t block_valu
                                           int64_t blocks, const float *x, int64_t ldx,
                                           int64_t m) {
     const int64_t values = blocks * block_values;
-    const int64_t each = values * 2 * (int64_t)sizeof(int16_t) +
-                         (blocks + values / 32) * (int64_t)sizeof(float);
-    const int64_t bytes = m * ((int64_t)sizeof(struct int_split) + each);
+    /* each row's parts 64-byte aligned: a 64-byte load of them one cache line */
+    const int64_t each = (values * 2 * (int64_t)sizeof(int16_t) +
+                          (blocks + values / 32) * (int64_t)sizeof(float) + 63) / 64 * 64;
+    const int64_t head = (m * (int64_t)sizeof(struct int_split) + 63) / 64 * 64;
+    const int64_t bytes = head + m * each;
     if (bytes > split_cap) {
-        void *grown = realloc(split_buf, (size_t)bytes);
-        if (!grown) return NULL;
+        void *grown = NULL;
+        if (posix_memalign(&grown, 64, (size_t)bytes)) return NULL;
+        free(split_buf);
         split_buf = grown;
         split_cap = bytes;
     }
     struct int_split *parts = split_buf;
-    uint8_t *space = (uint8_t *)(parts + m);
+    uint8_t *space = (uint8_t *)split_buf + head;
     for (int64_t i = 0; i < m; i++) {
         int16_t *a = (int16_t *)(space + i * each);
         float *tail = (float *)(a + 2 * values);
@@ -456,6 +460,66 @@ static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_f
             i += count;
         }
     });
+    return 1;
+}
+
+/* The m split inputs packed for int_many_fn (quant_blocks.h): for super-block s and 32-value
+ * group g, input i's 32 a parts then its 32 b parts at xp + ((s * 8 + g) * m + i) * 64; the
+ * scales at xscale[s * m + i]. */
+static __thread void *pack_buf;
+static __thread int64_t pack_cap;
+
+static int int_pack(const struct int_split *parts, int64_t m, int64_t blocks,
+                    const int16_t **xp, const float **xscale) {
+    const int64_t words = blocks * QK_K * 2 * m;
+    const int64_t bytes = words * (int64_t)sizeof(int16_t) + blocks * m * (int64_t)sizeof(float);
+    if (bytes > pack_cap) { /* 64-byte aligned: each 64-byte load of x one cache line */
+        void *grown = NULL;
+        if (posix_memalign(&grown, 64, (size_t)bytes)) return 0;
+        free(pack_buf);
+        pack_buf = grown;
+        pack_cap = bytes;
+    }
+    int16_t *p = pack_buf;
+    float *sc = (float *)(p + words);
+    for (int64_t s = 0; s < blocks; s++)
+        for (int64_t g = 0; g < QK_K / 32; g++)
+            for (int64_t i = 0; i < m; i++, p += 64) {
+                memcpy(p, parts[i].a + s * QK_K + 32 * g, 32 * sizeof(int16_t));
+                memcpy(p + 32, parts[i].b + s * QK_K + 32 * g, 32 * sizeof(int16_t));
+            }
+    for (int64_t s = 0; s < blocks; s++)
+        for (int64_t i = 0; i < m; i++) sc[s * m + i] = parts[i].scale[s];
+    *xp = pack_buf;
+    *xscale = sc;
+    return 1;
+}
+
+/* The VNNI integer path's kernels for several input rows where a format has them
+ * (int_many_fn): each of the m input rows split and packed once, then each thread's groups
+ * of INT_MANY_ROWS rows of W against up to INT_MANY_MAX inputs a pass (m cut into even
+ * groups). Returns 0 where split_rows gives nothing. */
+static int int_many_rows(int_split_fn split, int_many_fn kernel, const struct quant_format *f,
+                         const uint8_t *w, int64_t row_bytes, int64_t n, int64_t blocks,
+                         const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
+                         int num_threads) {
+    const int64_t passes = (m + INT_MANY_MAX - 1) / INT_MANY_MAX;
+    for (int64_t i = 0, p = 0; p < passes; p++) {
+        const int count = (int)((m - i) / (passes - p));
+        const struct int_split *parts =
+            split_rows(split, f->block_values, blocks, x + i * ldx, ldx, count);
+        const int16_t *xp;
+        const float *xscale;
+        if (!parts || !int_pack(parts, count, blocks, &xp, &xscale)) return 0;
+        const int64_t groups = (n + INT_MANY_ROWS - 1) / INT_MANY_ROWS;
+        FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 1)",
+                    num_threads, g, groups, {
+            const int64_t r0 = g * INT_MANY_ROWS;
+            kernel(w + r0 * row_bytes, row_bytes, blocks, (int)min64(INT_MANY_ROWS, n - r0), xp,
+                   xscale, count, y + i * ldy + r0, ldy);
+        });
+        i += count;
+    }
     return 1;
 }
 
@@ -570,6 +634,10 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     if (m == 1 && f->int_wide && vnni && pagecli_quant_int_dots() &&
         int_batch_one(f->split, f->int_wide, f, w, row_bytes, n, blocks_per_row, x, y,
                       num_threads))
+        return;
+    if (m >= 2 && f->int_many && vnni && int_choice == INT_ON && pagecli_quant_int_dots() &&
+        int_many_rows(f->split, f->int_many, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y,
+                      ldy, num_threads))
         return;
     if (m >= 2 && f->int_rows && vnni && int_choice == INT_ON &&
         pagecli_quant_int_dots() &&

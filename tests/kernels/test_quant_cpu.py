@@ -794,7 +794,7 @@ def test_int_dots_auto_follows_the_cpu():
             assert quant_cpu.int_dots()
 
 
-@pytest.mark.parametrize("rows", [2, 3, 5, 8, 17])
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 17])
 @pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_int_dots_of_several_rows_match_float64_and_each_row_alone(int_dots, fmt, rows):
     """Both integer paths take any number of input rows when on (fused_rows 17 here), each
