@@ -9,7 +9,7 @@ float32 sum over 1 GiB). Median of --repeats passes after a warm-up.
 
     .venv/bin/python benchmarks/quant_kernels.py [--threads 2] [--repeats 7]
         [--formats q4_1,q8_0,q4_0] [--rows 1,4,8] [--prefetch l1,l2] [--tiles off,on]
-        [--int-dots off,on] [--gemm blas,native]
+        [--int-dots off,on] [--gemm blas,native] [--vnni-q4-k on]
         [--shape default|1b|8b]
 
 --prefetch names the cache levels the batch-1 kernels' software prefetch may fill (the
@@ -96,6 +96,9 @@ def main() -> None:
         "--gemm", default=None, help="blas, native, auto or a list (default: auto): the panels"
     )
     parser.add_argument("--shape", default="default", choices=sorted(MODEL_SHAPES))
+    parser.add_argument(
+        "--vnni-q4-k", default="auto", help="auto, off or on: Q4_K on VNNI's integer kernels"
+    )
     args = parser.parse_args()
     hidden, intermediate = MODEL_SHAPES[args.shape][:2]
     torch.set_num_threads(args.threads)
@@ -132,12 +135,12 @@ def main() -> None:
                 times: dict = {variant: [] for variant in variants}
                 for repeat in range(args.repeats + 1):
                     for variant in variants:
-                        choose(isa, *variant)
+                        choose(isa, *variant, args.vnni_q4_k)
                         took = _time(one_pass)
                         if repeat:  # the first round warms up
                             times[variant].append(took)
                 for variant in variants:
-                    choose(isa, *variant)
+                    choose(isa, *variant, args.vnni_q4_k)
                     shown = quant_cpu.prefetch()
                     tiled = "on" if quant_cpu.tiles() else "off"
                     if rows <= FUSED_ROWS or fmt not in quant_cpu.TILES_FORMATS:
@@ -159,9 +162,15 @@ def main() -> None:
 
 
 def choose(
-    isa: str, level: str | None, tiles: str | None, int_dots: str | None, gemm: str | None
+    isa: str,
+    level: str | None,
+    tiles: str | None,
+    int_dots: str | None,
+    gemm: str | None,
+    vnni_q4_k: str = "auto",
 ) -> None:
-    """The path, the prefetch level, and the tiles, int-dots and GEMM choices (None: auto)."""
+    """The path, the prefetch level, and the tiles, int-dots, GEMM and vnni_q4_k choices (None:
+    auto)."""
     apply(
         KernelSettings(
             isa=isa,
@@ -169,6 +178,7 @@ def choose(
             tiles=tiles or "auto",
             int_dots=int_dots or "auto",
             gemm=gemm or "auto",
+            vnni_q4_k=vnni_q4_k,
         )
     )
 

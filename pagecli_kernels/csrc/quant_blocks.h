@@ -230,17 +230,21 @@ int pagecli_split2_groups(const float *x, int64_t groups, int values, const stru
 
 /* The AVX-512 VNNI integer kernels for 2-8 input rows (int_many_fn): the `rows` (at most
  * INT_MANY_ROWS) rows of W at w, w + row_bytes, ... against m (2..INT_MANY_MAX) inputs split
- * as struct int_split and packed by int_pack (xp: each 32-value group's a and b parts of the
- * m inputs side by side; xscale[s * m + i]), y[i * ldy + r]; each output has the batch-1
- * bits. */
+ * as struct int_split and packed (struct int_packed), y[i * ldy + r]; each output has the
+ * batch-1 bits. */
 #define INT_MANY_MAX 8
 #define INT_MANY_ROWS 8
 #ifndef INT_PIECE_BYTES
 #define INT_PIECE_BYTES 16384
 #endif
+struct int_packed {
+    const int16_t *x;   /* super-block s, 32-value group g, input i: its 32 a parts, then its 32
+                           b parts, at x + ((s * 8 + g) * m + i) * 64 (64-byte aligned) */
+    const float *scale; /* scale[s * m + i] */
+    const float *sums;  /* sums[(s * m + i) * 8 + j]: input i's sum over sub-block j of s */
+};
 typedef void (*int_many_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, int rows,
-                            const int16_t *xp, const float *xscale, int m, float *y,
-                            int64_t ldy);
+                            const struct int_packed *xs, int m, float *y, int64_t ldy);
 
 /* int_rows_fn for the kernels `prefix`_`name`_m, M = m (<= INT_ROWS_MAX) a constant each. */
 #define INT_ROWS_DISPATCH(target, prefix, name)                                                \
@@ -307,7 +311,6 @@ struct quant_format {
     int wide_rows;         /* rows a wide kernel takes at once; 0: WIDE_ROWS */
     int_split_fn split;        /* the integer path of AVX-512 VNNI; NULL: none */
     int_wide_fn int_wide;      /* its batch-1 kernel */
-    int_rows_fn int_rows;      /* its kernel for 2 or more input rows (the same bits) */
     small_fn small;            /* 2-4 input rows, AVX-512 (below); NULL: the rows kernel */
     int_split_fn split2;       /* the integer path of AVX2 (any number of input rows) */
     int_rows_fn int_rows2;
@@ -316,7 +319,7 @@ struct quant_format {
     int_rows_fn int_rows2_on;  /* under int_dots on, kernels with other bits (Q4_K); NULL: */
     int_wide_fn int_wide2_on;  /* int_rows2 and int_wide2 */
     many_fn many;              /* 5-8 input rows, AVX-512 (below); NULL: the other kernels */
-    int_many_fn int_many;      /* 2-8 input rows on the VNNI path; NULL: int_rows */
+    int_many_fn int_many;      /* its kernel for 2 or more input rows (the same bits) */
 };
 
 /* The float formats' wide kernels take one row at a time: their arithmetic is light enough

@@ -984,69 +984,100 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-/* Several input rows (int_rows_fn, under int_dots on: the rows that check a speculative
- * step's drafts): one weight row at a time against M <= INT_ROWS_MAX inputs, each
- * super-block's weight words made once for all of them by the blocks above, which give each
- * input the float32 work of the batch-1 kernels in their order: an output has the bits it
- * has at batch 1 (int_wide_*), whatever M is and whichever inputs are beside it. */
+
+/* The integer kernels for 2-8 input rows (int_many_fn): one weight row against M inputs over
+ * super-blocks [s0, s1), each super-block's integer sums kept per input straight in ia / ib
+ * (exact: the batch-1 kernel's sums, added in another order), then scaled as the batch-1
+ * kernel scales them, so each output has the batch-1 bits. The float sums live in memory
+ * (`state`, INT_STATE floats an input, zeroed at s0 = 0: 8-16 registers freed for the integer
+ * sums), out[i * ldo] at the last super-block. The row's weight words are made once for all
+ * M inputs; x comes packed (struct int_packed). The block this row takes a piece later (or, in
+ * the last piece, the row `group` on's) is prefetched. */
+#define INT_STATE 24 /* acc (16 floats), Q4_K's accm (8) */
+
+TARGET_VNNI static inline __attribute__((always_inline)) const char *
+int_next_block(const uint8_t *row, int64_t row_bytes, int64_t s, int64_t nb, int64_t piece,
+               int64_t group, int64_t block_bytes) {
+    const int64_t t = s + piece;
+    return t < nb ? (const char *)row + t * block_bytes
+                  : (const char *)row + group * row_bytes + (t - nb) * block_bytes;
+}
+
 TARGET_VNNI static inline __attribute__((always_inline)) void
-int_q4_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
-    const block_q4_K *blocks = row;
-    const int l2 = pagecli_quant_prefetch_l2; /* the rows after this one, PREFETCH_BYTES on */
+int_q4_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, int64_t nb,
+               const struct int_packed *xs, float *state, float *out, int64_t ldo,
+               int64_t piece, int64_t group, const int M) {
+    const int l2 = pagecli_quant_prefetch_l2;
+    const __m512i nib = _mm512_set1_epi16(0x0F);
     __m512i pick[2][2];
     q4_K_int_picks(pick);
-    __m512 acc[INT_ROWS_MAX];
-    __m256 accm[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) acc[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < nb; s++) {
-        for (int p = 0; p < (int)sizeof(block_q4_K); p += 64)
-            prefetch_w(l2, (const char *)(blocks + s) + PREFETCH_BYTES + p);
-        int_q4_K_block(blocks + s, s, xs, M, pick, acc, accm);
+    if (!s0)
+        for (int i = 0; i < M; i++) {
+            _mm512_storeu_ps(state + INT_STATE * i, _mm512_setzero_ps());
+            _mm256_storeu_ps(state + INT_STATE * i + 16, _mm256_setzero_ps());
+        }
+    for (int64_t s = s0; s < s1; s++) {
+        const block_q4_K *b = (const block_q4_K *)row + s;
+        const char *next =
+            int_next_block(row, row_bytes, s, nb, piece, group, (int64_t)sizeof(block_q4_K));
+        for (int p = 0; p < (int)sizeof(block_q4_K); p += 64) prefetch_w(l2, next + p);
+        uint32_t sc[2], m[2];
+        k_scale_words(b->scales, sc, m);
+        const __m512i scw =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const void *)sc)));
+        const __m256 ms = _mm256_mul_ps(
+            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
+        for (int i = 0; i < M; i++) {
+            float *at = state + INT_STATE * i + 16;
+            _mm256_storeu_ps(at, _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs->sums + (s * M + i) * 8),
+                                                 _mm256_loadu_ps(at)));
+        }
+        __m512i ia[INT_MANY_MAX], ib[INT_MANY_MAX];
+        for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
+            const __m512i se = _mm512_permutexvar_epi16(pick[h][0], scw);
+            const __m512i so = _mm512_permutexvar_epi16(pick[h][1], scw);
+            for (int k = 0; k < 4; k++) {
+                const __m512i codes = k == 3 ? _mm512_srli_epi16(q, 12)
+                                             : _mm512_and_si512(_mm512_srli_epi16(q, 4 * k), nib);
+                const __m512i wv = _mm512_mullo_epi16(codes, (k & 1) ? so : se);
+                const int16_t *xg = xs->x + (s * 8 + 4 * h + k) * M * 64;
+                for (int i = 0; i < M; i++) {
+                    ia[i] = _mm512_dpwssd_epi32(
+                        ia[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i)));
+                    ib[i] = _mm512_dpwssd_epi32(
+                        ib[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i + 32)));
+                }
+            }
+        }
+        const float d = _cvtsh_ss(b->d);
+        for (int i = 0; i < M; i++) {
+            __m512 acc = _mm512_loadu_ps(state + INT_STATE * i);
+            int_scale(ia[i], ib[i], d, xs->scale[s * M + i], &acc);
+            _mm512_storeu_ps(state + INT_STATE * i, acc);
+        }
     }
-    for (int i = 0; i < M; i++) out[i] = _mm512_reduce_add_ps(acc[i]) - hsum256(accm[i]);
+    if (s1 == nb)
+        for (int i = 0; i < M; i++)
+            out[i * ldo] = _mm512_reduce_add_ps(_mm512_loadu_ps(state + INT_STATE * i)) -
+                           hsum256(_mm256_loadu_ps(state + INT_STATE * i + 16));
 }
 
-TARGET_VNNI static inline __attribute__((always_inline)) void
-int_q6_K_m(const void *row, int64_t nb, const struct int_split *xs, float *out, const int M) {
-    const block_q6_K *blocks = row;
-    const int l2 = pagecli_quant_prefetch_l2;
-    __m512i pick[4];
-    q6_K_int_picks(pick);
-    __m512 acc[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < nb; s++) {
-        for (int p = 0; p < (int)sizeof(block_q6_K); p += 64)
-            prefetch_w(l2, (const char *)(blocks + s) + PREFETCH_BYTES + p);
-        int_q6_K_block(blocks + s, s, xs, M, pick, acc);
-    }
-    for (int i = 0; i < M; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
-}
-
-INT_ROWS_DISPATCH(TARGET_VNNI, int, q4_K)
-INT_ROWS_DISPATCH(TARGET_VNNI, int, q6_K)
-
-/* One weight row against M inputs over super-blocks [s0, s1): each super-block's integer sums
- * kept per input straight in ia / ib (exact: the batch-1 kernel's sums, added in another
- * order), then scaled as int_scale does at batch 1, so each output has the batch-1 bits. The
- * float sums live in sums[16 * i] (memory: 8 registers freed for the integer sums; zeroed at
- * s0 = 0), out[i * ldo] at the last super-block. The row's weight words are made once for
- * all M inputs; x comes packed (int_many_fn). The next piece's blocks of this row (or the
- * row `group` on's first) are prefetched. */
 TARGET_VNNI static inline __attribute__((always_inline)) void
 int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, int64_t nb,
-               const int16_t *xp, const float *xscale, float *sums, float *out, int64_t ldo,
+               const struct int_packed *xs, float *state, float *out, int64_t ldo,
                int64_t piece, int64_t group, const int M) {
     const int l2 = pagecli_quant_prefetch_l2;
     __m512i pick[4];
     q6_K_int_picks(pick);
     if (!s0)
-        for (int i = 0; i < M; i++) _mm512_storeu_ps(sums + 16 * i, _mm512_setzero_ps());
+        for (int i = 0; i < M; i++) _mm512_storeu_ps(state + INT_STATE * i, _mm512_setzero_ps());
     for (int64_t s = s0; s < s1; s++) {
         const block_q6_K *b = (const block_q6_K *)row + s;
-        const int64_t t = s + piece;
-        const char *next = t < nb ? (const char *)(b + piece)
-                                  : (const char *)(row + group * row_bytes) +
-                                        (t - nb) * (int64_t)sizeof(block_q6_K);
+        const char *next =
+            int_next_block(row, row_bytes, s, nb, piece, group, (int64_t)sizeof(block_q6_K));
         for (int p = 0; p < (int)sizeof(block_q6_K); p += 64) prefetch_w(l2, next + p);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
         const __m512i scw[2] = {
@@ -1062,7 +1093,7 @@ int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
                                               : _mm512_castsi512_si256(v[c >> 1]);
                 const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
                                                       _mm512_permutexvar_epi16(pick[c], scw[h]));
-                const int16_t *xg = xp + (s * 8 + 4 * h + c) * M * 64;
+                const int16_t *xg = xs->x + (s * 8 + 4 * h + c) * M * 64;
                 for (int i = 0; i < M; i++) {
                     ia[i] = _mm512_dpwssd_epi32(
                         ia[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i)));
@@ -1073,43 +1104,51 @@ int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
         }
         const float d = _cvtsh_ss(b->d);
         for (int i = 0; i < M; i++) {
-            __m512 acc = _mm512_loadu_ps(sums + 16 * i);
-            int_scale(ia[i], ib[i], d, xscale[s * M + i], &acc);
-            _mm512_storeu_ps(sums + 16 * i, acc);
+            __m512 acc = _mm512_loadu_ps(state + INT_STATE * i);
+            int_scale(ia[i], ib[i], d, xs->scale[s * M + i], &acc);
+            _mm512_storeu_ps(state + INT_STATE * i, acc);
         }
     }
     if (s1 == nb)
         for (int i = 0; i < M; i++)
-            out[i * ldo] = _mm512_reduce_add_ps(_mm512_loadu_ps(sums + 16 * i));
+            out[i * ldo] = _mm512_reduce_add_ps(_mm512_loadu_ps(state + INT_STATE * i));
 }
 
 /* int_many_fn: x in pieces of about INT_PIECE_BYTES (whole super-blocks), each piece taken by
  * every row in turn while it is in the L1. One row at a time: two rows side by side (each
- * load of x serving both) ran 2-4 inputs no faster and 3 inputs 1.1x slower (Xeon). */
-#define INT_Q6_K_PIECE(M)                                                                      \
-    int_q6_K_piece(p, row_bytes, s0, s1, nb, xp, xscale, sums + 16 * INT_MANY_MAX * r, y + r,  \
-                   ldy, piece, rows, M)
-TARGET_VNNI static void int_many_q6_K(const void *w, int64_t row_bytes, int64_t nb, int rows,
-                                      const int16_t *xp, const float *xscale, int m, float *y,
-                                      int64_t ldy) {
-    float sums[INT_MANY_ROWS * INT_MANY_MAX * 16];
-    const int64_t piece = piece_super_blocks(m, nb);
-    for (int64_t s0 = 0; s0 < nb; s0 += piece) {
-        const int64_t s1 = s0 + piece < nb ? s0 + piece : nb;
-        for (int r = 0; r < rows; r++) {
-            const uint8_t *p = (const uint8_t *)w + r * row_bytes;
-            switch (m) {
-            case 2: INT_Q6_K_PIECE(2); break;
-            case 3: INT_Q6_K_PIECE(3); break;
-            case 4: INT_Q6_K_PIECE(4); break;
-            case 5: INT_Q6_K_PIECE(5); break;
-            case 6: INT_Q6_K_PIECE(6); break;
-            case 7: INT_Q6_K_PIECE(7); break;
-            default: INT_Q6_K_PIECE(8); break;
-            }
-        }
+ * load of x serving both) ran Q6_K's 2-4 inputs no faster and 3 inputs 1.1x slower (Xeon). */
+#define INT_MANY(name)                                                                         \
+    TARGET_VNNI static void int_many_##name(const void *w, int64_t row_bytes, int64_t nb,      \
+                                            int rows, const struct int_packed *xs, int m,      \
+                                            float *y, int64_t ldy) {                           \
+        float state[INT_MANY_ROWS * INT_MANY_MAX * INT_STATE];                                 \
+        const int64_t piece = piece_super_blocks(m, nb);                                       \
+        for (int64_t s0 = 0; s0 < nb; s0 += piece) {                                           \
+            const int64_t s1 = s0 + piece < nb ? s0 + piece : nb;                              \
+            for (int r = 0; r < rows; r++) {                                                   \
+                const uint8_t *p = (const uint8_t *)w + r * row_bytes;                         \
+                float *st = state + r * INT_MANY_MAX * INT_STATE;                              \
+                switch (m) {                                                                   \
+                case 2: int_##name##_piece(p, row_bytes, s0, s1, nb, xs, st, y + r, ldy,      \
+                                           piece, rows, 2); break;                             \
+                case 3: int_##name##_piece(p, row_bytes, s0, s1, nb, xs, st, y + r, ldy,      \
+                                           piece, rows, 3); break;                             \
+                case 4: int_##name##_piece(p, row_bytes, s0, s1, nb, xs, st, y + r, ldy,      \
+                                           piece, rows, 4); break;                             \
+                case 5: int_##name##_piece(p, row_bytes, s0, s1, nb, xs, st, y + r, ldy,      \
+                                           piece, rows, 5); break;                             \
+                case 6: int_##name##_piece(p, row_bytes, s0, s1, nb, xs, st, y + r, ldy,      \
+                                           piece, rows, 6); break;                             \
+                case 7: int_##name##_piece(p, row_bytes, s0, s1, nb, xs, st, y + r, ldy,      \
+                                           piece, rows, 7); break;                             \
+                default: int_##name##_piece(p, row_bytes, s0, s1, nb, xs, st, y + r, ldy,     \
+                                            piece, rows, 8); break;                            \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
     }
-}
+INT_MANY(q4_K)
+INT_MANY(q6_K)
 
 /* ---- Q4_K and Q6_K on integer products (AVX2) ------------------------------------------
  * The AVX2 float kernels above are bound by widening and converting every weight (about 3.5
@@ -1436,26 +1475,22 @@ INT_WIDE_SEQUENTIAL(TARGET_AVX2, int2, q5_K)
 #endif
 
 #if QUANT_X86
-#define INT_PATH(name) split_x_##name, int_wide_##name, int_rows_##name
-#define SMALL(name) small_##name##_avx512
-#define MANY(name) many_##name##_avx512
-#define INT_MANY(name) int_many_##name
-#define INT2(name) split2_x, int2_rows_##name, int2_wide_##name
-#define INT2_ON(name) int2s_rows_##name, int2s_wide_##name
+/* VNNI's integer path (batch 1, 2-8 rows), the small-batch and half-sum kernels, AVX2's
+ * integer path, and Q4_K's AVX2 kernels under int_dots on */
+#define X86_PATHS(name)                                                                        \
+    .split = split_x_##name, .int_wide = int_wide_##name, .int_many = int_many_##name,       \
+    .small = small_##name##_avx512, .many = many_##name##_avx512, INT2(name)
+#define INT2(name) .split2 = split2_x, .int_rows2 = int2_rows_##name, .int_wide2 = int2_wide_##name
+#define INT2_ON(name) .int_rows2_on = int2s_rows_##name, .int_wide2_on = int2s_wide_##name
 #else
-#define INT_PATH(name) NULL, NULL, NULL
-#define SMALL(name) NULL
-#define MANY(name) NULL
-#define INT_MANY(name) NULL
-#define INT2(name) NULL, NULL, NULL
-#define INT2_ON(name) NULL, NULL
+#define X86_PATHS(name) .split = NULL
+#define INT2(name) .split2 = NULL
+#define INT2_ON(name) .int_rows2_on = NULL
 #endif
 
-const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K), 0,
-                                         INT_PATH(q4_K), SMALL(q4_K), INT2(q4_K), 0,
-                                         INT2_ON(q4_K), .many = MANY(q4_K)};
-const struct quant_format FORMAT_Q5_K = {QT_Q5_K, QK_K, sizeof(block_q5_K), PATHS(q5_K), 0,
-                                         NULL, NULL, NULL, NULL, INT2(q5_K)};
-const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K), 0,
-                                         INT_PATH(q6_K), SMALL(q6_K), INT2(q6_K),
-                                         .many = MANY(q6_K), .int_many = INT_MANY(q6_K)};
+const struct quant_format FORMAT_Q4_K = {QT_Q4_K, QK_K, sizeof(block_q4_K), PATHS(q4_K),
+                                         X86_PATHS(q4_K), INT2_ON(q4_K)};
+const struct quant_format FORMAT_Q5_K = {QT_Q5_K, QK_K, sizeof(block_q5_K), PATHS(q5_K),
+                                         INT2(q5_K)};
+const struct quant_format FORMAT_Q6_K = {QT_Q6_K, QK_K, sizeof(block_q6_K), PATHS(q6_K),
+                                         X86_PATHS(q6_K)};

@@ -463,16 +463,16 @@ static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_f
     return 1;
 }
 
-/* The m split inputs packed for int_many_fn (quant_blocks.h): for super-block s and 32-value
- * group g, input i's 32 a parts then its 32 b parts at xp + ((s * 8 + g) * m + i) * 64; the
- * scales at xscale[s * m + i]. */
+/* The m split inputs packed for int_many_fn (struct int_packed, quant_blocks.h), in the
+ * calling thread's buffer, grown as needed; 0 where it cannot grow. */
 static __thread void *pack_buf;
 static __thread int64_t pack_cap;
 
 static int int_pack(const struct int_split *parts, int64_t m, int64_t blocks,
-                    const int16_t **xp, const float **xscale) {
+                    struct int_packed *out) {
     const int64_t words = blocks * QK_K * 2 * m;
-    const int64_t bytes = words * (int64_t)sizeof(int16_t) + blocks * m * (int64_t)sizeof(float);
+    const int64_t bytes =
+        words * (int64_t)sizeof(int16_t) + blocks * m * 9 * (int64_t)sizeof(float);
     if (bytes > pack_cap) { /* 64-byte aligned: each 64-byte load of x one cache line */
         void *grown = NULL;
         if (posix_memalign(&grown, 64, (size_t)bytes)) return 0;
@@ -481,7 +481,7 @@ static int int_pack(const struct int_split *parts, int64_t m, int64_t blocks,
         pack_cap = bytes;
     }
     int16_t *p = pack_buf;
-    float *sc = (float *)(p + words);
+    float *scale = (float *)(p + words), *sums = scale + blocks * m;
     for (int64_t s = 0; s < blocks; s++)
         for (int64_t g = 0; g < QK_K / 32; g++)
             for (int64_t i = 0; i < m; i++, p += 64) {
@@ -489,9 +489,11 @@ static int int_pack(const struct int_split *parts, int64_t m, int64_t blocks,
                 memcpy(p + 32, parts[i].b + s * QK_K + 32 * g, 32 * sizeof(int16_t));
             }
     for (int64_t s = 0; s < blocks; s++)
-        for (int64_t i = 0; i < m; i++) sc[s * m + i] = parts[i].scale[s];
-    *xp = pack_buf;
-    *xscale = sc;
+        for (int64_t i = 0; i < m; i++) {
+            scale[s * m + i] = parts[i].scale[s];
+            memcpy(sums + (s * m + i) * 8, parts[i].sums + 8 * s, 8 * sizeof(float));
+        }
+    *out = (struct int_packed){pack_buf, scale, sums};
     return 1;
 }
 
@@ -508,15 +510,14 @@ static int int_many_rows(int_split_fn split, int_many_fn kernel, const struct qu
         const int count = (int)((m - i) / (passes - p));
         const struct int_split *parts =
             split_rows(split, f->block_values, blocks, x + i * ldx, ldx, count);
-        const int16_t *xp;
-        const float *xscale;
-        if (!parts || !int_pack(parts, count, blocks, &xp, &xscale)) return 0;
+        struct int_packed packed;
+        if (!parts || !int_pack(parts, count, blocks, &packed)) return 0;
         const int64_t groups = (n + INT_MANY_ROWS - 1) / INT_MANY_ROWS;
         FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 1)",
                     num_threads, g, groups, {
             const int64_t r0 = g * INT_MANY_ROWS;
-            kernel(w + r0 * row_bytes, row_bytes, blocks, (int)min64(INT_MANY_ROWS, n - r0), xp,
-                   xscale, count, y + i * ldy + r0, ldy);
+            kernel(w + r0 * row_bytes, row_bytes, blocks, (int)min64(INT_MANY_ROWS, n - r0),
+                   &packed, count, y + i * ldy + r0, ldy);
         });
         i += count;
     }
@@ -638,11 +639,6 @@ static void fused(const struct quant_format *f, int isa, const uint8_t *w, int64
     if (m >= 2 && f->int_many && vnni && int_choice == INT_ON && pagecli_quant_int_dots() &&
         int_many_rows(f->split, f->int_many, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y,
                       ldy, num_threads))
-        return;
-    if (m >= 2 && f->int_rows && vnni && int_choice == INT_ON &&
-        pagecli_quant_int_dots() &&
-        int_rows(f->split, f->int_rows, f, w, row_bytes, n, blocks_per_row, x, ldx, m, y, ldy,
-                 num_threads))
         return;
     const int int2 = f->int_rows2 && isa == ISA_AVX2 && pagecli_quant_int_dots() &&
                      (!f->int2_when_on || int_choice == INT_ON);
