@@ -3,6 +3,8 @@ and every failure a user can cause ends as one `pagecli: ` line on stderr."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 import traceback
 import warnings
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     except CliError as exc:
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        _leave(130)
     except Exception as exc:
         if is_verbose():
             traceback.print_exc()
@@ -83,9 +85,32 @@ def main(argv: list[str] | None = None) -> None:
             "(--verbose shows the traceback)",
             1,
         )
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if code:  # a command that ends itself on a failure or a Ctrl-C (generate's 130)
+        _leave(code)
+    sys.exit(0)
 
 
 def _fail(message: str, code: int) -> None:
     print(f"pagecli: {message}", file=sys.stderr)
-    sys.exit(code)
+    _leave(code)
+
+
+def _leave(code: int) -> None:
+    """Exit with `code` after a failure or a Ctrl-C. The engine's thread (a daemon) may still be
+    at work then, building the model or running steps; CPython's shutdown ends such a thread
+    with pthread_exit where it next takes the GIL, and inside torch's C++ that unwinding aborts
+    the process ("terminate called without an active exception", SIGABRT instead of the
+    code). So, while it is at work, the exit handlers run here (tensor-parallel workers
+    stopped, temporary files removed), the streams are flushed, and the process leaves without
+    the interpreter's shutdown."""
+    engines = sys.modules.get("pagecli.engine.async_engine")  # not imported: no engine
+    if engines is None or not engines.engine_at_work():
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to write there
+            pass
+    os._exit(code)

@@ -17,6 +17,7 @@ import enum
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,14 @@ from pagecli.outputs import RequestOutput
 from pagecli.sampling_params import SamplingParams
 
 logger = logging.getLogger("pagecli.engine")
+
+_ENGINES: weakref.WeakSet = weakref.WeakSet()  # every AsyncEngine of this process
+
+
+def engine_at_work() -> bool:
+    """Whether an engine thread of this process is loading a model or has requests to run:
+    it may be inside torch's C++ when the process exits (cli/app.py's exit)."""
+    return any(engine.at_work for engine in list(_ENGINES))
 
 
 class EngineState(str, enum.Enum):
@@ -142,11 +151,19 @@ class AsyncEngine:
         self._lock = threading.Lock()  # guards _streams and the counts of pending adds
         self._pending_adds = 0
         self._thread = threading.Thread(target=self._run, name="pagecli-engine", daemon=True)
+        _ENGINES.add(self)
 
     # ---- the asyncio side ----------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def at_work(self) -> bool:
+        """The engine thread runs and is loading, or has unfinished requests."""
+        return self._thread.is_alive() and (
+            self.state is EngineState.LOADING or self.num_unfinished > 0
+        )
 
     @property
     def num_unfinished(self) -> int:
