@@ -214,8 +214,8 @@ typedef int (*int_split_fn)(const float *x, int64_t num_blocks, const struct int
 typedef void (*int_wide_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, int rows,
                             const struct int_split *x, float *out);
 
-/* The integer paths' kernels for several input rows (quant_k.c: AVX2's for any number of
- * rows, AVX-512 VNNI's for 2 or more): out[i] = dot(dequant(row), x_i) for the m <=
+/* The AVX2 integer paths' kernels for any number of input rows (quant_k.c, quant_q4_q8.c;
+ * AVX-512 VNNI's are int_many_fn, below): out[i] = dot(dequant(row), x_i) for the m <=
  * INT_ROWS_MAX inputs split into xs[0..m), one weight row at a time. The products of a
  * super-block are summed as integers (exact, in any order) and scaled per super-block in
  * float32 in the same order for every input, so an output has the same bits whatever m is

@@ -23,9 +23,9 @@
  *     verify rows need).
  *     Q4_K and Q6_K take the integer paths instead (pagecli_quant_int_dots): on AVX-512 VNNI,
  *     a batch-1 kernel over WIDE_ROWS rows of W (int_batch_one) and a kernel for 2 or more
- *     input rows that gives each input the batch-1 bits (Q6_K's: int_many_rows, x packed and
- *     taken in L1-sized pieces by groups of rows of W; Q4_K's: int_rows), taken only under
- *     INT_ON (see int_choice; Q4_K on AMD's CPUs only, see vnni_q4_k_choice); on AVX2 the same two
+ *     input rows that gives each input the batch-1 bits (int_many_rows: x packed and taken in
+ *     L1-sized pieces by groups of rows of W), taken only under INT_ON (see int_choice; Q4_K
+ *     on AMD's CPUs only, see vnni_q4_k_choice); on AVX2 the same two
  *     (the batch-1 kernel's rows of W one after another, each with the other kernel's
  *     one-input body) for any m up to there, and for Q4_0 and Q4_1 too under INT_ON.
  *     Decode is bound by the bytes of W read, so W is read once, packed.
@@ -434,11 +434,10 @@ int pagecli_quant_small_batches_all(void) {
     return small_choice == SMALL_ON || (small_choice == SMALL_AUTO && cpu_features()->intel);
 }
 
-/* The integer paths for several input rows (int_rows_fn; AVX2's for any number, AVX-512
- * VNNI's for 2 or more): each of the m input rows split once, then each thread's weight rows
- * one at a time against up to INT_ROWS_MAX inputs at a time (m cut into even groups: 5 =
- * 3 + 2), ROWS_GROUP rows of W against each group of inputs in turn while they are in the
- * cache. Returns 0 where split_rows gives nothing. */
+/* AVX2's integer paths for any number of input rows (int_rows_fn): each of the m input rows
+ * split once, then each thread's weight rows one at a time against up to INT_ROWS_MAX inputs
+ * at a time (m cut into even groups: 5 = 3 + 2), ROWS_GROUP rows of W against each group of
+ * inputs in turn while they are in the cache. Returns 0 where split_rows gives nothing. */
 static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_format *f,
                     const uint8_t *w, int64_t row_bytes, int64_t n, int64_t blocks,
                     const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
@@ -507,7 +506,7 @@ static int int_many_rows(int_split_fn split, int_many_fn kernel, const struct qu
                          int num_threads) {
     const int64_t passes = (m + INT_MANY_MAX - 1) / INT_MANY_MAX;
     for (int64_t i = 0, p = 0; p < passes; p++) {
-        const int count = (int)((m - i) / (passes - p));
+        const int count = (int)((m - i) / (passes - p)); /* 2..8, as m >= 2 */
         const struct int_split *parts =
             split_rows(split, f->block_values, blocks, x + i * ldx, ldx, count);
         struct int_packed packed;
