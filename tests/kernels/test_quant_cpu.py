@@ -972,3 +972,22 @@ def test_int_dots_leave_inf_and_nan_to_the_float_kernels(int_dots, fmt):
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any() | got.isinf().any()
     x[0, 17] = float("nan")
     assert quant_cpu.quant_linear(x, weight).isnan().all()
+
+
+@pytest.mark.parametrize("rows", [3, 10])
+@pytest.mark.parametrize("fmt", INT_FORMATS)
+def test_a_row_the_integer_split_refuses_sends_the_whole_call_to_the_float_kernels(
+    int_dots, fmt, rows
+):
+    """Several rows under on, the last one with an inf (in the second pass of 10): the call's
+    every row takes the float kernels, as with int_dots off, none the integer bits."""
+    _int_path_for(int_dots, fmt)
+    weight = random_weight(fmt, 19, 768, seed=5)
+    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(5))
+    x[-1, 17] = float("inf")
+    with kernel_settings(fused_rows=17):
+        got = quant_cpu.quant_linear(x, weight)
+        with kernel_settings(int_dots="off"):
+            want = quant_cpu.quant_linear(x, weight)
+    assert torch.equal(got[:-1], want[:-1])
+    assert torch.equal(got[-1].isnan(), want[-1].isnan())
