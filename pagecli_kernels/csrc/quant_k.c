@@ -995,12 +995,36 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
  * the last piece, the row `group` on's) is prefetched. */
 #define INT_STATE 24 /* acc (16 floats), Q4_K's accm (8) */
 
-TARGET_VNNI static inline __attribute__((always_inline)) const char *
-int_next_block(const uint8_t *row, int64_t row_bytes, int64_t s, int64_t nb, int64_t piece,
-               int64_t group, int64_t block_bytes) {
+static inline __attribute__((always_inline)) void
+int_prefetch_next(const uint8_t *row, int64_t row_bytes, int64_t s, int64_t nb, int64_t piece,
+                  int64_t group, int block_bytes, int l2) {
     const int64_t t = s + piece;
-    return t < nb ? (const char *)row + t * block_bytes
-                  : (const char *)row + group * row_bytes + (t - nb) * block_bytes;
+    const char *next = t < nb ? (const char *)row + t * block_bytes
+                              : (const char *)row + group * row_bytes + (t - nb) * block_bytes;
+    for (int p = 0; p < block_bytes; p += 64) prefetch_w(l2, next + p);
+}
+
+/* The products of one 32-value group's weight words wv with the M inputs' parts at xg, into
+ * each input's integer sums ia[i] (a parts) and ib[i] (b parts). */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+int_many_dots(__m512i wv, const int16_t *xg, __m512i *ia, __m512i *ib, const int M) {
+    for (int i = 0; i < M; i++) {
+        ia[i] = _mm512_dpwssd_epi32(ia[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i)));
+        ib[i] =
+            _mm512_dpwssd_epi32(ib[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i + 32)));
+    }
+}
+
+/* Super-block s's integer sums scaled into each input's float sums in `state`, as the batch-1
+ * kernels' int_scale does. */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+int_many_scale(const __m512i *ia, const __m512i *ib, float d, const struct int_packed *xs,
+               int64_t s, float *state, const int M) {
+    for (int i = 0; i < M; i++) {
+        __m512 acc = _mm512_loadu_ps(state + INT_STATE * i);
+        int_scale(ia[i], ib[i], d, xs->scale[s * M + i], &acc);
+        _mm512_storeu_ps(state + INT_STATE * i, acc);
+    }
 }
 
 TARGET_VNNI static inline __attribute__((always_inline)) void
@@ -1018,9 +1042,7 @@ int_q4_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
         }
     for (int64_t s = s0; s < s1; s++) {
         const block_q4_K *b = (const block_q4_K *)row + s;
-        const char *next =
-            int_next_block(row, row_bytes, s, nb, piece, group, (int64_t)sizeof(block_q4_K));
-        for (int p = 0; p < (int)sizeof(block_q4_K); p += 64) prefetch_w(l2, next + p);
+        int_prefetch_next(row, row_bytes, s, nb, piece, group, (int)sizeof(block_q4_K), l2);
         uint32_t sc[2], m[2];
         k_scale_words(b->scales, sc, m);
         const __m512i scw =
@@ -1043,21 +1065,10 @@ int_q4_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
                 const __m512i codes = k == 3 ? _mm512_srli_epi16(q, 12)
                                              : _mm512_and_si512(_mm512_srli_epi16(q, 4 * k), nib);
                 const __m512i wv = _mm512_mullo_epi16(codes, (k & 1) ? so : se);
-                const int16_t *xg = xs->x + (s * 8 + 4 * h + k) * M * 64;
-                for (int i = 0; i < M; i++) {
-                    ia[i] = _mm512_dpwssd_epi32(
-                        ia[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i)));
-                    ib[i] = _mm512_dpwssd_epi32(
-                        ib[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i + 32)));
-                }
+                int_many_dots(wv, xs->x + (s * 8 + 4 * h + k) * M * 64, ia, ib, M);
             }
         }
-        const float d = _cvtsh_ss(b->d);
-        for (int i = 0; i < M; i++) {
-            __m512 acc = _mm512_loadu_ps(state + INT_STATE * i);
-            int_scale(ia[i], ib[i], d, xs->scale[s * M + i], &acc);
-            _mm512_storeu_ps(state + INT_STATE * i, acc);
-        }
+        int_many_scale(ia, ib, _cvtsh_ss(b->d), xs, s, state, M);
     }
     if (s1 == nb)
         for (int i = 0; i < M; i++)
@@ -1076,9 +1087,7 @@ int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
         for (int i = 0; i < M; i++) _mm512_storeu_ps(state + INT_STATE * i, _mm512_setzero_ps());
     for (int64_t s = s0; s < s1; s++) {
         const block_q6_K *b = (const block_q6_K *)row + s;
-        const char *next =
-            int_next_block(row, row_bytes, s, nb, piece, group, (int64_t)sizeof(block_q6_K));
-        for (int p = 0; p < (int)sizeof(block_q6_K); p += 64) prefetch_w(l2, next + p);
+        int_prefetch_next(row, row_bytes, s, nb, piece, group, (int)sizeof(block_q6_K), l2);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
         const __m512i scw[2] = {
             _mm512_castsi256_si512(sc16),
@@ -1093,21 +1102,10 @@ int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
                                               : _mm512_castsi512_si256(v[c >> 1]);
                 const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
                                                       _mm512_permutexvar_epi16(pick[c], scw[h]));
-                const int16_t *xg = xs->x + (s * 8 + 4 * h + c) * M * 64;
-                for (int i = 0; i < M; i++) {
-                    ia[i] = _mm512_dpwssd_epi32(
-                        ia[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i)));
-                    ib[i] = _mm512_dpwssd_epi32(
-                        ib[i], wv, _mm512_loadu_si512((const void *)(xg + 64 * i + 32)));
-                }
+                int_many_dots(wv, xs->x + (s * 8 + 4 * h + c) * M * 64, ia, ib, M);
             }
         }
-        const float d = _cvtsh_ss(b->d);
-        for (int i = 0; i < M; i++) {
-            __m512 acc = _mm512_loadu_ps(state + INT_STATE * i);
-            int_scale(ia[i], ib[i], d, xs->scale[s * M + i], &acc);
-            _mm512_storeu_ps(state + INT_STATE * i, acc);
-        }
+        int_many_scale(ia, ib, _cvtsh_ss(b->d), xs, s, state, M);
     }
     if (s1 == nb)
         for (int i = 0; i < M; i++)
