@@ -868,11 +868,12 @@ TARGET_VNNI static inline __attribute__((always_inline)) void int_scale(__m512i 
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(ds * 0x1p-15f), *acc);
 }
 
-/* Super-block s of one weight row against M inputs xs[0..M): the weight words of each half
- * made once, then for each input two chains (A, B) per half, added as integers (exact), and
- * the input's float32 scaling in one order whatever M is: acc[i], accm[i]. */
+/* Super-block s of one weight row against the input xs (the batch-1 kernel): the weight words
+ * of each half, two chains (A, B) per half added as integers (exact), then the float32
+ * scaling into acc and the minimum's sums into accm. int_q4_K_piece gives the same bits at
+ * 2-8 inputs. */
 TARGET_VNNI static inline __attribute__((always_inline)) void
-int_q4_K_block(const block_q4_K *b, int64_t s, const struct int_split *xs, const int M,
+int_q4_K_block(const block_q4_K *b, int64_t s, const struct int_split *xs,
                const __m512i pick[2][2], __m512 *acc, __m256 *accm) {
     const __m512i nib = _mm512_set1_epi16(0x0F);
     uint32_t sc[2], m[2];
@@ -882,10 +883,8 @@ int_q4_K_block(const block_q4_K *b, int64_t s, const struct int_split *xs, const
     const __m256 ms = _mm256_mul_ps(
         _mm256_set1_ps(_cvtsh_ss(b->dmin)),
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
-    for (int i = 0; i < M; i++)
-        accm[i] = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs[i].sums + 8 * s), accm[i]);
-    __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
+    *accm = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs->sums + 8 * s), *accm);
+    __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
         const __m512i se = _mm512_permutexvar_epi16(pick[h][0], scw);
@@ -895,19 +894,16 @@ int_q4_K_block(const block_q4_K *b, int64_t s, const struct int_split *xs, const
             _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib), so),
             _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 8), nib), se),
             _mm512_mullo_epi16(_mm512_srli_epi16(q, 12), so)};
-        for (int i = 0; i < M; i++) {
-            const int16_t *A = xs[i].a + s * QK_K + 128 * h, *B = xs[i].b + s * QK_K + 128 * h;
-            __m512i ha = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k++) {
-                ha = _mm512_dpwssd_epi32(ha, w[k], _mm512_loadu_si512((const void *)(A + 32 * k)));
-                hb = _mm512_dpwssd_epi32(hb, w[k], _mm512_loadu_si512((const void *)(B + 32 * k)));
-            }
-            ia[i] = _mm512_add_epi32(ia[i], ha);
-            ib[i] = _mm512_add_epi32(ib[i], hb);
+        const int16_t *A = xs->a + s * QK_K + 128 * h, *B = xs->b + s * QK_K + 128 * h;
+        __m512i ha = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+            ha = _mm512_dpwssd_epi32(ha, w[k], _mm512_loadu_si512((const void *)(A + 32 * k)));
+            hb = _mm512_dpwssd_epi32(hb, w[k], _mm512_loadu_si512((const void *)(B + 32 * k)));
         }
+        ia = _mm512_add_epi32(ia, ha);
+        ib = _mm512_add_epi32(ib, hb);
     }
-    const float d = _cvtsh_ss(b->d);
-    for (int i = 0; i < M; i++) int_scale(ia[i], ib[i], d, xs[i].scale[s], &acc[i]);
+    int_scale(ia, ib, _cvtsh_ss(b->d), xs->scale[s], acc);
 }
 
 /* `rows` (<= WIDE_ROWS) rows, one after another per super-block: interleaving them (the rows
@@ -925,46 +921,38 @@ TARGET_VNNI static void int_wide_q4_K(const void *w, int64_t row_bytes, int64_t 
         for (int r = 0; r < rows; r++) {
             const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + r * row_bytes) + s;
             WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q4_K))
-            int_q4_K_block(b, s, xs, 1, pick, &acc[r], &accm[r]);
+            int_q4_K_block(b, s, xs, pick, &acc[r], &accm[r]);
         }
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum256(accm[r]);
 }
 
 /* Q6_K: the 6-bit values of each half minus 32 (q6_half_bytes), widened to words and times
  * their 8-bit scale ((q - 32) * sc: |.| <= 4096), against A and B in order; at most 16
- * products per int32 lane per super-block (1.07e9 < 2^31). As int_q4_K_block, M inputs. */
+ * products per int32 lane per super-block (1.07e9 < 2^31). As int_q4_K_block, one input;
+ * int_q6_K_piece gives the same bits at 2-8. */
 TARGET_VNNI static inline __attribute__((always_inline)) void
-int_q6_K_block(const block_q6_K *b, int64_t s, const struct int_split *xs, const int M,
-               const __m512i pick[4], __m512 *acc) {
+int_q6_K_block(const block_q6_K *b, int64_t s, const struct int_split *xs, const __m512i pick[4],
+               __m512 *acc) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
     const __m512i scw[2] = {_mm512_castsi256_si512(sc16),
                             _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11))};
-    __m512i ia[INT_ROWS_MAX], ib[INT_ROWS_MAX];
-    for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
+    __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
-        __m512i v[2], ha[INT_ROWS_MAX], hb[INT_ROWS_MAX];
+        __m512i v[2], ha = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
         q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
-        for (int i = 0; i < M; i++) ha[i] = hb[i] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             const __m256i bytes = (c & 1) ? _mm512_extracti64x4_epi64(v[c >> 1], 1)
                                           : _mm512_castsi512_si256(v[c >> 1]);
             const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
                                                   _mm512_permutexvar_epi16(pick[c], scw[h]));
             const int64_t o = s * QK_K + 128 * h + 32 * c;
-            for (int i = 0; i < M; i++) {
-                ha[i] = _mm512_dpwssd_epi32(ha[i], wv,
-                                            _mm512_loadu_si512((const void *)(xs[i].a + o)));
-                hb[i] = _mm512_dpwssd_epi32(hb[i], wv,
-                                            _mm512_loadu_si512((const void *)(xs[i].b + o)));
-            }
+            ha = _mm512_dpwssd_epi32(ha, wv, _mm512_loadu_si512((const void *)(xs->a + o)));
+            hb = _mm512_dpwssd_epi32(hb, wv, _mm512_loadu_si512((const void *)(xs->b + o)));
         }
-        for (int i = 0; i < M; i++) {
-            ia[i] = _mm512_add_epi32(ia[i], ha[i]);
-            ib[i] = _mm512_add_epi32(ib[i], hb[i]);
-        }
+        ia = _mm512_add_epi32(ia, ha);
+        ib = _mm512_add_epi32(ib, hb);
     }
-    const float d = _cvtsh_ss(b->d);
-    for (int i = 0; i < M; i++) int_scale(ia[i], ib[i], d, xs[i].scale[s], &acc[i]);
+    int_scale(ia, ib, _cvtsh_ss(b->d), xs->scale[s], acc);
 }
 
 TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t nb, int rows,
@@ -979,7 +967,7 @@ TARGET_VNNI static void int_wide_q6_K(const void *w, int64_t row_bytes, int64_t 
         for (int r = 0; r < rows; r++) {
             const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + r * row_bytes) + s;
             WIDE_PREFETCH_BLOCK(b, (int)sizeof(block_q6_K))
-            int_q6_K_block(b, s, xs, 1, pick, &acc[r]);
+            int_q6_K_block(b, s, xs, pick, &acc[r]);
         }
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
