@@ -361,7 +361,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* The m input rows of x split by `split` (struct int_split) into the calling thread's buffer,
  * grown as needed: one struct per row, then each row's parts. NULL where a row cannot be split
  * (the float kernels then take the call) or the buffer cannot grow. */
-static __thread void *split_buf;
+static __thread float *split_buf; /* gemm_reserve's: 64-byte aligned, in floats */
 static __thread int64_t split_cap;
 
 static const struct int_split *split_rows(int_split_fn split, int64_t block_values,
@@ -372,15 +372,9 @@ static const struct int_split *split_rows(int_split_fn split, int64_t block_valu
     const int64_t each = (values * 2 * (int64_t)sizeof(int16_t) +
                           (blocks + values / 32) * (int64_t)sizeof(float) + 63) / 64 * 64;
     const int64_t head = (m * (int64_t)sizeof(struct int_split) + 63) / 64 * 64;
-    const int64_t bytes = head + m * each;
-    if (bytes > split_cap) {
-        void *grown = NULL;
-        if (posix_memalign(&grown, 64, (size_t)bytes)) return NULL;
-        free(split_buf);
-        split_buf = grown;
-        split_cap = bytes;
-    }
-    struct int_split *parts = split_buf;
+    if (gemm_reserve(&split_buf, &split_cap, (head + m * each) / (int64_t)sizeof(float)))
+        return NULL;
+    struct int_split *parts = (struct int_split *)split_buf;
     uint8_t *space = (uint8_t *)split_buf + head;
     for (int64_t i = 0; i < m; i++) {
         int16_t *a = (int16_t *)(space + i * each);
@@ -464,22 +458,14 @@ static int int_rows(int_split_fn split, int_rows_fn kernel, const struct quant_f
 
 /* The m split inputs packed for int_many_fn (struct int_packed, quant_blocks.h), in the
  * calling thread's buffer, grown as needed; 0 where it cannot grow. */
-static __thread void *pack_buf;
+static __thread float *pack_buf; /* gemm_reserve's: 64-byte aligned, in floats */
 static __thread int64_t pack_cap;
 
 static int int_pack(const struct int_split *parts, int64_t m, int64_t blocks,
                     struct int_packed *out) {
-    const int64_t words = blocks * QK_K * 2 * m;
-    const int64_t bytes =
-        words * (int64_t)sizeof(int16_t) + blocks * m * 9 * (int64_t)sizeof(float);
-    if (bytes > pack_cap) { /* 64-byte aligned: each 64-byte load of x one cache line */
-        void *grown = NULL;
-        if (posix_memalign(&grown, 64, (size_t)bytes)) return 0;
-        free(pack_buf);
-        pack_buf = grown;
-        pack_cap = bytes;
-    }
-    int16_t *p = pack_buf;
+    const int64_t words = blocks * QK_K * 2 * m; /* 64-byte aligned: one cache line a load */
+    if (gemm_reserve(&pack_buf, &pack_cap, words / 2 + blocks * m * 9)) return 0;
+    int16_t *p = (int16_t *)pack_buf;
     float *scale = (float *)(p + words), *sums = scale + blocks * m;
     for (int64_t s = 0; s < blocks; s++)
         for (int64_t g = 0; g < QK_K / 32; g++)
@@ -492,7 +478,7 @@ static int int_pack(const struct int_split *parts, int64_t m, int64_t blocks,
             scale[s * m + i] = parts[i].scale[s];
             memcpy(sums + (s * m + i) * 8, parts[i].sums + 8 * s, 8 * sizeof(float));
         }
-    *out = (struct int_packed){pack_buf, scale, sums};
+    *out = (struct int_packed){(const int16_t *)pack_buf, scale, sums};
     return 1;
 }
 
