@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import statistics
+import textwrap
 import time
 
 from pagecli.llm import LLM
@@ -28,14 +29,15 @@ _EDITS = [
 
 
 def _source(spec: str) -> str:
-    """A function's source, dedented (`module:Class.function`)."""
+    """A function's source as a user would paste it (`module:Class.function`): the method's
+    lines less their common indentation, so the body stays indented under its `def`."""
     import importlib
 
     module_name, _, path = spec.partition(":")
     target = importlib.import_module(module_name)
     for part in path.split("."):
         target = getattr(target, part)
-    return inspect.cleandoc(inspect.getsource(target))
+    return textwrap.dedent(inspect.getsource(target)).strip()
 
 
 def workloads(num_prompts: int = 2) -> dict[str, list[list[dict]]]:

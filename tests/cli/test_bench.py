@@ -260,6 +260,56 @@ def test_latency_scenario_mean_and_std(capsys):
         assert r["num_requests"] == "2" and r["scenario"] == "latency"
 
 
+def test_spec_workloads_paste_each_function_as_valid_python():
+    """The spec scenario's code prompts carry each function's source as a user pastes it: valid
+    Python, the body indented under its `def` (fails where the method's common indentation is
+    taken from its body lines alone, as inspect.cleandoc does)."""
+    import ast
+
+    from pagecli.bench.spec import workloads
+
+    prompts = workloads(3)
+    assert list(prompts) == ["code_edit", "quote", "json_extraction", "chat"]
+    for name in ("code_edit", "quote", "json_extraction"):
+        assert len(prompts[name]) == 3
+        for (message,) in prompts[name]:
+            code = message["content"].split("```python\n", 1)[1].rsplit("\n```", 1)[0]
+            (function,) = ast.parse(code).body
+            assert isinstance(function, ast.FunctionDef) and len(function.body) > 1
+
+
+def test_spec_scenario_rows(capsys):
+    out, err = pagecli(
+        capsys,
+        "bench",
+        "--scenario",
+        "spec",
+        "--num-prompts",
+        "1",
+        "--output-len",
+        "16",
+        "--repetitions",
+        "1",
+        "--num-kv-blocks",
+        "256",
+        "--json",
+    )
+    report = json.loads(out)
+    rows = report["results"]
+    assert [row["workload"] for row in rows] == ["code_edit", "quote", "json_extraction", "chat"]
+    for row in rows:
+        assert row["identical"], row  # greedy: the same tokens with drafts and without
+        assert 0 < row["output_tokens"] <= 16
+        off, on = row["decode_tokens_per_s_off"], row["decode_tokens_per_s_on"]
+        assert off > 0 and on > 0 and row["speedup"] == pytest.approx(on / off)
+        assert 0 <= row["acceptance_rate"] <= 1
+        assert row["mean_accepted_length"] == 0 or row["mean_accepted_length"] >= 1
+    # the code edit repeats its prompt's lines: drafts are made and accepted
+    edit = rows[0]
+    assert edit["acceptance_rate"] > 0 and edit["mean_accepted_length"] > 1, edit
+    assert "spec: 4 workloads x 1 prompts" in err
+
+
 def test_latency_runs_one_sequence_at_a_time(capsys):
     """The latency scenario runs one request at a time, as chat does: an engine of one
     sequence unless --max-num-seqs is given, whose steps take the integer paths (on AVX2,
