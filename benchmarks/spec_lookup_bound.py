@@ -16,9 +16,14 @@ Three things, on one model and thread count:
      without checking several continuations in one step (tree attention).
 The oracle's best k bounds what prompt lookup can give a workload at these costs; the
 engine's policy (engine/spec_decode/proposer.py) picks k per step from measured acceptance.
+`--per-row-ms A,B,...` replays the same replies at what-if costs as well: the measured c(1)
+plus that many milliseconds a further row (the FMA floor of a row is the model's
+2 x parameters FLOPs over `benchmarks/fma_peak.py`'s rate), to say how cheap verify rows
+must be for a workload's target.
 
     .venv/bin/python benchmarks/spec_lookup_bound.py MODEL.gguf [--threads 2]
-        [--num-prompts 2] [--max-tokens 96] [--rounds 3] [--kernels NAME=VALUE,...] [--json OUT]
+        [--num-prompts 2] [--max-tokens 96] [--rounds 3] [--kernels NAME=VALUE,...]
+        [--per-row-ms 4,6.5,9] [--json OUT]
 """
 
 from __future__ import annotations
@@ -123,6 +128,16 @@ def replay(pairs: list[tuple], k: int, costs: dict[int, float], min_n: int, max_
     return result
 
 
+def best_of_k(pairs: list[tuple], costs: dict[int, float], min_n: int, max_n: int):
+    """replay() at every k, and the k with the best speed-up of each mode."""
+    by_k = {k: replay(pairs, k, costs, min_n, max_n) for k in range(1, MOST_ROWS)}
+    best = {
+        mode: max(by_k, key=lambda k, mode=mode: by_k[k][mode]["speedup"])
+        for mode in ("ngram", "oracle")
+    }
+    return by_k, best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -131,6 +146,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kernels", default="", help="the CPU kernels' choices, as --kernels")
+    parser.add_argument(
+        "--per-row-ms", default="", help="what-if costs: c(1) plus this many ms a further row"
+    )
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args()
     llm = LLM(
@@ -152,16 +170,10 @@ def main() -> None:
         "| oracle: best k, tokens a step, speed-up |",
         file=sys.stderr,
     )
+    lookup = (config.prompt_lookup_min, config.prompt_lookup_max)
     rows_out = []
     for name, workload_pairs in pairs.items():
-        by_k = {
-            k: replay(workload_pairs, k, costs, config.prompt_lookup_min, config.prompt_lookup_max)
-            for k in range(1, MOST_ROWS)
-        }
-        best = {
-            mode: max(by_k, key=lambda k, mode=mode: by_k[k][mode]["speedup"])
-            for mode in ("ngram", "oracle")
-        }
+        by_k, best = best_of_k(workload_pairs, costs, *lookup)
         cells = [
             f"{best[m]}, {by_k[best[m]][m]['tokens_per_step']:.2f}, "
             f"{by_k[best[m]][m]['speedup']:.2f}x"
@@ -169,6 +181,18 @@ def main() -> None:
         ]
         print(f"| {name} | {cells[0]} | {cells[1]} |", file=sys.stderr)
         rows_out.append({"workload": name, "by_k": by_k, "best_k": best})
+    what_if = []
+    for per_row in [float(v) for v in args.per_row_ms.split(",") if v]:
+        linear = {r: costs[1] + per_row / 1000 * (r - 1) for r in costs}
+        row = {"per_row_ms": per_row, "workloads": {}}
+        for name, workload_pairs in pairs.items():
+            by_k, best = best_of_k(workload_pairs, linear, *lookup)
+            row["workloads"][name] = {m: by_k[best[m]][m]["speedup"] for m in best}
+        cells = ", ".join(
+            f"{name} {v['ngram']:.2f}x / {v['oracle']:.2f}x" for name, v in row["workloads"].items()
+        )
+        print(f"{per_row} ms a further row (n-gram / oracle): {cells}", file=sys.stderr)
+        what_if.append(row)
     result = {
         "model": args.model,
         "threads": args.threads,
@@ -176,6 +200,7 @@ def main() -> None:
         "prompt_lookup": [config.prompt_lookup_min, config.prompt_lookup_max],
         "step_seconds_by_rows": costs,
         "workloads": rows_out,
+        "what_if_per_row": what_if,
     }
     if args.json:
         with open(args.json, "w") as out:
