@@ -16,6 +16,10 @@ Three things, on one model and thread count:
      without checking several continuations in one step (tree attention).
 The oracle's best k bounds what prompt lookup can give a workload at these costs; the
 engine's policy (engine/spec_decode/proposer.py) picks k per step from measured acceptance.
+4. `policy`: the engine's own policy and n-gram proposer (NgramProposer: its acceptance
+   estimates, back-off and `allocate`, at most `--draft-max` drafts) replayed on the same
+   replies, the step costs it learns the measured c(r); `--max-cooldown A,B,...` replays it
+   with other longest back-offs as well.
 `--per-row-ms A,B,...` replays the same replies at what-if costs as well: the measured c(1)
 plus that many milliseconds a further row (the FMA floor of a row is the model's
 2 x parameters FLOPs over `benchmarks/fma_peak.py`'s rate), to say how cheap verify rows
@@ -23,19 +27,24 @@ must be for a workload's target.
 
     .venv/bin/python benchmarks/spec_lookup_bound.py MODEL.gguf [--threads 2]
         [--num-prompts 2] [--max-tokens 96] [--rounds 3] [--kernels NAME=VALUE,...]
-        [--per-row-ms 4,6.5,9] [--json OUT]
+        [--per-row-ms 4,6.5,9] [--draft-max 5] [--max-cooldown 8,32] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
 
 from pagecli.bench.spec import workloads
+from pagecli.config import SpeculativeConfig
+from pagecli.engine.scheduler import SampledTokens, ScheduledBatch, ScheduledSeq
+from pagecli.engine.sequence import Sequence, SequenceStatus
 from pagecli.engine.spec_decode.ngram import NgramIndex
+from pagecli.engine.spec_decode.proposer import NgramProposer
 from pagecli.llm import LLM
 from pagecli.sampling_params import SamplingParams
 
@@ -128,6 +137,48 @@ def replay(pairs: list[tuple], k: int, costs: dict[int, float], min_n: int, max_
     return result
 
 
+def policy_replay(
+    pairs: list[tuple], costs: dict[int, float], config: SpeculativeConfig, max_cooldown: int
+) -> dict:
+    """The engine's policy and n-gram proposer on the replies: each reply decoded from its
+    first token (the prefill's) on, one sequence at a time as in the spec scenario, each
+    step's drafts those the policy asks for, checked against the reply, its time c(rows)
+    (which the policy learns as it would in the engine)."""
+    proposer = NgramProposer(config)
+    proposer.max_cooldown = max_cooldown
+    tokens = steps = drafted = accepted_all = 0
+    seconds = base = 0.0
+    for number, (prompt, reply) in enumerate(pairs):
+        params = SamplingParams(temperature=0, max_tokens=len(reply))
+        seq = Sequence(number, f"r{number}", list(prompt) + reply[:1], len(prompt), params, 10**6)
+        seq.status = SequenceStatus.RUNNING
+        i = 1
+        while i < len(reply):
+            seq.num_computed_tokens = len(seq.token_ids) - 1
+            seq.draft_token_ids = []
+            proposer.propose([seq])
+            drafts = seq.draft_token_ids
+            accepted = _accepted(drafts, reply[i:])
+            emitted = min(accepted + 1, len(reply) - i)
+            rows = 1 + len(drafts)
+            item = ScheduledSeq(seq, rows, list(drafts))
+            sampled = SampledTokens(reply[i : i + emitted], num_accepted=accepted)
+            proposer.observe(ScheduledBatch(decodes=[item]), [sampled], costs[rows])
+            seq.token_ids += reply[i : i + emitted]
+            i += emitted
+            steps += 1
+            seconds += costs[rows]
+            drafted += len(drafts)
+            accepted_all += accepted
+        tokens += len(reply) - 1
+        base += (len(reply) - 1) * costs[1]
+    return {
+        "tokens_per_step": tokens / steps if steps else 0.0,
+        "speedup": base / seconds if seconds else 0.0,
+        "acceptance": accepted_all / drafted if drafted else 0.0,
+    }
+
+
 def best_of_k(pairs: list[tuple], costs: dict[int, float], min_n: int, max_n: int):
     """replay() at every k, and the k with the best speed-up of each mode."""
     by_k = {k: replay(pairs, k, costs, min_n, max_n) for k in range(1, MOST_ROWS)}
@@ -148,6 +199,12 @@ def main() -> None:
     parser.add_argument("--kernels", default="", help="the CPU kernels' choices, as --kernels")
     parser.add_argument(
         "--per-row-ms", default="", help="what-if costs: c(1) plus this many ms a further row"
+    )
+    parser.add_argument("--draft-max", type=int, default=SpeculativeConfig.num_speculative_tokens)
+    parser.add_argument(
+        "--max-cooldown",
+        default=str(NgramProposer.max_cooldown),
+        help="the policy replay's longest back-offs, in steps",
     )
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args()
@@ -181,6 +238,18 @@ def main() -> None:
         ]
         print(f"| {name} | {cells[0]} | {cells[1]} |", file=sys.stderr)
         rows_out.append({"workload": name, "by_k": by_k, "best_k": best})
+    replayed = dataclasses.replace(config, num_speculative_tokens=args.draft_max)
+    policy = []
+    for cooldown in [int(v) for v in args.max_cooldown.split(",") if v]:
+        row = {"max_cooldown": cooldown, "workloads": {}}
+        for name, workload_pairs in pairs.items():
+            row["workloads"][name] = policy_replay(workload_pairs, costs, replayed, cooldown)
+        cells = ", ".join(
+            f"{name} {v['speedup']:.2f}x ({v['acceptance']:.0%})"
+            for name, v in row["workloads"].items()
+        )
+        print(f"policy, back-off at most {cooldown} steps: {cells}", file=sys.stderr)
+        policy.append(row)
     what_if = []
     for per_row in [float(v) for v in args.per_row_ms.split(",") if v]:
         linear = {r: costs[1] + per_row / 1000 * (r - 1) for r in costs}
@@ -201,6 +270,7 @@ def main() -> None:
         "step_seconds_by_rows": costs,
         "workloads": rows_out,
         "what_if_per_row": what_if,
+        "policy": policy,
     }
     if args.json:
         with open(args.json, "w") as out:

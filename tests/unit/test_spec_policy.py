@@ -3,7 +3,8 @@ drafts are always accepted: where a step with drafts costs less than the tokens 
 nearly every step drafts; where it costs more (a draft model as dear as the target), drafts
 stop once the costs say so, probes included, however well they would be accepted; where
 drafts would pay only at a better acceptance than seen, they back off to a probe in
-MAX_COOLDOWN_STEPS steps. A batch's drafts are weighed by the cost of the batch's rows, not
+MAX_COOLDOWN_STEPS steps (prompt lookup's, whose probes cost only their rows, in
+NGRAM_MAX_COOLDOWN_STEPS). A batch's drafts are weighed by the cost of the batch's rows, not
 by what one sequence alone would pay."""
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import pytest
 from pagecli.config import SpeculativeConfig
 from pagecli.engine.scheduler import SampledTokens, ScheduledBatch, ScheduledSeq
 from pagecli.engine.sequence import Sequence, SequenceStatus
-from pagecli.engine.spec_decode.proposer import MAX_COOLDOWN_STEPS, Proposer, VerifyCost
+from pagecli.engine.spec_decode.proposer import (
+    MAX_COOLDOWN_STEPS,
+    NGRAM_MAX_COOLDOWN_STEPS,
+    NgramProposer,
+    Proposer,
+    VerifyCost,
+)
 from pagecli.sampling_params import SamplingParams
 
 
@@ -89,6 +96,41 @@ def test_probes_resume_where_drafts_could_pay():
         seq.token_ids += [7]
         seq.num_computed_tokens = seq.num_tokens - 1
     assert 300 // MAX_COOLDOWN_STEPS <= probes <= 300 // MAX_COOLDOWN_STEPS + 6, probes
+
+
+class Rejected(NgramProposer):
+    """Prompt lookup's policy with drafts that the target always rejects."""
+
+    def drafts(self, seq, k):
+        return [7] * k
+
+
+@pytest.mark.parametrize(
+    "cls, longest", [(Always, MAX_COOLDOWN_STEPS), (Rejected, NGRAM_MAX_COOLDOWN_STEPS)]
+)
+def test_a_rejected_sequence_probes_once_per_longest_back_off(cls, longest):
+    """Drafts that are always rejected back off to one probe of draft_min drafts in
+    `longest` + 2 steps (the step that declines, the wait, the probe): a draft model's in MAX_COOLDOWN_STEPS, prompt lookup's sooner (its
+    probe costs one verify row, nothing to make). Once the acceptance seen has fallen (the
+    first steps draft at the prior), each probe checks one draft, no more."""
+    proposer = cls(SpeculativeConfig(num_speculative_tokens=4))
+    assert proposer.max_cooldown == longest
+    proposer.cost = VerifyCost({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8})
+    seq = running(1)[0]
+    probes = []
+    for step in range(600):
+        proposer.propose([seq])
+        drafts, seq.draft_token_ids = seq.draft_token_ids, []
+        if drafts:
+            probes.append(step)
+            assert step < 20 or len(drafts) == 1, (step, drafts)
+        item = ScheduledSeq(seq, 1 + len(drafts), drafts)
+        proposer.observe(ScheduledBatch(decodes=[item]), [SampledTokens([8])], 1.0)
+        seq.token_ids += [8]
+        seq.num_computed_tokens = seq.num_tokens - 1
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[-1] == longest + 2 and max(gaps) == longest + 2, gaps
+    assert 600 // (longest + 2) <= len(probes) <= 600 // (longest + 2) + 8, len(probes)
 
 
 def bound_by_arithmetic_past_4_rows(rows: int) -> float:
