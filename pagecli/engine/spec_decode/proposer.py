@@ -30,9 +30,10 @@ nothing to make, and the acceptance of its drafts swings with the text (a JSON r
 structure against the names it copies), so its back-off ends after
 NGRAM_MAX_COOLDOWN_STEPS: where every probe is rejected, one step in 10 checks one draft,
 which costs c(2) / c(1) - 1 (0.2 on 2 cores of an AVX-512 Xeon for a 1.5B model) over 10
-steps, 2%. Replayed on the spec scenario's replies at that machine's costs, the
-shorter back-off gave JSON extraction 1.12x instead of 1.07x and open chat 1.11x instead of
-1.06x at 256 tokens, and changed neither code edit nor quote (benchmarks/RESULTS.md).
+steps, 2%. Replayed on the spec scenario's replies (3 prompts a workload, 256 tokens at
+most) at that machine's costs, the shorter back-off gave open chat 1.10x against 1.05x and
+JSON extraction 1.08x against 1.07x, and changed neither code edit nor quote
+(benchmarks/spec_lookup_bound.py --max-cooldown 8,32; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
