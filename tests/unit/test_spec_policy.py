@@ -106,28 +106,41 @@ class Rejected(NgramProposer):
 
 
 @pytest.mark.parametrize(
-    "cls, longest", [(Always, MAX_COOLDOWN_STEPS), (Rejected, NGRAM_MAX_COOLDOWN_STEPS)]
+    "cls, count, longest",
+    [
+        (Always, 1, MAX_COOLDOWN_STEPS),
+        (Rejected, 1, NGRAM_MAX_COOLDOWN_STEPS),
+        (Rejected, 2, 2 * NGRAM_MAX_COOLDOWN_STEPS),
+        (Rejected, 4, MAX_COOLDOWN_STEPS),
+    ],
 )
-def test_a_rejected_sequence_probes_once_per_longest_back_off(cls, longest):
+def test_a_rejected_sequence_probes_once_per_longest_back_off(cls, count, longest):
     """Drafts that are always rejected back off to one probe of draft_min drafts in
-    `longest` + 2 steps (the step that declines, the wait, the probe): a draft model's in MAX_COOLDOWN_STEPS, prompt lookup's sooner (its
-    probe costs one verify row, nothing to make). Once the acceptance seen has fallen (the
-    first steps draft at the prior), each probe checks one draft, no more."""
+    `longest` + 2 steps (the step that declines, the wait, the probe): a draft model's
+    longest back-off is MAX_COOLDOWN_STEPS; prompt lookup's (its probe costs one verify row,
+    nothing to make) NGRAM_MAX_COOLDOWN_STEPS for each decoding sequence, MAX_COOLDOWN_STEPS
+    at most, so that a batch's probes add about as many rows as one sequence's. Once the
+    acceptance seen has fallen (the first steps draft at the prior), each probe checks one
+    draft, no more."""
     proposer = cls(SpeculativeConfig(num_speculative_tokens=4))
-    assert proposer.max_cooldown == longest
-    proposer.cost = VerifyCost({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8})
-    seq = running(1)[0]
-    probes = []
+    proposer.cost = VerifyCost({r: 1.0 + 0.2 * (r - 1) for r in range(1, 30)})
+    seqs = running(count)
+    probes = []  # the steps in which the first sequence checked drafts
     for step in range(600):
-        proposer.propose([seq])
-        drafts, seq.draft_token_ids = seq.draft_token_ids, []
-        if drafts:
-            probes.append(step)
-            assert step < 20 or len(drafts) == 1, (step, drafts)
-        item = ScheduledSeq(seq, 1 + len(drafts), drafts)
-        proposer.observe(ScheduledBatch(decodes=[item]), [SampledTokens([8])], 1.0)
-        seq.token_ids += [8]
-        seq.num_computed_tokens = seq.num_tokens - 1
+        proposer.propose(seqs)
+        items, samples = [], []
+        for seq in seqs:
+            drafts, seq.draft_token_ids = seq.draft_token_ids, []
+            if drafts and seq is seqs[0]:
+                probes.append(step)
+            assert step < 40 or len(drafts) <= 1, (step, drafts)
+            items.append(ScheduledSeq(seq, 1 + len(drafts), drafts))
+            samples.append(SampledTokens([8]))
+        rows = sum(item.num_new_tokens for item in items)
+        proposer.observe(ScheduledBatch(decodes=items), samples, proposer.cost.estimate(rows))
+        for seq in seqs:
+            seq.token_ids += [8]
+            seq.num_computed_tokens = seq.num_tokens - 1
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[-1] == longest + 2 and max(gaps) == longest + 2, gaps
     assert 600 // (longest + 2) <= len(probes) <= 600 // (longest + 2) + 8, len(probes)

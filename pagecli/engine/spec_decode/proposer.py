@@ -16,24 +16,28 @@ before its second), the prefix with the most expected tokens per second, c(rows)
 none where no prefix beats the step without drafts by MIN_GAIN. So one sequence alone gets
 the k of draft_min..num_speculative_tokens with the best tokens per unit of cost, and a
 batch whose rows already fill the machine gets none: each of its draft rows costs about a
-row of its own. A sequence that could draft but gets none waits 1, 2, 4 ... steps (the
-proposer's `max_cooldown` at most) before it tries draft_min drafts again (a probe), which
+row of its own. A sequence that could draft but gets none waits 1, 2, 4 ... steps (up to
+the longest back-off, below) before it tries draft_min drafts again (a probe), which
 teaches the policy its acceptance; the back-off ends when the estimates, with that
 acceptance, say its drafts pay in the next step. A probe is skipped (and the sequence waits
-`max_cooldown`) where not even drafts that are all accepted would pay in its step at the
+the longest back-off) where not even drafts that are all accepted would pay in its step at the
 measured costs: a batch whose rows fill the machine, or a draft model dearer than what it
 saves (whose probe would first run the sequence's prompt through the draft model).
 
-A draft model's back-off ends after MAX_COOLDOWN_STEPS at most: its probe first runs the
-tokens it skipped through the draft model. Prompt lookup's probe costs one verify row and
-nothing to make, and the acceptance of its drafts swings with the text (a JSON reply's
-structure against the names it copies), so its back-off ends after
-NGRAM_MAX_COOLDOWN_STEPS: where every probe is rejected, one step in 10 checks one draft,
-which costs c(2) / c(1) - 1 (0.2 on 2 cores of an AVX-512 Xeon for a 1.5B model) over 10
-steps, 2%. Replayed on the spec scenario's replies (3 prompts a workload, 256 tokens at
-most) at that machine's costs, the shorter back-off gave open chat 1.10x against 1.05x and
-JSON extraction 1.08x against 1.07x, and changed neither code edit nor quote
-(benchmarks/spec_lookup_bound.py --max-cooldown 8,32; benchmarks/RESULTS.md).
+The longest back-off is the proposer's `max_cooldown` steps for each decoding sequence of
+the step, MAX_COOLDOWN_STEPS at most, so that probes whose drafts are all rejected add
+about one row in `max_cooldown` steps to the batch, whatever its size. A draft model's is
+MAX_COOLDOWN_STEPS: its probe first runs the tokens it skipped through the draft model.
+Prompt lookup's probe costs one verify row and nothing to make, and the acceptance of its
+drafts swings with the text (a JSON reply's structure against the names it copies), so its
+is NGRAM_MAX_COOLDOWN_STEPS: a sequence alone whose every probe is rejected checks one draft
+in 10 steps, which costs c(2) / c(1) - 1 (0.2 on 2 cores of an AVX-512 Xeon for a 1.5B
+model) over 10 steps, 2%; from 4 decoding sequences on, the wait is MAX_COOLDOWN_STEPS. On
+the spec scenario's replies (3 prompts a workload, 256 tokens at most) at that machine's
+costs, the shorter back-off gave open chat 1.10x against 1.05x and JSON extraction 1.08x
+against 1.07x, and changed neither code edit nor quote (benchmarks/spec_lookup_bound.py
+--max-cooldown 8,32); 4 requests together with 8 steps at most ran at 0.96x against 0.98x
+with 32 (benchmarks/spec_batch.py, benchmarks/RESULTS.md), hence the scaling.
 """
 
 from __future__ import annotations
@@ -114,7 +118,8 @@ class Proposer:
     proposer writes them (`drafts`), or reserves their places where it can only make them
     once the step's slots are allocated (`prepare`, before the forward pass)."""
 
-    max_cooldown = MAX_COOLDOWN_STEPS  # the longest back-off, in steps (module docstring)
+    # the longest back-off, in steps, for each decoding sequence (module docstring)
+    max_cooldown = MAX_COOLDOWN_STEPS
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
@@ -188,6 +193,7 @@ class Proposer:
             and not seq.pending_fork
         ]
         rows, tokens = len(decoding), float(len(decoding))  # the step without other drafts
+        longest = min(MAX_COOLDOWN_STEPS, self.max_cooldown * max(1, len(decoding)))
         choosing: list[tuple[Sequence, list[int]]] = []  # sequences the step's costs decide
         for seq in decoding:
             if seq.matcher is not None:
@@ -210,7 +216,7 @@ class Proposer:
                 elif not self.allocate([(1.0, config.num_speculative_tokens)], rows, tokens)[0]:
                     # not even drafts that are all accepted (as many as allowed) would pay in
                     # this step at the measured costs: what the probe would learn is of no use
-                    state.wait = state.cooldown = self.max_cooldown
+                    state.wait = state.cooldown = longest
                 else:
                     state.probe = False
                     seq.draft_token_ids = drafts
@@ -227,7 +233,7 @@ class Proposer:
                 seq.spec.cooldown = 0
             elif len(drafts) >= config.draft_min:  # no pay in this step: back off, then probe
                 state = seq.spec
-                state.cooldown = min(self.max_cooldown, 2 * state.cooldown or 1)
+                state.cooldown = min(longest, 2 * state.cooldown or 1)
                 state.wait, state.probe = state.cooldown, True
 
 
