@@ -4,8 +4,8 @@ nearly every step drafts; where it costs more (a draft model as dear as the targ
 stop once the costs say so, probes included, however well they would be accepted; where
 drafts would pay only at a better acceptance than seen, they back off to a probe in
 MAX_COOLDOWN_STEPS steps (prompt lookup's, whose probes cost only their rows, in
-NGRAM_MAX_COOLDOWN_STEPS). A batch's drafts are weighed by the cost of the batch's rows, not
-by what one sequence alone would pay."""
+NGRAM_MAX_COOLDOWN_STEPS for each decoding sequence). A batch's drafts are weighed by the
+cost of the batch's rows, not by what one sequence alone would pay."""
 
 from __future__ import annotations
 
@@ -98,7 +98,14 @@ def test_probes_resume_where_drafts_could_pay():
     assert 300 // MAX_COOLDOWN_STEPS <= probes <= 300 // MAX_COOLDOWN_STEPS + 6, probes
 
 
-class Rejected(NgramProposer):
+class RejectedDraftModel(Proposer):
+    """The policy as a draft model has it, with drafts that the target always rejects."""
+
+    def drafts(self, seq, k):
+        return [7] * k
+
+
+class RejectedLookup(NgramProposer):
     """Prompt lookup's policy with drafts that the target always rejects."""
 
     def drafts(self, seq, k):
@@ -108,10 +115,10 @@ class Rejected(NgramProposer):
 @pytest.mark.parametrize(
     "cls, count, longest",
     [
-        (Always, 1, MAX_COOLDOWN_STEPS),
-        (Rejected, 1, NGRAM_MAX_COOLDOWN_STEPS),
-        (Rejected, 2, 2 * NGRAM_MAX_COOLDOWN_STEPS),
-        (Rejected, 4, MAX_COOLDOWN_STEPS),
+        (RejectedDraftModel, 1, MAX_COOLDOWN_STEPS),
+        (RejectedLookup, 1, NGRAM_MAX_COOLDOWN_STEPS),
+        (RejectedLookup, 2, 2 * NGRAM_MAX_COOLDOWN_STEPS),
+        (RejectedLookup, 4, MAX_COOLDOWN_STEPS),
     ],
 )
 def test_a_rejected_sequence_probes_once_per_longest_back_off(cls, count, longest):
