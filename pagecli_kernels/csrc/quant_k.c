@@ -868,6 +868,27 @@ TARGET_VNNI static inline __attribute__((always_inline)) void int_scale(__m512i 
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_set1_ps(ds * 0x1p-15f), *acc);
 }
 
+/* Q4_K's integer kernels' per-super-block scales: the 8 sub-block scales as words (scw, for
+ * q4_K_int_picks' permutes) and dmin times the 8 minimums (ms). */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+q4_K_int_scales(const block_q4_K *b, __m512i *scw, __m256 *ms) {
+    uint32_t sc[2], m[2];
+    k_scale_words(b->scales, sc, m);
+    *scw = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const void *)sc)));
+    *ms = _mm256_mul_ps(
+        _mm256_set1_ps(_cvtsh_ss(b->dmin)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
+}
+
+/* Q6_K's: the 16 scales as words, those of half 0 in scw[0], of half 1 in scw[1] (low 8
+ * words each, for q6_K_int_picks' permutes). */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+q6_K_int_scales(const block_q6_K *b, __m512i scw[2]) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    scw[0] = _mm512_castsi256_si512(sc16);
+    scw[1] = _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11));
+}
+
 /* Super-block s of one weight row against the input xs (the batch-1 kernel): the weight words
  * of each half, two chains (A, B) per half added as integers (exact), then the float32
  * scaling into acc and the minimum's sums into accm. int_q4_K_piece gives the same bits at
@@ -876,13 +897,9 @@ TARGET_VNNI static inline __attribute__((always_inline)) void
 int_q4_K_block(const block_q4_K *b, int64_t s, const struct int_split *xs,
                const __m512i pick[2][2], __m512 *acc, __m256 *accm) {
     const __m512i nib = _mm512_set1_epi16(0x0F);
-    uint32_t sc[2], m[2];
-    k_scale_words(b->scales, sc, m);
-    const __m512i scw =
-        _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const void *)sc)));
-    const __m256 ms = _mm256_mul_ps(
-        _mm256_set1_ps(_cvtsh_ss(b->dmin)),
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
+    __m512i scw;
+    __m256 ms;
+    q4_K_int_scales(b, &scw, &ms);
     *accm = _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs->sums + 8 * s), *accm);
     __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
@@ -933,9 +950,8 @@ TARGET_VNNI static void int_wide_q4_K(const void *w, int64_t row_bytes, int64_t 
 TARGET_VNNI static inline __attribute__((always_inline)) void
 int_q6_K_block(const block_q6_K *b, int64_t s, const struct int_split *xs, const __m512i pick[4],
                __m512 *acc) {
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-    const __m512i scw[2] = {_mm512_castsi256_si512(sc16),
-                            _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11))};
+    __m512i scw[2];
+    q6_K_int_scales(b, scw);
     __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         __m512i v[2], ha = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
@@ -1031,13 +1047,9 @@ int_q4_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
     for (int64_t s = s0; s < s1; s++) {
         const block_q4_K *b = (const block_q4_K *)row + s;
         int_prefetch_next(row, row_bytes, s, nb, piece, group, (int)sizeof(block_q4_K), l2);
-        uint32_t sc[2], m[2];
-        k_scale_words(b->scales, sc, m);
-        const __m512i scw =
-            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const void *)sc)));
-        const __m256 ms = _mm256_mul_ps(
-            _mm256_set1_ps(_cvtsh_ss(b->dmin)),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m))));
+        __m512i scw;
+        __m256 ms;
+        q4_K_int_scales(b, &scw, &ms);
         for (int i = 0; i < M; i++) {
             float *at = state + INT_STATE * i + 16;
             _mm256_storeu_ps(at, _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs->sums + (s * M + i) * 8),
@@ -1076,10 +1088,8 @@ int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
     for (int64_t s = s0; s < s1; s++) {
         const block_q6_K *b = (const block_q6_K *)row + s;
         int_prefetch_next(row, row_bytes, s, nb, piece, group, (int)sizeof(block_q6_K), l2);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-        const __m512i scw[2] = {
-            _mm512_castsi256_si512(sc16),
-            _mm512_castsi256_si512(_mm256_permute2x128_si256(sc16, sc16, 0x11))};
+        __m512i scw[2];
+        q6_K_int_scales(b, scw);
         __m512i ia[INT_MANY_MAX], ib[INT_MANY_MAX];
         for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
