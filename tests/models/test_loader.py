@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,7 +116,11 @@ def test_unsupported_architecture(tmp_path, tiny_models):
 
 def test_chat_template_fallback_and_override(tmp_path, default_model_dir, tiny_models, capfd):
     folder = tmp_path / "base"
-    shutil.copytree(default_model_dir, folder)
+    # the small files copied, the weights (half a GB) linked: every run's temporary folder
+    # is kept a while, and a copy would take that much disk each time
+    shutil.copytree(default_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    for weights in Path(default_model_dir).glob("*.safetensors"):
+        (folder / weights.name).symlink_to(weights)
     (folder / "chat_template.jinja").unlink(missing_ok=True)
     tok_config = json.loads((folder / "tokenizer_config.json").read_text())
     tok_config.pop("chat_template", None)

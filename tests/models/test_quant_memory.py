@@ -126,7 +126,9 @@ def shaped_1b_4_layers(tmp_path_factory):
         import shaped_gguf
     finally:
         sys.path.pop(0)
-    return shaped_gguf.ensure_file(tmp_path_factory.mktemp("shaped"), "1b", "q4_k_m", 4)
+    path = shaped_gguf.ensure_file(tmp_path_factory.mktemp("shaped"), "1b", "q4_k_m", 4)
+    yield path
+    path.unlink()  # 225 MB: pytest keeps the temporary folders of the last runs
 
 
 def test_gguf_blocks_are_read_in_place_not_copied(shaped_1b_4_layers):
