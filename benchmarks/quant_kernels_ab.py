@@ -10,7 +10,11 @@ the same bits (the last pass's outputs).
 
     .venv/bin/python benchmarks/quant_kernels_ab.py --base /path/to/worktree [--shape 1b]
         [--formats q4_k,q6_k] [--rows 1,2,3,4,5,6] [--int-dots on] [--isa avx2] [--threads 2]
-        [--repeats 15] [--json OUT.json]
+        [--fused-rows 16] [--repeats 15] [--json OUT.json]
+
+`--fused-rows N` sends batches of up to N rows through the fused kernels, as a speculative
+step of N rows does (the default, 0, leaves the library's 8: larger batches take the panels
+or tiles).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def main() -> None:
     parser.add_argument("--int-dots", default="auto", choices=["auto", "on", "off"])
     parser.add_argument("--isa", default=None, help="portable, avx2 or avx512 (default: the CPU's)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fused-rows", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -60,7 +65,7 @@ def main() -> None:
     results = []
     print(
         f"{cpu_name()}, {args.threads} threads, {args.shape} shapes, int_dots {args.int_dots}, "
-        f"isa {args.isa or 'auto'}"
+        f"isa {args.isa or 'auto'}, fused_rows {args.fused_rows or 'default'}"
     )
     print(f"{'format':<7}{'rows':>5}{'A ms':>9}{'B ms':>9}{'B/A':>7}  same bits")
     for fmt in args.formats.split(","):
@@ -73,7 +78,11 @@ def main() -> None:
                 # apply() skips what the applied settings already say: the defaults first, so
                 # that each side's library is told the chosen ones (else only B's was)
                 apply(KernelSettings())
-                apply(KernelSettings(int_dots=args.int_dots, isa=args.isa or "auto"))
+                apply(
+                    KernelSettings(
+                        int_dots=args.int_dots, isa=args.isa or "auto", fused_rows=args.fused_rows
+                    )
+                )
                 assert lib.pagecli_quant_isa() == libs["B"].pagecli_quant_isa()
                 calls[side] = [(quant_cpu.PreparedLinear(w), xs[w.cols]) for w in weights]
             times = {"A": [], "B": []}
@@ -96,7 +105,7 @@ def main() -> None:
     if args.json:
         meta = {"cpu": cpu_name(), "threads": args.threads, "shape": args.shape,
                 "int_dots": args.int_dots, "isa": args.isa or "auto",
-                "repeats": args.repeats}  # fmt: skip
+                "fused_rows": args.fused_rows, "repeats": args.repeats}  # fmt: skip
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 

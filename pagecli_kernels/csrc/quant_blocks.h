@@ -281,7 +281,8 @@ typedef void (*small_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, c
                          int64_t ldx, int m, float *out);
 
 /* The half-sum kernels (many_fn): 5-8 input rows (AVX-512), where the small-batch kernels'
- * two accumulators per (row, input) would not fit the registers. A call adds, for the R =
+ * two accumulators per (row, input) would not fit the registers, and the parts of 4-8 rows of
+ * larger batches (many_parts). A call adds, for the R =
  * MANY_ROWS(m) rows at w, w + row_bytes, ... and each of the m inputs, only the products that
  * the rows kernel adds into one of its two accumulators (`half`: acc[half], the same 16-value
  * lanes in the same order), so R * m accumulators (15-18 at 5-6 inputs, 14-16 at 7-8) share
@@ -533,6 +534,7 @@ static inline __attribute__((always_inline)) void prefetch_w(int l2, const void 
                                    int64_t ldx, int m, int half, int phase, float *state,      \
                                    float *scratch, float *out) {                               \
         switch (m * 2 + (half != 0)) {                                                         \
+            MANY_CASE(NAME, 4, 0) MANY_CASE(NAME, 4, 1)                                        \
             MANY_CASE(NAME, 5, 0) MANY_CASE(NAME, 5, 1) MANY_CASE(NAME, 6, 0)                  \
             MANY_CASE(NAME, 6, 1) MANY_CASE(NAME, 7, 0) MANY_CASE(NAME, 7, 1)                  \
             MANY_CASE(NAME, 8, 0) MANY_CASE(NAME, 8, 1)                                        \
