@@ -138,13 +138,18 @@ def replay(pairs: list[tuple], k: int, costs: dict[int, float], min_n: int, max_
 
 
 def policy_replay(
-    pairs: list[tuple], costs: dict[int, float], config: SpeculativeConfig, max_cooldown: int
+    pairs: list[tuple],
+    costs: dict[int, float],
+    config: SpeculativeConfig,
+    max_cooldown: int,
+    token_text=None,
 ) -> dict:
     """The engine's policy and n-gram proposer on the replies: each reply decoded from its
     first token (the prefill's) on, one sequence at a time as in the spec scenario, each
     step's drafts those the policy asks for, checked against the reply, its time c(rows)
-    (which the policy learns as it would in the engine)."""
-    proposer = NgramProposer(config)
+    (which the policy learns as it would in the engine; `token_text` the engine's, for the
+    kinds of its drafts)."""
+    proposer = NgramProposer(config, token_text)
     proposer.max_cooldown = max_cooldown
     tokens = steps = drafted = accepted_all = 0
     seconds = base = 0.0
@@ -243,7 +248,9 @@ def main() -> None:
     for cooldown in [int(v) for v in args.max_cooldown.split(",") if v]:
         row = {"max_cooldown": cooldown, "workloads": {}}
         for name, workload_pairs in pairs.items():
-            row["workloads"][name] = policy_replay(workload_pairs, costs, replayed, cooldown)
+            row["workloads"][name] = policy_replay(
+                workload_pairs, costs, replayed, cooldown, proposer.token_text
+            )
         cells = ", ".join(
             f"{name} {v['speedup']:.2f}x ({v['acceptance']:.0%})"
             for name, v in row["workloads"].items()

@@ -52,7 +52,7 @@ def main() -> None:
     proposer = engine.proposer
     if args.forced:
         proposer.allocate = lambda candidates, rows, tokens: [
-            min(args.forced, most) for _, most in candidates
+            min(args.forced, len(rates)) for rates in candidates
         ]
     configs = {
         mode: dataclasses.replace(proposer.config, acceptance_method=mode) for mode in MODES[1:]

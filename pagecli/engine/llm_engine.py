@@ -85,7 +85,13 @@ class LLMEngine:
                 self.max_model_len,
             )
         elif spec is not None:
-            self.proposer = NgramProposer(spec)
+            tokenizer = self.tokenizer
+            self.proposer = NgramProposer(
+                spec,
+                (lambda token: tokenizer.decode([token], skip_special_tokens=False))
+                if tokenizer is not None
+                else None,
+            )
         self.executor = Executor(
             config,
             self.hf_config,

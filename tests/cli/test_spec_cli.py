@@ -51,7 +51,7 @@ def test_the_shorthands_fold_into_the_config():
         ).speculative_config
 
     assert spec() is None and spec(spec_type="none") is None
-    assert spec(spec_type="ngram").num_speculative_tokens == 5
+    assert spec(spec_type="ngram").num_speculative_tokens == 7
     both = spec(speculative_config='{"prompt_lookup_max": 3}', draft_max=7, draft_min=2)
     assert (both.num_speculative_tokens, both.draft_min, both.prompt_lookup_max) == (7, 2, 3)
     draft = spec(model_draft="small.gguf", draft_max=3)

@@ -1,4 +1,5 @@
-"""The n-gram proposer's index against a brute-force search, and the speculative config."""
+"""The n-gram proposer's index against a brute-force search (its drafts, and which of them are
+ambiguous), and the speculative config."""
 
 from __future__ import annotations
 
@@ -38,6 +39,48 @@ def test_index_equals_brute_force_as_the_sequence_grows(tokens, k, sizes, cut):
     assert index.propose(prefix, k) == brute_force(prefix, k, min_n, max_n)
     for end in range(len(prefix) + 1, len(tokens) + 1):  # grown one token at a time
         assert index.propose(tokens[:end], k) == brute_force(tokens[:end], k, min_n, max_n)
+
+
+def brute_force_ambiguous(tokens: list[int], k: int, min_n: int, max_n: int) -> list[bool]:
+    """For each draft of brute_force's, whether the tokens it was copied after (the match
+    and the drafts before it, max_n at most) have been followed by two different tokens."""
+    length = len(tokens)
+    for n in range(max_n, min_n - 1, -1):
+        if n >= length:
+            continue
+        suffix = tokens[length - n :]
+        starts = [s + n for s in range(length - n) if tokens[s : s + n] == suffix]
+        if not starts:
+            continue
+        start, found = starts[-1], []
+        for j in range(len(tokens[start : start + k])):
+            size = min(max_n, n + j)
+            gram = tokens[start + j - size : start + j]
+            after = {tokens[s + size] for s in range(length - size) if tokens[s : s + size] == gram}
+            found.append(len(after) > 1)
+        return found
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), min_size=1, max_size=60),
+    k=st.integers(1, 6),
+    sizes=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+)
+def test_lookup_marks_the_drafts_copied_after_an_ambiguous_context(tokens, k, sizes):
+    """`lookup`'s drafts are `propose`'s, and a draft is ambiguous exactly where the context
+    it was copied after went on in two ways somewhere in the sequence."""
+    min_n, max_n = sizes[0], sizes[0] + sizes[1]
+    index = NgramIndex(min_n, max_n)
+    for end in range(1, len(tokens) + 1):  # grown one token at a time
+        found = index.lookup(tokens[:end], k)
+        drafts = brute_force(tokens[:end], k, min_n, max_n)
+        if found is None:
+            assert drafts == []
+            continue
+        assert found.drafts == drafts
+        assert found.ambiguous == brute_force_ambiguous(tokens[:end], k, min_n, max_n)
 
 
 def test_longest_match_wins_and_the_latest_occurrence():

@@ -5,7 +5,8 @@ stop once the costs say so, probes included, however well they would be accepted
 drafts would pay only at a better acceptance than seen, they back off to a probe in
 MAX_COOLDOWN_STEPS steps (prompt lookup's, whose probes cost only their rows, in
 NGRAM_MAX_COOLDOWN_STEPS for each decoding sequence). A batch's drafts are weighed by the
-cost of the batch's rows, not by what one sequence alone would pay."""
+cost of the batch's rows, not by what one sequence alone would pay. Prompt lookup weighs
+each draft by the rate its kind of draft holds at."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pagecli.engine.spec_decode.proposer import (
     NgramProposer,
     Proposer,
     VerifyCost,
+    token_kind,
 )
 from pagecli.sampling_params import SamplingParams
 
@@ -196,3 +198,50 @@ def test_verify_cost_interpolates_and_extends_the_measured_rows():
     assert cost.ratio(6, 2) == 2.0
     steep = VerifyCost({2: 2.0, 6: 10.0})
     assert steep.estimate(1) == 1.0  # ... never under the smallest's cost per row
+
+
+def test_token_kinds():
+    assert [token_kind(t) for t in ["name", "_slots", "9", " seq", " _x"]] == (
+        ["word", "word", "word", "spaced", "spaced"]
+    )
+    assert {token_kind(t) for t in ['",\n', " (", "(", " ", "\n    ", ""]} == {"other"}
+
+
+class NamesThenPunctuation(NgramProposer):
+    """Prompt lookup's policy with drafts that copy a name (two word pieces) and then the
+    code's punctuation after it, where the target takes the name and not what follows (a
+    JSON reply that lists names from code)."""
+
+    def drafts(self, seq, k):
+        seq.spec.classes = [("word", False)] * 2 + [("other", False)] * 2
+        return [7, 7, 9, 9][:k]
+
+
+def test_prompt_lookup_drafts_the_kinds_that_hold():
+    """Each kind of draft has its own rate: the policy learns to draft the name's two pieces
+    and stop before the punctuation, where one rate for all (a half) would keep trying
+    more or settle for fewer."""
+    proposer = NamesThenPunctuation(SpeculativeConfig(num_speculative_tokens=4))
+    proposer.cost = VerifyCost({r: 1.0 + 0.2 * (r - 1) for r in range(1, 10)})
+    seq = running(1)[0]
+    counts = []
+    for _ in range(100):
+        proposer.propose([seq])
+        drafts, seq.draft_token_ids = seq.draft_token_ids, []
+        counts.append(len(drafts))
+        accepted = min(len(drafts), 2)  # the name's pieces
+        item = ScheduledSeq(seq, 1 + len(drafts), drafts)
+        sampled = SampledTokens([7] * (accepted + 1), num_accepted=accepted)
+        seconds = proposer.cost.estimate(1 + len(drafts))
+        proposer.observe(ScheduledBatch(decodes=[item]), [sampled], seconds)
+        seq.token_ids += sampled.token_ids
+        seq.num_computed_tokens = seq.num_tokens - 1
+    assert counts[-50:].count(2) >= 48, counts
+    rates = seq.spec.rates
+    # the punctuation's rate stays where its drafts stopped paying: no longer checked
+    assert rates[("word", False)] > 0.99 and rates[("other", False)] < 0.5, rates
+    assert proposer.draft_rates(seq, [7, 7, 9]) == [
+        rates[("word", False)],
+        rates[("word", False)],
+        rates[("other", False)],
+    ]
