@@ -11,9 +11,9 @@ from pagecli.config import EngineConfig, SpeculativeConfig
 from pagecli.engine.spec_decode.ngram import NgramIndex
 
 
-def brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The tokens after the latest earlier occurrence of the longest suffix (max_n down to
-    min_n) that occurred before with a token after it."""
+def latest_match(tokens: list[int], min_n: int, max_n: int) -> tuple[int, int] | None:
+    """(n, the position after it) of the latest earlier occurrence of the longest suffix (max_n
+    down to min_n) that occurred before with a token after it; None where none did."""
     length = len(tokens)
     for n in range(max_n, min_n - 1, -1):
         if n >= length:
@@ -21,8 +21,14 @@ def brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
         suffix = tokens[length - n :]
         for start in range(length - n - 1, -1, -1):  # an occurrence ending before the end
             if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + k]
-    return []
+                return n, start + n
+    return None
+
+
+def brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The k tokens after latest_match."""
+    match = latest_match(tokens, min_n, max_n)
+    return tokens[match[1] : match[1] + k] if match else []
 
 
 @settings(max_examples=300, deadline=None)
@@ -44,22 +50,16 @@ def test_index_equals_brute_force_as_the_sequence_grows(tokens, k, sizes, cut):
 def brute_force_ambiguous(tokens: list[int], k: int, min_n: int, max_n: int) -> list[bool]:
     """For each draft of brute_force's, whether the tokens it was copied after (the match
     and the drafts before it, max_n at most) have been followed by two different tokens."""
-    length = len(tokens)
-    for n in range(max_n, min_n - 1, -1):
-        if n >= length:
-            continue
-        suffix = tokens[length - n :]
-        starts = [s + n for s in range(length - n) if tokens[s : s + n] == suffix]
-        if not starts:
-            continue
-        start, found = starts[-1], []
-        for j in range(len(tokens[start : start + k])):
-            size = min(max_n, n + j)
-            gram = tokens[start + j - size : start + j]
-            after = {tokens[s + size] for s in range(length - size) if tokens[s : s + size] == gram}
-            found.append(len(after) > 1)
-        return found
-    return []
+    match = latest_match(tokens, min_n, max_n)
+    if match is None:
+        return []
+    (n, start), length, found = match, len(tokens), []
+    for j in range(len(tokens[start : start + k])):
+        size = min(max_n, n + j)
+        gram = tokens[start + j - size : start + j]
+        after = {tokens[s + size] for s in range(length - size) if tokens[s : s + size] == gram}
+        found.append(len(after) > 1)
+    return found
 
 
 @settings(max_examples=300, deadline=None)

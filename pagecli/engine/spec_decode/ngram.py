@@ -64,7 +64,7 @@ class NgramIndex:
         return []
 
     def lookup(self, token_ids: list[int], k: int) -> Lookup | None:
-        """`propose`'s drafts with their source and ambiguity (module docstring); None when
+        """`propose`'s drafts and which of them are ambiguous (module docstring); None when
         no suffix recurs."""
         self.extend(token_ids)
         length = len(token_ids)

@@ -262,9 +262,9 @@ class Proposer:
 
 
 def token_kind(text: str) -> str:
-    """ "word" for a token that goes on with a word (its first character a letter, a digit or
-    an underscore), "spaced" for one that starts a word after a space, else "other"
-    (punctuation, line breaks, special tokens)."""
+    """A token's kind by its text: "word" for one that goes on with a word (its first
+    character a letter, a digit or an underscore), "spaced" for one that starts a word after
+    a space, else "other" (punctuation, line breaks, special tokens)."""
     if text[:1].isalnum() or text[:1] == "_":
         return "word"
     if text[:1] == " " and (text[1:2].isalnum() or text[1:2] == "_"):
