@@ -44,8 +44,10 @@ def tight_engine(mode: str) -> dict:
     return engine
 
 
-def run(prompts, params, spec: bool, **engine):
-    llm = LLM(None, speculative_config=SPEC if spec else None, **engine)
+def run(prompts, params, spec: bool | dict, **engine):
+    """`spec`: SPEC (True), another speculative config, or none (False)."""
+    config = (SPEC if spec is True else spec) or None
+    llm = LLM(None, speculative_config=config, **engine)
     outputs = llm.generate(prompts, params)
     llm.engine.check_invariants()
     stats = llm.engine.stats()
@@ -110,6 +112,26 @@ def test_bfloat16_logprobs_have_the_bits_of_decoding_without_drafts(
         want, got = a.outputs[0].logprobs, b.outputs[0].logprobs
         assert [(lp.logprob, lp.top) for lp in got] == [(lp.logprob, lp.top) for lp in want]
     assert stats.spec_draft_tokens > 40 and stats.spec_accepted_tokens > 12
+
+
+def test_verify_steps_of_more_than_8_rows_keep_the_bits(monkeypatch):
+    """Up to 15 drafts, every candidate drafting all it can: steps of 9-16 rows, whose linear
+    layers take their rows in parts (csrc/quant_linear_cpu.c: many_parts on Intel's AVX-512,
+    the rows kernel elsewhere), each row with the bits it has alone: every logprob equal."""
+    monkeypatch.setattr(
+        Proposer, "allocate", lambda self, candidates, rows, tokens: [len(c) for c in candidates]
+    )
+    params = SamplingParams(temperature=0, max_tokens=size(48, 96), logprobs=5)
+    prompts = [REPEATING, PROMPTS[2]]
+    off, _ = run(prompts, params, False, max_num_seqs=1)
+    on, stats = run(prompts, params, {**SPEC, "num_speculative_tokens": 15}, max_num_seqs=1)
+    same(off, on)
+    for a, b in zip(off, on):
+        want, got = a.outputs[0].logprobs, b.outputs[0].logprobs
+        assert [(lp.logprob, lp.top) for lp in got] == [(lp.logprob, lp.top) for lp in want]
+    # some step checked more than 8 drafts, and some of those past the 8th held
+    per_position = stats.spec_accepted_per_position
+    assert len(per_position) > 8 and sum(per_position[8:]) > 0, per_position
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
