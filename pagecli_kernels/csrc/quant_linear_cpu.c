@@ -613,8 +613,8 @@ static void many_batch(const struct quant_format *f, const uint8_t *w, int64_t r
  * many_batch takes its inputs, while those rows stay in the cache: W is read from memory
  * once. The last rows, fewer than a set, through the rows kernel, each part alone (the same
  * order of sums, so the same bits). Against the rows kernel, which takes 8 inputs at a time
- * (a 2-core Xeon with AMX, the 1B shape's projections at 9, 12 and 16 rows): Q4_K 0.81, 0.85
- * and 0.90 the time, Q4_0 0.91, 0.97 and 0.95. */
+ * (a 2-core Xeon with AMX, the 1B shape's projections at 9, 12 and 16 rows, two runs): Q4_K
+ * 0.81, 0.84-0.85 and 0.90-0.91 the time, Q4_0 0.90-0.91, 0.93-0.97 and 0.90-0.95. */
 static void many_parts(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
                        int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m,
                        float *y, int64_t ldy, int num_threads) {
