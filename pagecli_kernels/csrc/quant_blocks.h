@@ -282,17 +282,16 @@ typedef void (*small_fn)(const void *w, int64_t row_bytes, int64_t num_blocks, c
 
 /* The half-sum kernels (many_fn): 5-8 input rows (AVX-512), where the small-batch kernels'
  * two accumulators per (row, input) would not fit the registers, and the parts of 4-8 rows of
- * larger batches (many_parts). A call adds, for the R =
- * MANY_ROWS(m) rows at w, w + row_bytes, ... and each of the m inputs, only the products that
- * the rows kernel adds into one of its two accumulators (`half`: acc[half], the same 16-value
- * lanes in the same order), so R * m accumulators (15-18 at 5-6 inputs, 14-16 at 7-8) share
- * each load of x between R rows. The two halves' sums go to `state` between calls
- * (MANY_STATE floats, 64-byte aligned): `phase` ROWS_FIRST starts them at zero, and the call
- * of half 1 under ROWS_LAST reduces acc[0] + acc[1] into out[i * R + r] as the rows kernel
- * does. A row is taken in pieces of at most MANY_PIECE_VALUES values, each piece's half 0
- * then half 1 (x's piece in the L1): the same sums in the same order, the rows kernel's
- * bits. `scratch` (MANY_SCRATCH floats) carries what half 0 unpacks for half 1 of a piece
- * (the K-quants' scales). */
+ * larger batches (many_parts). A call adds, for the R = MANY_ROWS(m) rows at w, w + row_bytes,
+ * ... and each of the m inputs, only the products that the rows kernel adds into one of its two
+ * accumulators (`half`: acc[half], the same 16-value lanes in the same order), so R * m
+ * accumulators (12 at 4 inputs, 15-18 at 5-6, 14-16 at 7-8) share each load of x between R
+ * rows. The two halves' sums go to `state` between calls (MANY_STATE floats, 64-byte aligned):
+ * `phase` ROWS_FIRST starts them at zero, and the call of half 1 under ROWS_LAST reduces
+ * acc[0] + acc[1] into out[i * R + r] as the rows kernel does. A row is taken in pieces of at
+ * most MANY_PIECE_VALUES values, each piece's half 0 then half 1 (x's piece in the L1): the
+ * same sums in the same order, the rows kernel's bits. `scratch` (MANY_SCRATCH floats) carries
+ * what half 0 unpacks for half 1 of a piece (the K-quants' scales). */
 #define MANY_MIN_M 5
 #define MANY_ROWS(m) ((m) <= 6 ? 3 : 2)
 #define MANY_STATE (3 * 6 * 2 * 16) /* R * M * 2 vectors at most (3 x 6; 2 x 8 is fewer) */
