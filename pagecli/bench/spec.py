@@ -24,7 +24,7 @@ from pagecli.sampling_params import SamplingParams
 _EDITS = [
     ("pagecli.engine.block_manager:BlockManager.allocate_slots", "needed", "wanted"),
     ("pagecli.engine.scheduler:Scheduler._preempt", "seq", "victim"),
-    ("pagecli.engine.spec_decode.ngram:NgramIndex.propose", "length", "size"),
+    ("pagecli.engine.spec_decode.ngram:NgramIndex.lookup", "length", "size"),
 ]
 
 

@@ -55,13 +55,8 @@ class NgramIndex:
     def propose(self, token_ids: list[int], k: int) -> list[int]:
         """Up to `k` tokens that followed the latest earlier occurrence of the longest suffix
         of `token_ids` (min_n..max_n tokens) seen before; [] when none recurs."""
-        self.extend(token_ids)
-        length = len(token_ids)
-        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            start = self._next[n].get(tuple(token_ids[length - n :]))
-            if start is not None:
-                return token_ids[start : start + k]
-        return []
+        found = self.lookup(token_ids, k)
+        return found.drafts if found is not None else []
 
     def lookup(self, token_ids: list[int], k: int) -> Lookup | None:
         """`propose`'s drafts and which of them are ambiguous (module docstring); None when
