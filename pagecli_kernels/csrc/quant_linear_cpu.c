@@ -570,36 +570,48 @@ static int64_t many_piece_blocks(const struct quant_format *f, int64_t m, int64_
     return piece_blocks(block_x, blocks, MANY_X_BYTES, MANY_PIECE_VALUES / f->block_values);
 }
 
-/* y = x @ W.T for m = MANY_MIN_M..ROWS_MAX input rows through the format's half-sum kernel,
- * MANY_ROWS(m) rows of W at a time, MANY_GROUPS such groups against each piece of x in turn
- * (half 0, then half 1) while it is in the L1; the last rows, fewer than a group, through
- * the rows kernel (the same order of sums, so the same bits). */
+/* Rows r0 .. r0 + count * group of y = x @ W.T for m = 4..ROWS_MAX input rows through the
+ * format's half-sum kernel: the count groups of group = MANY_ROWS(m) rows of W against each
+ * piece of x in turn (half 0, then half 1) while it is in the L1. `state` holds count
+ * MANY_STATE blocks. */
+static inline void many_groups(const struct quant_format *f, const uint8_t *w,
+                               int64_t row_bytes, int64_t r0, int64_t count, int64_t blocks,
+                               const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
+                               float (*state)[MANY_STATE], float *scratch) {
+    const int64_t group = MANY_ROWS(m), piece = many_piece_blocks(f, m, blocks);
+    float out[3 * ROWS_MAX];
+    for (int64_t b0 = 0; b0 < blocks; b0 += piece) {
+        const int64_t nb = min64(piece, blocks - b0);
+        const int phase = (b0 == 0 ? ROWS_FIRST : 0) | (b0 + nb == blocks ? ROWS_LAST : 0);
+        for (int64_t g = 0; g < count; g++) {
+            const int64_t row = r0 + g * group;
+            const uint8_t *wg = w + row * row_bytes + b0 * f->block_bytes;
+            for (int half = 0; half < 2; half++)
+                f->many(wg, row_bytes, nb, x + b0 * f->block_values, ldx, (int)m, half, phase,
+                        state[g], scratch, out);
+            if (phase & ROWS_LAST)
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t r = 0; r < group; r++)
+                        y[i * ldy + row + r] = out[i * group + r];
+        }
+    }
+}
+
+/* y = x @ W.T for m = MANY_MIN_M..ROWS_MAX input rows: MANY_GROUPS groups of MANY_ROWS(m)
+ * rows of W at a time (many_groups); the last rows, fewer than a group, through the rows
+ * kernel (the same order of sums, so the same bits). */
 static void many_batch(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
                        int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m,
                        float *y, int64_t ldy, int num_threads) {
     const int64_t group = MANY_ROWS(m), groups = n / group;
     const int64_t sets = (groups + MANY_GROUPS - 1) / MANY_GROUPS;
-    const int64_t piece = many_piece_blocks(f, m, blocks);
     FOR_THREADS("omp parallel for num_threads(num_threads) schedule(guided, 1)", num_threads,
                 set, sets, {
         float state[MANY_GROUPS][MANY_STATE] __attribute__((aligned(64)));
         float scratch[MANY_SCRATCH] __attribute__((aligned(64)));
-        float out[3 * ROWS_MAX];
         const int64_t g0 = set * MANY_GROUPS, count = min64(MANY_GROUPS, groups - g0);
-        for (int64_t b0 = 0; b0 < blocks; b0 += piece) {
-            const int64_t nb = min64(piece, blocks - b0);
-            const int phase = (b0 == 0 ? ROWS_FIRST : 0) | (b0 + nb == blocks ? ROWS_LAST : 0);
-            for (int64_t g = g0; g < g0 + count; g++) {
-                const uint8_t *wg = w + g * group * row_bytes + b0 * f->block_bytes;
-                for (int half = 0; half < 2; half++)
-                    f->many(wg, row_bytes, nb, x + b0 * f->block_values, ldx, (int)m, half,
-                            phase, state[g - g0], scratch, out);
-                if (phase & ROWS_LAST)
-                    for (int64_t i = 0; i < m; i++)
-                        for (int64_t r = 0; r < group; r++)
-                            y[i * ldy + g * group + r] = out[i * group + r];
-            }
-        }
+        many_groups(f, w, row_bytes, g0 * group, count, blocks, x, ldx, m, y, ldy, state,
+                    scratch);
     });
     rows_alone(f, w, row_bytes, groups * group, n, blocks, x, ldx, m, y, ldy);
 }
@@ -609,12 +621,12 @@ static void many_batch(const struct quant_format *f, const uint8_t *w, int64_t r
 
 /* y = x @ W.T for more than ROWS_MAX input rows (a verify step of 8 drafts or more) through
  * the half-sum kernels: the inputs cut into even parts of 4-8 rows (m / ceil(m / ROWS_MAX)),
- * and each set of MANY_SET_ROWS rows of W against every part in turn, each part as
- * many_batch takes its inputs, while those rows stay in the cache: W is read from memory
- * once. The last rows, fewer than a set, through the rows kernel, each part alone (the same
- * order of sums, so the same bits). Against the rows kernel, which takes 8 inputs at a time
- * (a 2-core Xeon with AMX, the 1B shape's projections at 9, 12 and 16 rows, two runs): Q4_K
- * 0.81, 0.84-0.85 and 0.90-0.91 the time, Q4_0 0.90-0.91, 0.93-0.97 and 0.90-0.95. */
+ * and each set of MANY_SET_ROWS rows of W against every part in turn (many_groups), while
+ * those rows stay in the cache: W is read from memory once. The last rows, fewer than a set,
+ * through the rows kernel, each part alone (the same order of sums, so the same bits).
+ * Against the rows kernel, which takes 8 inputs at a time (a 2-core Xeon with AMX, the 1B
+ * shape's projections at 9, 12 and 16 rows, two runs): Q4_K 0.81, 0.84-0.85 and 0.90-0.91
+ * the time, Q4_0 0.90-0.91, 0.93-0.97 and 0.90-0.95. */
 static void many_parts(const struct quant_format *f, const uint8_t *w, int64_t row_bytes,
                        int64_t n, int64_t blocks, const float *x, int64_t ldx, int64_t m,
                        float *y, int64_t ldy, int num_threads) {
@@ -623,27 +635,10 @@ static void many_parts(const struct quant_format *f, const uint8_t *w, int64_t r
                 set, sets, {
         float state[MANY_SET_ROWS / 2][MANY_STATE] __attribute__((aligned(64)));
         float scratch[MANY_SCRATCH] __attribute__((aligned(64)));
-        float out[3 * ROWS_MAX];
         for (int64_t i = 0, p = 0; p < parts; p++) {
-            const int64_t mp = (m - i) / (parts - p), group = MANY_ROWS(mp);
-            const int64_t piece = many_piece_blocks(f, mp, blocks);
-            const float *xp = x + i * ldx;
-            for (int64_t b0 = 0; b0 < blocks; b0 += piece) {
-                const int64_t nb = min64(piece, blocks - b0);
-                const int phase =
-                    (b0 == 0 ? ROWS_FIRST : 0) | (b0 + nb == blocks ? ROWS_LAST : 0);
-                for (int64_t g = 0; g < MANY_SET_ROWS / group; g++) {
-                    const int64_t r0 = set * MANY_SET_ROWS + g * group;
-                    const uint8_t *wg = w + r0 * row_bytes + b0 * f->block_bytes;
-                    for (int half = 0; half < 2; half++)
-                        f->many(wg, row_bytes, nb, xp + b0 * f->block_values, ldx, (int)mp,
-                                half, phase, state[g], scratch, out);
-                    if (phase & ROWS_LAST)
-                        for (int64_t t = 0; t < mp; t++)
-                            for (int64_t r = 0; r < group; r++)
-                                y[(i + t) * ldy + r0 + r] = out[t * group + r];
-                }
-            }
+            const int64_t mp = (m - i) / (parts - p);
+            many_groups(f, w, row_bytes, set * MANY_SET_ROWS, MANY_SET_ROWS / MANY_ROWS(mp),
+                        blocks, x + i * ldx, ldx, mp, y + i * ldy, ldy, state, scratch);
             i += mp;
         }
     });
