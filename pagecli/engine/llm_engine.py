@@ -86,12 +86,16 @@ class LLMEngine:
             )
         elif spec is not None:
             tokenizer = self.tokenizer
-            self.proposer = NgramProposer(
-                spec,
-                (lambda token: tokenizer.decode([token], skip_special_tokens=False))
-                if tokenizer is not None
-                else None,
-            )
+            token_text = special = None
+            if tokenizer is not None:
+
+                def token_text(token: int) -> str:
+                    return tokenizer.decode([token], skip_special_tokens=False)
+
+                def special(token: int) -> bool:  # text that decoding drops by default
+                    return bool(token_text(token)) and not tokenizer.decode([token])
+
+            self.proposer = NgramProposer(spec, token_text, special)
         self.executor = Executor(
             config,
             self.hf_config,

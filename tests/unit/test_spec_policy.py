@@ -245,3 +245,27 @@ def test_prompt_lookup_drafts_the_kinds_that_hold():
         rates[("word", False)],
         rates[("other", False)],
     ]
+
+
+def test_prompt_lookup_stops_before_special_tokens():
+    """A reply whose first token also ended the user's message (a closing code fence, 5
+    here) matches that end, which the chat template's tail follows (END, a newline 6,
+    START, the assistant's header 8, 6): no drafts, where the copy would be rejected. A
+    copy that reaches a special token stops before it."""
+    END, START = 100, 101
+    proposer = NgramProposer(
+        SpeculativeConfig(num_speculative_tokens=7),
+        token_text=lambda token: "x",
+        special=lambda token: token in (END, START),
+    )
+    prompt = [START, 7, 6, 5, 9, 2, 3, 4, 6, 5, END, 6, START, 8, 6]
+    seq = Sequence(0, "r0", prompt + [6, 5], len(prompt), SamplingParams(), max_tokens=10**6)
+    seq.spec = proposer.new_state()
+    assert proposer.drafts(seq, 7) == []
+    assert seq.spec.classes == []
+    seq.token_ids[-2:] = [5, 9]  # the fence's line, copied: 2, 3, 4, 6, 5, then END
+    assert proposer.drafts(seq, 7) == [2, 3, 4, 6, 5]
+    assert seq.spec.classes == [("word", False)] * 5
+    plain = NgramProposer(SpeculativeConfig(num_speculative_tokens=7), lambda token: "x")
+    seq.spec = plain.new_state()
+    assert plain.drafts(seq, 7) == [2, 3, 4, 6, 5, END, 6]  # without: the template's tail

@@ -275,15 +275,25 @@ def token_kind(text: str) -> str:
 class NgramProposer(Proposer):
     """Prompt-lookup drafts for every decoding sequence, as many as pay (module docstring).
     `token_text` gives a token's text (the tokenizer's); without it every draft is of one
-    kind."""
+    kind. `special` says which tokens are the tokenizer's special ones (a chat template's
+    `<|im_end|>`, `<|im_start|>`, EOS): a copy stops before them. The reply's first token
+    often ends the user's message too (a closing code fence, a full stop), and its longest
+    match is then that end, followed by the template's tail: a first step of drafts all
+    rejected, whose rate (from ACCEPTANCE_PRIOR to half) held the next 8 steps of a
+    quote to 1-4 drafts (benchmarks/RESULTS.md). An EOS at the end of a copy is not lost:
+    the step that checks the drafts before it samples it."""
 
     max_cooldown = NGRAM_MAX_COOLDOWN_STEPS
 
     def __init__(
-        self, config: SpeculativeConfig, token_text: Callable[[int], str] | None = None
+        self,
+        config: SpeculativeConfig,
+        token_text: Callable[[int], str] | None = None,
+        special: Callable[[int], bool] | None = None,
     ) -> None:
         super().__init__(config)
         self.token_text = token_text
+        self.special = special
         self._kinds: dict[int, str] = {}
 
     def new_state(self) -> SpecState:
@@ -291,23 +301,28 @@ class NgramProposer(Proposer):
         return SpecState(NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max))
 
     def kind(self, token: int) -> str:
+        """token_kind's, or "special" for the tokenizer's special tokens."""
         kind = self._kinds.get(token)
         if kind is None:
-            kind = token_kind(self.token_text(token)) if self.token_text else "other"
+            if self.special is not None and self.special(token):
+                kind = "special"
+            else:
+                kind = token_kind(self.token_text(token)) if self.token_text else "other"
             self._kinds[token] = kind
         return kind
 
     def drafts(self, seq: Sequence, k: int) -> list[int]:
         state = seq.spec
         found = state.index.lookup(seq.token_ids, k)
+        state.classes = []
         if found is None:
-            state.classes = []
             return []
-        state.classes = [
-            (self.kind(token), ambiguous)
-            for token, ambiguous in zip(found.drafts, found.ambiguous, strict=True)
-        ]
-        return found.drafts
+        for token, ambiguous in zip(found.drafts, found.ambiguous, strict=True):
+            kind = self.kind(token)
+            if kind == "special":
+                break
+            state.classes.append((kind, ambiguous))
+        return found.drafts[: len(state.classes)]
 
     def draft_rates(self, seq: Sequence, drafts: list[int]) -> list[float]:
         state = seq.spec
