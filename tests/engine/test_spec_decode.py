@@ -217,3 +217,27 @@ def test_structured_outputs_stay_valid_and_identical(seeded):
         json.loads(out.text)
     # the grammar's forced tokens (the keys, their quotes and colons) went as drafts
     assert stats.spec_drafts > 0 and stats.spec_accepted_tokens > 0
+
+
+def test_prompt_lookup_does_not_copy_the_chat_template():
+    """A reply whose first token ends the user's message too (a closing code fence) matches
+    that end, which the chat template's tail follows: the engine's proposer knows the
+    tokenizer's special tokens and drafts none of them, where a proposer without that
+    knowledge copies the template's end of turn."""
+    from pagecli.engine.sequence import Sequence
+    from pagecli.engine.spec_decode.proposer import NgramProposer
+
+    llm = LLM(None, speculative_config=SPEC)
+    tokenizer, proposer = llm.engine.tokenizer, llm.engine.proposer
+    assert proposer.special(tokenizer.eos_token_id)
+    (fence,) = tokenizer.encode("```", add_special_tokens=False)
+    assert not proposer.special(fence)
+    prompt = tokenizer.encode_chat(chat("Fix this:\n```\nx = 1\n```"))
+    assert fence in prompt[-8:]
+    seq = Sequence(0, "r0", prompt + [fence], len(prompt), SamplingParams(), max_tokens=64)
+    seq.spec = proposer.new_state()
+    assert proposer.drafts(seq, 4) == []
+    plain = NgramProposer(llm.engine.config.speculative_config, proposer.token_text)
+    seq.spec = plain.new_state()
+    drafts = plain.drafts(seq, 4)
+    assert drafts and proposer.special(drafts[0]), drafts
