@@ -143,13 +143,14 @@ def policy_replay(
     config: SpeculativeConfig,
     max_cooldown: int,
     token_text=None,
+    special=None,
 ) -> dict:
     """The engine's policy and n-gram proposer on the replies: each reply decoded from its
     first token (the prefill's) on, one sequence at a time as in the spec scenario, each
     step's drafts those the policy asks for, checked against the reply, its time c(rows)
-    (which the policy learns as it would in the engine; `token_text` the engine's, for the
-    kinds of its drafts)."""
-    proposer = NgramProposer(config, token_text)
+    (which the policy learns as it would in the engine; `token_text` and `special` the
+    engine's, for the kinds of its drafts and where a copy stops)."""
+    proposer = NgramProposer(config, token_text, special)
     proposer.max_cooldown = max_cooldown
     tokens = steps = drafted = accepted_all = 0
     seconds = base = 0.0
@@ -249,7 +250,7 @@ def main() -> None:
         row = {"max_cooldown": cooldown, "workloads": {}}
         for name, workload_pairs in pairs.items():
             row["workloads"][name] = policy_replay(
-                workload_pairs, costs, replayed, cooldown, proposer.token_text
+                workload_pairs, costs, replayed, cooldown, proposer.token_text, proposer.special
             )
         cells = ", ".join(
             f"{name} {v['speedup']:.2f}x ({v['acceptance']:.0%})"
