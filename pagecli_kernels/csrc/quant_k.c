@@ -1031,6 +1031,36 @@ int_many_scale(const __m512i *ia, const __m512i *ib, float d, const struct int_p
     }
 }
 
+/* More than this many inputs take Q6_K's super-block in two halves (int_q6_K_piece). */
+#define INT_MANY_HALVES 5
+
+/* Inputs [i0, i1) of M against a super-block's 8 groups of weight words wv: their integer
+ * sums, then their scaling into `state`, as int_many_dots and int_many_scale do for all M. */
+TARGET_VNNI static inline __attribute__((always_inline)) void
+int_half_dots(const __m512i *wv, const struct int_packed *xs, int64_t s, const int i0,
+              const int i1, float d, float *state, const int M) {
+    __m512i ia[INT_MANY_MAX / 2], ib[INT_MANY_MAX / 2];
+    for (int i = 0; i < i1 - i0; i++) ia[i] = ib[i] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; g++) {
+        const int16_t *xg = xs->x + (s * 8 + g) * M * 64 + 64 * i0;
+        int_many_dots(wv[g], xg, ia, ib, i1 - i0);
+    }
+    for (int i = 0; i < i1 - i0; i++) {
+        float *at = state + INT_STATE * (i0 + i);
+        __m512 acc = _mm512_loadu_ps(at);
+        int_scale(ia[i], ib[i], d, xs->scale[s * M + i0 + i], &acc);
+        _mm512_storeu_ps(at, acc);
+    }
+}
+
+/* Q6_K's words for the c-th 32 values of a half super-block: (q - 32) * sc as int16. */
+TARGET_VNNI static inline __attribute__((always_inline)) __m512i
+q6_K_int_words(const __m512i *v, const int c, __m512i pick, __m512i scw) {
+    const __m256i bytes =
+        (c & 1) ? _mm512_extracti64x4_epi64(v[c >> 1], 1) : _mm512_castsi512_si256(v[c >> 1]);
+    return _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes), _mm512_permutexvar_epi16(pick, scw));
+}
+
 TARGET_VNNI static inline __attribute__((always_inline)) void
 int_q4_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, int64_t nb,
                const struct int_packed *xs, float *state, float *out, int64_t ldo,
@@ -1090,18 +1120,30 @@ int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
         int_prefetch_next(row, row_bytes, s, nb, piece, group, (int)sizeof(block_q6_K), l2);
         __m512i scw[2];
         q6_K_int_scales(b, scw);
+        if (M > INT_MANY_HALVES) {
+            /* two integer sums an input do not fit the registers beside the weight words at
+             * 6-8 inputs (the compiler spilled them): the super-block's 8 groups of words
+             * made first, then the inputs in two halves, each half's sums taken and scaled
+             * as one pass of M / 2 inputs would (the same integers, the same scaling) */
+            __m512i wv[8];
+            for (int h = 0; h < 2; h++) {
+                __m512i v[2];
+                q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
+                for (int c = 0; c < 4; c++)
+                    wv[4 * h + c] = q6_K_int_words(v, c, pick[c], scw[h]);
+            }
+            int_half_dots(wv, xs, s, 0, (M + 1) / 2, _cvtsh_ss(b->d), state, M);
+            int_half_dots(wv, xs, s, (M + 1) / 2, M, _cvtsh_ss(b->d), state, M);
+            continue;
+        }
         __m512i ia[INT_MANY_MAX], ib[INT_MANY_MAX];
         for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             __m512i v[2];
             q6_half_bytes(b->ql + 64 * h, b->qh + 32 * h, &v[0], &v[1]);
-            for (int c = 0; c < 4; c++) {
-                const __m256i bytes = (c & 1) ? _mm512_extracti64x4_epi64(v[c >> 1], 1)
-                                              : _mm512_castsi512_si256(v[c >> 1]);
-                const __m512i wv = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(bytes),
-                                                      _mm512_permutexvar_epi16(pick[c], scw[h]));
-                int_many_dots(wv, xs->x + (s * 8 + 4 * h + c) * M * 64, ia, ib, M);
-            }
+            for (int c = 0; c < 4; c++)
+                int_many_dots(q6_K_int_words(v, c, pick[c], scw[h]),
+                              xs->x + (s * 8 + 4 * h + c) * M * 64, ia, ib, M);
         }
         int_many_scale(ia, ib, _cvtsh_ss(b->d), xs, s, state, M);
     }
