@@ -10,7 +10,7 @@ the same bits (the last pass's outputs).
 
     .venv/bin/python benchmarks/quant_kernels_ab.py --base /path/to/worktree [--shape 1b]
         [--formats q4_k,q6_k] [--rows 1,2,3,4,5,6] [--int-dots on] [--isa avx2] [--threads 2]
-        [--fused-rows 16] [--repeats 15] [--json OUT.json]
+        [--fused-rows 16] [--vnni-q4-k on] [--repeats 15] [--json OUT.json]
 
 `--fused-rows N` sends batches of up to N rows through the fused kernels, as a speculative
 step of N rows does (the default, 0, leaves the library's 8: larger batches take the panels
@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--isa", default=None, help="portable, avx2 or avx512 (default: the CPU's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--fused-rows", type=int, default=0)
+    parser.add_argument(
+        "--vnni-q4-k", default="auto", choices=["auto", "on", "off"], help="Q4_K on VNNI's kernels"
+    )
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -65,7 +68,8 @@ def main() -> None:
     results = []
     print(
         f"{cpu_name()}, {args.threads} threads, {args.shape} shapes, int_dots {args.int_dots}, "
-        f"isa {args.isa or 'auto'}, fused_rows {args.fused_rows or 'default'}"
+        f"isa {args.isa or 'auto'}, fused_rows {args.fused_rows or 'default'}, "
+        f"vnni_q4_k {args.vnni_q4_k}"
     )
     print(f"{'format':<7}{'rows':>5}{'A ms':>9}{'B ms':>9}{'B/A':>7}  same bits")
     for fmt in args.formats.split(","):
@@ -80,7 +84,10 @@ def main() -> None:
                 apply(KernelSettings())
                 apply(
                     KernelSettings(
-                        int_dots=args.int_dots, isa=args.isa or "auto", fused_rows=args.fused_rows
+                        int_dots=args.int_dots,
+                        isa=args.isa or "auto",
+                        fused_rows=args.fused_rows,
+                        vnni_q4_k=args.vnni_q4_k,
                     )
                 )
                 assert lib.pagecli_quant_isa() == libs["B"].pagecli_quant_isa()
@@ -105,7 +112,8 @@ def main() -> None:
     if args.json:
         meta = {"cpu": cpu_name(), "threads": args.threads, "shape": args.shape,
                 "int_dots": args.int_dots, "isa": args.isa or "auto",
-                "fused_rows": args.fused_rows, "repeats": args.repeats}  # fmt: skip
+                "fused_rows": args.fused_rows, "vnni_q4_k": args.vnni_q4_k,
+                "repeats": args.repeats}  # fmt: skip
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 

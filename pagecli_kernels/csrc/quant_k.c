@@ -1031,7 +1031,7 @@ int_many_scale(const __m512i *ia, const __m512i *ib, float d, const struct int_p
     }
 }
 
-/* More than this many inputs take Q6_K's super-block in two halves (int_q6_K_piece). */
+/* More than this many inputs take a super-block in two halves (int_q6_K_piece). */
 #define INT_MANY_HALVES 5
 
 /* Inputs [i0, i1) of M against a super-block's 8 groups of weight words wv: their integer
@@ -1051,6 +1051,15 @@ int_half_dots(const __m512i *wv, const struct int_packed *xs, int64_t s, const i
         int_scale(ia[i], ib[i], d, xs->scale[s * M + i0 + i], &acc);
         _mm512_storeu_ps(at, acc);
     }
+}
+
+/* Q4_K's words for the k-th 32 values of a half super-block (64 bytes of codes q; se and so
+ * the even and odd sub-blocks' scales): q * sc as int16. */
+TARGET_VNNI static inline __attribute__((always_inline)) __m512i
+q4_K_int_words(__m512i q, const int k, __m512i nib, __m512i se, __m512i so) {
+    const __m512i codes =
+        k == 3 ? _mm512_srli_epi16(q, 12) : _mm512_and_si512(_mm512_srli_epi16(q, 4 * k), nib);
+    return _mm512_mullo_epi16(codes, (k & 1) ? so : se);
 }
 
 /* Q6_K's words for the c-th 32 values of a half super-block: (q - 32) * sc as int16. */
@@ -1085,18 +1094,27 @@ int_q4_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
             _mm256_storeu_ps(at, _mm256_fmadd_ps(ms, _mm256_loadu_ps(xs->sums + (s * M + i) * 8),
                                                  _mm256_loadu_ps(at)));
         }
+        if (M > INT_MANY_HALVES) { /* as int_q6_K_piece's */
+            __m512i wv[8];
+            for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
+                const __m512i se = _mm512_permutexvar_epi16(pick[h][0], scw);
+                const __m512i so = _mm512_permutexvar_epi16(pick[h][1], scw);
+                for (int k = 0; k < 4; k++) wv[4 * h + k] = q4_K_int_words(q, k, nib, se, so);
+            }
+            int_half_dots(wv, xs, s, 0, (M + 1) / 2, _cvtsh_ss(b->d), state, M);
+            int_half_dots(wv, xs, s, (M + 1) / 2, M, _cvtsh_ss(b->d), state, M);
+            continue;
+        }
         __m512i ia[INT_MANY_MAX], ib[INT_MANY_MAX];
         for (int i = 0; i < M; i++) ia[i] = ib[i] = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * h));
             const __m512i se = _mm512_permutexvar_epi16(pick[h][0], scw);
             const __m512i so = _mm512_permutexvar_epi16(pick[h][1], scw);
-            for (int k = 0; k < 4; k++) {
-                const __m512i codes = k == 3 ? _mm512_srli_epi16(q, 12)
-                                             : _mm512_and_si512(_mm512_srli_epi16(q, 4 * k), nib);
-                const __m512i wv = _mm512_mullo_epi16(codes, (k & 1) ? so : se);
-                int_many_dots(wv, xs->x + (s * 8 + 4 * h + k) * M * 64, ia, ib, M);
-            }
+            for (int k = 0; k < 4; k++)
+                int_many_dots(q4_K_int_words(q, k, nib, se, so),
+                              xs->x + (s * 8 + 4 * h + k) * M * 64, ia, ib, M);
         }
         int_many_scale(ia, ib, _cvtsh_ss(b->d), xs, s, state, M);
     }
