@@ -1031,7 +1031,7 @@ int_many_scale(const __m512i *ia, const __m512i *ib, float d, const struct int_p
     }
 }
 
-/* More than this many inputs take a super-block in two halves (int_q6_K_piece). */
+/* More than this many inputs take a super-block in two halves (int_q4_K_piece, int_q6_K_piece). */
 #define INT_MANY_HALVES 5
 
 /* Inputs [i0, i1) of M against a super-block's 8 groups of weight words wv: their integer

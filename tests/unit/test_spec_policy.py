@@ -253,19 +253,19 @@ def test_prompt_lookup_stops_before_special_tokens():
     START, the assistant's header 8, 6): no drafts, where the copy would be rejected. A
     copy that reaches a special token stops before it."""
     END, START = 100, 101
-    proposer = NgramProposer(
-        SpeculativeConfig(num_speculative_tokens=7),
-        token_text=lambda token: "x",
-        special=lambda token: token in (END, START),
-    )
+    config = SpeculativeConfig(num_speculative_tokens=7)
     prompt = [START, 7, 6, 5, 9, 2, 3, 4, 6, 5, END, 6, START, 8, 6]
-    seq = Sequence(0, "r0", prompt + [6, 5], len(prompt), SamplingParams(), max_tokens=10**6)
-    seq.spec = proposer.new_state()
-    assert proposer.drafts(seq, 7) == []
-    assert seq.spec.classes == []
-    seq.token_ids[-2:] = [5, 9]  # the fence's line, copied: 2, 3, 4, 6, 5, then END
-    assert proposer.drafts(seq, 7) == [2, 3, 4, 6, 5]
-    assert seq.spec.classes == [("word", False)] * 5
-    plain = NgramProposer(SpeculativeConfig(num_speculative_tokens=7), lambda token: "x")
-    seq.spec = plain.new_state()
-    assert plain.drafts(seq, 7) == [2, 3, 4, 6, 5, END, 6]  # without: the template's tail
+
+    def drafts(proposer, reply):
+        seq = Sequence(0, "r0", prompt + reply, len(prompt), SamplingParams(), max_tokens=99)
+        seq.spec = proposer.new_state()
+        return proposer.drafts(seq, 7), seq.spec.classes
+
+    stops = NgramProposer(config, lambda token: "x", lambda token: token in (END, START))
+    assert drafts(stops, [6, 5]) == ([], [])
+    found, classes = drafts(stops, [5, 9])  # the fence's line, copied: 2, 3, 4, 6, 5, then END
+    assert found == [2, 3, 4, 6, 5]
+    assert [kind for kind, _ in classes] == ["word"] * 5
+    plain = NgramProposer(config, lambda token: "x")
+    assert drafts(plain, [6, 5])[0] == [END, 6, START, 8, 6, 6, 5]  # the template's tail
+    assert drafts(plain, [5, 9])[0] == [2, 3, 4, 6, 5, END, 6]
