@@ -1140,7 +1140,7 @@ int_q6_K_piece(const uint8_t *row, int64_t row_bytes, int64_t s0, int64_t s1, in
         q6_K_int_scales(b, scw);
         if (M > INT_MANY_HALVES) {
             /* two integer sums an input do not fit the registers beside the weight words at
-             * 6-8 inputs (the compiler spilled them): the super-block's 8 groups of words
+             * 6-8 inputs (the compiler spills them): the super-block's 8 groups of words
              * made first, then the inputs in two halves, each half's sums taken and scaled
              * as one pass of M / 2 inputs would (the same integers, the same scaling) */
             __m512i wv[8];

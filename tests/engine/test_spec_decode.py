@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pagecli import LLM, SamplingParams
-from pagecli.engine.spec_decode.proposer import Proposer
+from pagecli.engine.sequence import Sequence
+from pagecli.engine.spec_decode.proposer import NgramProposer, Proposer
 from pagecli_kernels.settings import kernel_settings
 from tests.sizes import size
 
@@ -224,9 +225,6 @@ def test_prompt_lookup_does_not_copy_the_chat_template():
     that end, which the chat template's tail follows: the engine's proposer knows the
     tokenizer's special tokens and drafts none of them, where a proposer without that
     knowledge copies the template's end of turn."""
-    from pagecli.engine.sequence import Sequence
-    from pagecli.engine.spec_decode.proposer import NgramProposer
-
     llm = LLM(None, speculative_config=SPEC)
     tokenizer, proposer = llm.engine.tokenizer, llm.engine.proposer
     assert proposer.special(tokenizer.eos_token_id)

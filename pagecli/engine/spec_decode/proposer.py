@@ -278,9 +278,9 @@ class NgramProposer(Proposer):
     kind. `special` says which tokens are the tokenizer's special ones (a chat template's
     `<|im_end|>`, `<|im_start|>`, EOS): a copy stops before them. The reply's first token
     often ends the user's message too (a closing code fence, a full stop), and its longest
-    match is then that end, followed by the template's tail: a first step of drafts all
-    rejected, whose rate (from ACCEPTANCE_PRIOR to half) held the next 8 steps of a
-    quote to 1-4 drafts (benchmarks/RESULTS.md). An EOS at the end of a copy is not lost:
+    match is then that end, followed by the template's tail: copied, those drafts are all
+    rejected, and the sequence's rate (ACCEPTANCE_PRIOR down to half) holds a quote's next
+    8 steps to 1-4 drafts (benchmarks/RESULTS.md). An EOS at the end of a copy is not lost:
     the step that checks the drafts before it samples it."""
 
     max_cooldown = NGRAM_MAX_COOLDOWN_STEPS
