@@ -61,8 +61,16 @@
 #define PARTS 3                /* bfloat16 parts of an input value */
 #define AMX_ROWS 32            /* W rows per micro-block (two tiles' height) */
 #define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
-#define PANEL_BYTES (1 << 19)  /* bytes of q codes per panel, per thread: in the L2 */
-#define X_BYTES (1 << 20)      /* bytes of packed x swept per W micro-block: in the L2 */
+#define CHUNK (AMX_ROWS * BLOCK) /* codes of a micro-block's 32 values of a weight part */
+#ifndef PANEL_BYTES
+#define PANEL_BYTES (1 << 20)  /* bytes of q codes per panel, per thread: in the L2 */
+#endif
+#ifndef X_BYTES
+#define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
+#endif
+#ifndef KC_CODES
+#define KC_CODES 2048          /* codes of a row per piece of k: 32 rows' in 128 KiB */
+#endif
 #define E_FORMAT -1
 #define E_MEMORY -3
 
@@ -75,9 +83,10 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- W: a row's blocks as bfloat16 codes of q, scales and offsets -------------------------- */
 
-/* (blocks of a row; k values) -> q[k] codes, scale[k / 32], offset[k / 32] (NULL where the
- * format has none) */
-typedef void (*split_fn)(const void *row, int64_t k, uint16_t *q, float *scale, float *offset);
+/* (blocks of a row; k values) -> the row's codes in chunks of 32, chunk c at q + c * stride,
+ * scale[k / 32], offset[k / 32] (NULL where the format has none) */
+typedef void (*split_fn)(const void *row, int64_t k, uint16_t *q, int64_t stride, float *scale,
+                         float *offset);
 
 /* The bfloat16 codes of the integers 0..31 (minus `bias`), as a 32-word table for VPERMW. */
 TARGET_AMX static inline __m512i int_codes(int bias) {
@@ -115,11 +124,11 @@ TARGET_AMX static inline void store_float_codes(__m512 v, uint16_t *q) {
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
 }
 
-TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, float *scale,
-                                  float *offset) {
+TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, int64_t stride,
+                                  float *scale, float *offset) {
     (void)offset;
     const block_q8_0 *b = row;
-    for (int64_t i = 0; i < k / QK8_0; i++, q += QK8_0) {
+    for (int64_t i = 0; i < k / QK8_0; i++, q += stride) {
         scale[i] = _cvtsh_ss(b[i].d);
         const __m128i lo = _mm_loadu_si128((const __m128i *)b[i].qs);
         const __m128i hi = _mm_loadu_si128((const __m128i *)(b[i].qs + 16));
@@ -129,22 +138,22 @@ TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, float
     }
 }
 
-TARGET_AMX static void split_q4_0(const void *row, int64_t k, uint16_t *q, float *scale,
-                                  float *offset) {
+TARGET_AMX static void split_q4_0(const void *row, int64_t k, uint16_t *q, int64_t stride,
+                                  float *scale, float *offset) {
     (void)offset;
     const block_q4_0 *b = row;
     const __m512i table = int_codes(8);
-    for (int64_t i = 0; i < k / QK4_0; i++, q += QK4_0) {
+    for (int64_t i = 0; i < k / QK4_0; i++, q += stride) {
         scale[i] = _cvtsh_ss(b[i].d);
         store_codes(nibbles(b[i].qs), table, q);
     }
 }
 
-TARGET_AMX static void split_q4_1(const void *row, int64_t k, uint16_t *q, float *scale,
-                                  float *offset) {
+TARGET_AMX static void split_q4_1(const void *row, int64_t k, uint16_t *q, int64_t stride,
+                                  float *scale, float *offset) {
     const block_q4_1 *b = row;
     const __m512i table = int_codes(0);
-    for (int64_t i = 0; i < k / QK4_1; i++, q += QK4_1) {
+    for (int64_t i = 0; i < k / QK4_1; i++, q += stride) {
         scale[i] = _cvtsh_ss(b[i].d);
         offset[i] = _cvtsh_ss(b[i].m);
         store_codes(nibbles(b[i].qs), table, q);
@@ -160,32 +169,32 @@ static inline void k_scale_offset(int j, const uint8_t *scales, float d, float d
     *offset = -(dmin * (float)m);
 }
 
-TARGET_AMX static void split_q4_K(const void *row, int64_t k, uint16_t *q, float *scale,
-                                  float *offset) {
+TARGET_AMX static void split_q4_K(const void *row, int64_t k, uint16_t *q, int64_t stride,
+                                  float *scale, float *offset) {
     const block_q4_K *b = row;
     const __m512i table = int_codes(0);
     const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
-        for (int j = 0; j < 8; j += 2, q += 64, scale += 2, offset += 2) {
+        for (int j = 0; j < 8; j += 2, q += 2 * stride, scale += 2, offset += 2) {
             k_scale_offset(j, b[i].scales, d, dmin, scale, offset);
             k_scale_offset(j + 1, b[i].scales, d, dmin, scale + 1, offset + 1);
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(b[i].qs + 16 * j));
             store_codes(_mm256_and_si256(raw, low), table, q);
-            store_codes(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), table, q + 32);
+            store_codes(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), table, q + stride);
         }
     }
 }
 
-TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, float *scale,
-                                  float *offset) {
+TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, int64_t stride,
+                                  float *scale, float *offset) {
     const block_q5_K *b = row;
     const __m512i table = int_codes(0);
     const __m256i low = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
-        for (int j = 0; j < 8; j += 2, q += 64, scale += 2, offset += 2) {
+        for (int j = 0; j < 8; j += 2, q += 2 * stride, scale += 2, offset += 2) {
             k_scale_offset(j, b[i].scales, d, dmin, scale, offset);
             k_scale_offset(j + 1, b[i].scales, d, dmin, scale + 1, offset + 1);
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(b[i].qs + 16 * j));
@@ -197,7 +206,7 @@ TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, float
                         table, q);
             store_codes(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low),
                                         _mm256_slli_epi16(h1, 4)),
-                        table, q + 32);
+                        table, q + stride);
         }
     }
 }
@@ -205,8 +214,8 @@ TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, float
 /* Q6_K: w = sc * (q - 32), exact in float32 (a 7-bit times a 5-bit magnitude, or a power of
  * two); hi its top 8 significant bits, lo = w - hi (exact, at most 4 bits). Per 32 values of
  * the row: 32 hi codes, then 32 lo codes; one scale, d, per 256 values, in scale[i * 8]. */
-TARGET_AMX static void split_q6_K(const void *row, int64_t k, uint16_t *q, float *scale,
-                                  float *offset) {
+TARGET_AMX static void split_q6_K(const void *row, int64_t k, uint16_t *q, int64_t stride,
+                                  float *scale, float *offset) {
     (void)offset;
     const block_q6_K *b = row;
     for (int64_t i = 0; i < k / QK_K; i++) {
@@ -220,25 +229,28 @@ TARGET_AMX static void split_q6_K(const void *row, int64_t k, uint16_t *q, float
                                                q6_lane(v, c));
                 const __m512 hi = top_bits(w);
                 /* values 16c..16c+16 of the half: step c / 2, first or second 16 */
-                uint16_t *at = q + (4 * h + c / 2) * 2 * BLOCK + 16 * (c & 1);
+                uint16_t *at = q + (4 * h + c / 2) * 2 * stride + 16 * (c & 1);
                 store_float_codes(hi, at);
-                store_float_codes(_mm512_sub_ps(w, hi), at + BLOCK);
+                store_float_codes(_mm512_sub_ps(w, hi), at + stride);
             }
         }
-        q += 2 * QK_K;
+        q += 2 * (QK_K / BLOCK) * stride;
     }
 }
 
-/* The formats this path takes: values per block (k must be whole blocks), whether values have
- * an offset, the bfloat16 parts of a weight (codes per value), the 32-value steps that share
- * a scale (an offset only with one), and the split. */
+/* The formats this path takes: values and bytes per block (k must be whole blocks), whether
+ * values have an offset, the bfloat16 parts of a weight (codes per value), the 32-value steps
+ * that share a scale (an offset only with one), and the split. */
 static const struct tiles_format {
-    int type, block_values, has_offset, weight_parts, steps;
+    int type, block_values, block_bytes, has_offset, weight_parts, steps;
     split_fn split;
 } TILES_FORMATS[] = {
-    {QT_Q8_0, QK8_0, 0, 1, 1, split_q8_0}, {QT_Q4_0, QK4_0, 0, 1, 1, split_q4_0},
-    {QT_Q4_1, QK4_1, 1, 1, 1, split_q4_1}, {QT_Q4_K, QK_K, 1, 1, 1, split_q4_K},
-    {QT_Q5_K, QK_K, 1, 1, 1, split_q5_K},  {QT_Q6_K, QK_K, 0, 2, QK_K / BLOCK, split_q6_K},
+    {QT_Q8_0, QK8_0, sizeof(block_q8_0), 0, 1, 1, split_q8_0},
+    {QT_Q4_0, QK4_0, sizeof(block_q4_0), 0, 1, 1, split_q4_0},
+    {QT_Q4_1, QK4_1, sizeof(block_q4_1), 1, 1, 1, split_q4_1},
+    {QT_Q4_K, QK_K, sizeof(block_q4_K), 1, 1, 1, split_q4_K},
+    {QT_Q5_K, QK_K, sizeof(block_q5_K), 1, 1, 1, split_q5_K},
+    {QT_Q6_K, QK_K, sizeof(block_q6_K), 0, 2, QK_K / BLOCK, split_q6_K},
 };
 
 static const struct tiles_format *tiles_format_of(int type) {
@@ -291,67 +303,127 @@ TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_
 
 /* ---- the micro-blocks ----------------------------------------------------------------------- */
 
-/* y[tok][r] for the tokens of xs (m rows) and the panel's rows [0, count) of format f: codes q
- * (whole micro-blocks, rows k * f->weight_parts apart), scale and offset (k / 32 per row, a
- * block's at its first 32 values; offset NULL: none). Single-threaded, tiles configured. */
+/* total (32 rows x 32 tokens) plus the block's sums times each row's scale s[r * blocks],
+ * plus its offset o[r * blocks] (o NULL: none) times the block's sums of x (x0, x1); the
+ * block's first (b == 0) sets total. */
+TARGET_AMX static inline void scale_sums(const float *sums, float *total, const float *s,
+                                         const float *o, int64_t blocks, int first, __m512 x0,
+                                         __m512 x1) {
+    for (int r = 0; r < AMX_ROWS; r++) {
+        float *tr = total + r * GEMM_TOKENS;
+        const float *sr = sums + r * GEMM_TOKENS;
+        const __m512 d = _mm512_set1_ps(s[r * blocks]);
+        __m512 t0v = _mm512_mul_ps(d, _mm512_load_ps(sr));
+        __m512 t1v = _mm512_mul_ps(d, _mm512_load_ps(sr + 16));
+        if (o) {
+            const __m512 c = _mm512_set1_ps(o[r * blocks]);
+            t0v = _mm512_fmadd_ps(c, x0, t0v);
+            t1v = _mm512_fmadd_ps(c, x1, t1v);
+        }
+        if (!first) {
+            t0v = _mm512_add_ps(_mm512_load_ps(tr), t0v);
+            t1v = _mm512_add_ps(_mm512_load_ps(tr + 16), t1v);
+        }
+        _mm512_store_ps(tr, t0v);
+        _mm512_store_ps(tr + 16, t1v);
+    }
+}
+
+#ifndef SWEPT
+#define SWEPT 2 /* micro-blocks swept together: a block of x is loaded for all of them */
+#endif
+
+/* total[r * GEMM_TOKENS + j] = y[j][r] for r < rows <= 32, j < tokens <= 32, zero elsewhere:
+ * amx_write_sums's inverse, to go on with a micro-block's totals over another piece of k. */
+TARGET_AMX static void read_sums(float *total, int rows, int64_t tokens, const float *y,
+                                 int64_t ldy) {
+    for (int rh = 0; rh < AMX_ROWS / 16; rh++) {
+        const int n = rows - 16 * rh;
+        const __mmask16 mask = n <= 0 ? 0 : n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
+        for (int half = 0; half < GEMM_TOKENS / 16; half++) {
+            __m512 v[16];
+            for (int j = 0; j < 16; j++)
+                v[j] = half * 16 + j < tokens
+                           ? _mm512_maskz_loadu_ps(mask, y + (half * 16 + j) * ldy + 16 * rh)
+                           : _mm512_setzero_ps();
+            transpose16(v);
+            for (int i = 0; i < 16; i++)
+                _mm512_store_ps(total + (16 * rh + i) * GEMM_TOKENS + half * 16, v[i]);
+        }
+    }
+}
+
+/* y[tok][r] for the tokens of xs (m rows) and the panel's rows [0, count) of format f over
+ * blocks [b0, b0 + blocks) of k (xs and xsum: xblocks a strip): codes q (whole micro-blocks,
+ * in chunks: row_codes), scale and offset (`blocks` per row, a block's at its first 32
+ * values; offset NULL: none). `resume`: y holds the sums of blocks [0, b0), which these go on
+ * from, in order. Single-threaded, tiles configured. */
 TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, const float *scale,
-                             const float *offset, int64_t k, int64_t count, const uint32_t *xs,
-                             const float *xsum, int64_t m, float *y, int64_t ldy) {
+                             const float *offset, int64_t b0, int64_t blocks, int64_t xblocks,
+                             int resume, int64_t count, const uint32_t *xs, const float *xsum,
+                             int64_t m, float *y, int64_t ldy) {
     float sums[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
-    float total[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
-    const int64_t blocks = k / BLOCK, strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    float total[SWEPT][AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int parts = f->weight_parts, steps = f->steps;
-    const int64_t row = k * parts, stride = row * (int64_t)sizeof(uint16_t);
+    const int64_t chunks = blocks * parts; /* a micro-block's, CHUNK codes each */
     int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
     group = group < 1 ? 1 : group;
     for (int64_t t0 = 0; t0 < strips; t0 += group)
-        for (int64_t r0 = 0; r0 < count; r0 += AMX_ROWS) {
-            const uint16_t *a = q + r0 * row;
-            const float *s = scale + r0 * blocks, *o = offset ? offset + r0 * blocks : NULL;
+        for (int64_t r0 = 0; r0 < count; r0 += SWEPT * AMX_ROWS) {
+            const int swept = (int)min64(SWEPT, (count - r0 + AMX_ROWS - 1) / AMX_ROWS);
             for (int64_t t = t0; t < min64(t0 + group, strips); t++) {
+                const int64_t tok = t * GEMM_TOKENS, tokens = min64(GEMM_TOKENS, m - tok);
+                if (resume)
+                    for (int g = 0; g < swept; g++) {
+                        const int64_t r = r0 + g * AMX_ROWS;
+                        read_sums(total[g], (int)min64(AMX_ROWS, count - r), tokens,
+                                  y + tok * ldy + r, ldy);
+                    }
                 for (int64_t b = 0; b < blocks; b += steps) {
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_zero(2);
-                    _tile_zero(3);
-                    for (int64_t i = b; i < b + steps; i++) {
-                        const uint32_t *bx = xs + (t * blocks + i) * PACKED_BLOCK;
-                        for (int w = 0; w < parts; w++) {
-                            const uint16_t *c = a + (i * parts + w) * BLOCK;
-                            _tile_loadd(4, c, stride);
-                            _tile_loadd(5, c + 16 * row, stride);
-                            for (int p = 0; p < PARTS; p++)
-                                amx_products(bx + p * PAIRS * GEMM_TOKENS);
-                        }
-                    }
-                    amx_store_sums(sums);
-                    const float *xb = xsum + (t * blocks + b) * GEMM_TOKENS;
+                    const float *xb = xsum + (t * xblocks + b0 + b) * GEMM_TOKENS;
                     const __m512 x0 = _mm512_load_ps(xb), x1 = _mm512_load_ps(xb + 16);
-                    for (int r = 0; r < AMX_ROWS; r++) {
-                        float *tr = total + r * GEMM_TOKENS;
-                        const float *sr = sums + r * GEMM_TOKENS;
-                        const __m512 d = _mm512_set1_ps(s[r * blocks + b]);
-                        __m512 t0v = _mm512_mul_ps(d, _mm512_load_ps(sr));
-                        __m512 t1v = _mm512_mul_ps(d, _mm512_load_ps(sr + 16));
-                        if (o) {
-                            const __m512 c = _mm512_set1_ps(o[r * blocks + b]);
-                            t0v = _mm512_fmadd_ps(c, x0, t0v);
-                            t1v = _mm512_fmadd_ps(c, x1, t1v);
+                    for (int g = 0; g < swept; g++) {
+                        const int64_t r = r0 + g * AMX_ROWS;
+                        const uint16_t *a = q + r / AMX_ROWS * chunks * CHUNK;
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                        for (int64_t i = b; i < b + steps; i++) {
+                            const uint32_t *bx = xs + (t * xblocks + b0 + i) * PACKED_BLOCK;
+                            for (int w = 0; w < parts; w++) {
+                                const uint16_t *c = a + (i * parts + w) * CHUNK;
+                                _tile_loadd(4, c, BLOCK * sizeof(uint16_t));
+                                _tile_loadd(5, c + 16 * BLOCK, BLOCK * sizeof(uint16_t));
+                                for (int p = 0; p < PARTS; p++)
+                                    amx_products(bx + p * PAIRS * GEMM_TOKENS);
+                            }
                         }
-                        if (b) {
-                            t0v = _mm512_add_ps(_mm512_load_ps(tr), t0v);
-                            t1v = _mm512_add_ps(_mm512_load_ps(tr + 16), t1v);
-                        }
-                        _mm512_store_ps(tr, t0v);
-                        _mm512_store_ps(tr + 16, t1v);
+                        amx_store_sums(sums);
+                        scale_sums(sums, total[g], scale + r * blocks + b,
+                                   offset ? offset + r * blocks + b : NULL, blocks,
+                                   b == 0 && !resume, x0, x1);
+                        MEMORY_BARRIER();
                     }
-                    MEMORY_BARRIER();
                 }
-                const int64_t tok = t * GEMM_TOKENS;
-                amx_write_sums(total, (int)min64(AMX_ROWS, count - r0),
-                               min64(GEMM_TOKENS, m - tok), y + tok * ldy + r0, ldy);
+                for (int g = 0; g < swept; g++) {
+                    const int64_t r = r0 + g * AMX_ROWS;
+                    amx_write_sums(total[g], (int)min64(AMX_ROWS, count - r), tokens,
+                                   y + tok * ldy + r, ldy);
+                }
             }
         }
+}
+
+/* The values of k a panel holds at once: k in as few pieces as KC_CODES codes a row allow,
+ * each whole blocks of the format (whole super-blocks for the K-quants), as even as they go.
+ * A function of k and the format only, so that the sums' order is the same at any m and
+ * number of threads. */
+static int64_t k_piece(const struct tiles_format *f, int64_t k) {
+    const int64_t most = KC_CODES / f->weight_parts, bv = f->block_values;
+    const int64_t pieces = (k + most - 1) / most;
+    return ((k + pieces - 1) / pieces + bv - 1) / bv * bv;
 }
 
 /* Panels of W's rows: whole micro-blocks, at most PANEL_BYTES of codes each (one micro-block
@@ -365,6 +437,12 @@ static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
     const int64_t share = (micro_blocks + num_threads - 1) / num_threads;
     const int64_t panels = (share + most - 1) / most * num_threads;
     return panels < micro_blocks ? panels : micro_blocks;
+}
+
+/* Where a panel's row r (of `codes` codes) starts: its micro-block's chunks, then its place
+ * in each chunk. */
+static int64_t row_codes(int64_t r, int64_t codes) {
+    return r / AMX_ROWS * codes * AMX_ROWS + r % AMX_ROWS * BLOCK;
 }
 
 static __thread float *packed; /* the calling thread's: x's parts, then the block sums */
@@ -401,11 +479,11 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
         return E_MEMORY;
     uint32_t *const xs = (uint32_t *)packed; /* shared with the team below */
     float *const xsum = packed + strips * blocks * PACKED_BLOCK;
-    const int64_t codes = k * f->weight_parts; /* a row's */
+    const int64_t piece = k_piece(f, k), codes = piece * f->weight_parts; /* a row's, a piece */
     const int64_t panels = num_panels(n, codes, num_threads);
     const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
     const int64_t rows = (micro_blocks + panels - 1) / panels * AMX_ROWS; /* the most per panel */
-    const int64_t panel_floats = rows * codes / 2 + 2 * rows * blocks;
+    const int64_t panel_floats = rows * codes / 2 + 2 * rows * (piece / BLOCK);
     const uint8_t *wb = w;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
@@ -419,18 +497,24 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
             if (failed) continue;
             const int64_t first = p * micro_blocks / panels * AMX_ROWS;
             const int64_t count = min64((p + 1) * micro_blocks / panels * AMX_ROWS, n) - first;
-            uint16_t *q = (uint16_t *)panel;
-            float *scale = panel + rows * codes / 2, *offset = scale + rows * blocks;
-            for (int64_t r = 0; r < count; r++)
-                f->split(wb + (first + r) * row_bytes, k, q + r * codes, scale + r * blocks,
-                         offset + r * blocks);
             const int64_t padded = (count + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
-            for (int64_t r = count; r < padded; r++) /* zero rows: finite sums, not written */
-                for (int64_t i = 0; i < codes; i++) q[r * codes + i] = 0;
-            for (int64_t i = count * blocks; i < padded * blocks; i++) scale[i] = offset[i] = 0;
-            MEMORY_BARRIER();
-            sweep(f, q, scale, f->has_offset ? offset : NULL, k, count, xs, xsum, m, y + first,
-                  ldy);
+            for (int64_t k0 = 0; k0 < k; k0 += piece) {
+                const int64_t kk = min64(piece, k - k0), kb = kk / BLOCK;
+                const int64_t kc = kk * f->weight_parts; /* codes a row */
+                uint16_t *q = (uint16_t *)panel;
+                float *scale = panel + rows * codes / 2, *offset = scale + rows * kb;
+                const uint8_t *from = wb + k0 / f->block_values * f->block_bytes;
+                for (int64_t r = 0; r < count; r++)
+                    f->split(from + (first + r) * row_bytes, kk, q + row_codes(r, kc), CHUNK,
+                             scale + r * kb, offset + r * kb);
+                for (int64_t r = count; r < padded; r++) /* zero rows: finite, not written */
+                    for (int64_t c = 0; c < kc / BLOCK; c++)
+                        memset(q + row_codes(r, kc) + c * CHUNK, 0, BLOCK * sizeof(uint16_t));
+                for (int64_t i = count * kb; i < padded * kb; i++) scale[i] = offset[i] = 0;
+                MEMORY_BARRIER();
+                sweep(f, q, scale, f->has_offset ? offset : NULL, k0 / BLOCK, kb, blocks, k0 > 0,
+                      count, xs, xsum, m, y + first, ldy);
+            }
         }
         amx_end();
     }
