@@ -34,16 +34,23 @@
  * lowest bits; an infinite input gives NaN, and inputs near float32's largest values (1e34
  * on) can overflow the unscaled block sums where the panels' products stay finite.
  *
- * Layout. Each thread turns a panel of W's rows into bfloat16 codes of q (rows k values apart,
- * Q6_K's 2k: each 32 values' 32 hi codes, then their 32 lo codes; whole 32-row micro-blocks,
- * zero past W's end) and per-block scales and offsets; x is packed once per call by all
- * threads: per 32-token strip and block, the three parts as 16 pairs x 32
- * tokens of 32-bit pairs (TDPBF16PS's second operand), and the block's sums of x. A
- * micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums (tmm0-3); per 32 values and
- * weight part two tiles of codes (tmm4-5, loaded from the panel as it lies), two of each part
- * of x (tmm6-7), twelve TDPBF16PS; at the end of a block (Q6_K: of 8 times 32 values, two
- * weight parts) the sums go to memory and are scaled into the micro-block's totals with
- * AVX-512, which are written out by gemm_f32.c's transposing writer.
+ * Layout. k is taken in pieces of at most KC_CODES codes a row (k_piece: whole blocks, a
+ * function of k and the format only), so that a panel of many rows fits in the L2 whatever k
+ * is. For each piece, each thread turns a panel of W's rows into bfloat16 codes of q and
+ * per-block scales and offsets: per 32-row micro-block and 32 values, the 32 rows' 32 codes
+ * (Q6_K: the hi codes, then the lo codes) lie together as two tiles load them (CHUNK codes,
+ * rows 64 bytes apart), zero rows past W's end. x is packed once per call by all threads: per
+ * 32-token strip and block, the three parts as 16 pairs x 32 tokens of 32-bit pairs
+ * (TDPBF16PS's second operand), and the block's sums of x. A micro-block is 32 rows x 32
+ * tokens, four 16 x 16 tiles of sums (tmm0-3); per 32 values and weight part two tiles of
+ * codes (tmm4-5), two of each part of x (tmm6-7), twelve TDPBF16PS. At the end of a block
+ * (Q6_K: of 8 times 32 values, two weight parts) the sums go to memory and are scaled into
+ * the micro-block's totals with AVX-512; a one-part block takes its tokens' halves in turn,
+ * so that the first half's sums are stored and scaled while the tiles work on the second's.
+ * Two micro-blocks are swept together, each block of x loaded for both. At the end of a piece
+ * the totals are written out by gemm_f32.c's transposing writer, and the next piece reads
+ * them back and goes on adding blocks to them in order: the sums are the same, bit for bit,
+ * whatever the pieces.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -62,15 +69,9 @@
 #define AMX_ROWS 32            /* W rows per micro-block (two tiles' height) */
 #define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
 #define CHUNK (AMX_ROWS * BLOCK) /* codes of a micro-block's 32 values of a weight part */
-#ifndef PANEL_BYTES
 #define PANEL_BYTES (1 << 20)  /* bytes of q codes per panel, per thread: in the L2 */
-#endif
-#ifndef X_BYTES
 #define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
-#endif
-#ifndef KC_CODES
 #define KC_CODES 2048          /* codes of a row per piece of k: 32 rows' in 128 KiB */
-#endif
 #define E_FORMAT -1
 #define E_MEMORY -3
 
@@ -329,9 +330,63 @@ TARGET_AMX static inline void scale_sums(const float *sums, float *total, const 
     }
 }
 
-#ifndef SWEPT
+/* scale_sums for one half of the tokens (16 * half on): the micro-block's 32 rows. */
+TARGET_AMX static inline void scale_half(const float *sums, float *total, const float *s,
+                                         const float *o, int64_t blocks, int first, __m512 xh,
+                                         int half) {
+    for (int r = 0; r < AMX_ROWS; r++) {
+        float *tr = total + r * GEMM_TOKENS + 16 * half;
+        __m512 v = _mm512_mul_ps(_mm512_set1_ps(s[r * blocks]),
+                                 _mm512_load_ps(sums + r * GEMM_TOKENS + 16 * half));
+        if (o) v = _mm512_fmadd_ps(_mm512_set1_ps(o[r * blocks]), xh, v);
+        if (!first) v = _mm512_add_ps(_mm512_load_ps(tr), v);
+        _mm512_store_ps(tr, v);
+    }
+}
+
+/* One block of one scale (32 values, one weight part) of a micro-block, its tokens' halves in
+ * turn: the first half's sums (tmm0, tmm2) go to memory and are scaled while the tiles take
+ * the second's products (tmm1, tmm3). The same sums as amx_products' order. */
+TARGET_AMX static inline void block_halves(const uint16_t *c, const uint32_t *bx, float *sums,
+                                           float *total, const float *s, const float *o,
+                                           int64_t blocks, int first, __m512 x0, __m512 x1) {
+    const int64_t part = PAIRS * GEMM_TOKENS, ld = GEMM_TOKENS * 4;
+    _tile_loadd(4, c, BLOCK * sizeof(uint16_t));
+    _tile_loadd(5, c + 16 * BLOCK, BLOCK * sizeof(uint16_t));
+    _tile_zero(0);
+    _tile_zero(2);
+    _tile_loadd(6, bx, ld);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(7, bx + part, ld);
+    _tile_dpbf16ps(0, 4, 7);
+    _tile_dpbf16ps(2, 5, 7);
+    _tile_loadd(6, bx + 2 * part, ld);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_zero(1);
+    _tile_zero(3);
+    _tile_loadd(7, bx + 16, ld);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_stored(0, sums, ld);
+    _tile_stored(2, sums + 16 * GEMM_TOKENS, ld);
+    _tile_loadd(6, bx + part + 16, ld);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(3, 5, 6);
+    _tile_loadd(7, bx + 2 * part + 16, ld);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+    MEMORY_BARRIER();
+    scale_half(sums, total, s, o, blocks, first, x0, 0);
+    _tile_stored(1, sums + 16, ld);
+    _tile_stored(3, sums + 16 * GEMM_TOKENS + 16, ld);
+    MEMORY_BARRIER();
+    scale_half(sums, total, s, o, blocks, first, x1, 1);
+    MEMORY_BARRIER();
+}
+
 #define SWEPT 2 /* micro-blocks swept together: a block of x is loaded for all of them */
-#endif
 
 /* total[r * GEMM_TOKENS + j] = y[j][r] for r < rows <= 32, j < tokens <= 32, zero elsewhere:
  * amx_write_sums's inverse, to go on with a micro-block's totals over another piece of k. */
@@ -386,6 +441,13 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                     for (int g = 0; g < swept; g++) {
                         const int64_t r = r0 + g * AMX_ROWS;
                         const uint16_t *a = q + r / AMX_ROWS * chunks * CHUNK;
+                        if (steps == 1 && parts == 1) {
+                            block_halves(a + b * CHUNK, xs + (t * xblocks + b0 + b) * PACKED_BLOCK,
+                                         sums, total[g], scale + r * blocks + b,
+                                         offset ? offset + r * blocks + b : NULL, blocks,
+                                         b == 0 && !resume, x0, x1);
+                            continue;
+                        }
                         _tile_zero(0);
                         _tile_zero(1);
                         _tile_zero(2);

@@ -448,6 +448,31 @@ def test_tiles_take_their_formats(fmt):
     assert_within(tiles, x, weight, fmt)
 
 
+@pytest.mark.parametrize("fmt", TILES_FORMATS)
+def test_tiles_take_long_rows_in_pieces(fmt):
+    """The tiles take k in pieces of at most 2048 codes a row (1024 values of Q6_K), each
+    piece going on from the last one's totals: 21 super-blocks' worth of values make 3 uneven
+    pieces (Q6_K: 6), over 70 rows (a part micro-block) and 40 tokens (a part strip). Within
+    tolerance of float64, and a token's outputs have the same bits in a batch of 9 or 40 and at
+    one thread or two: the pieces depend on k only."""
+    if not _tiles_run():
+        pytest.skip("this CPU (or its kernel) has no AMX tiles")
+    cols = 21 * 256
+    weight = random_weight(fmt, 70, cols, seed=8)
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(8))
+    threads = torch.get_num_threads()
+    try:
+        with kernel_settings(tiles="on"):
+            torch.set_num_threads(2)
+            many = quant_cpu.quant_linear(x, weight)
+            torch.set_num_threads(1)
+            few = quant_cpu.quant_linear(x[:9], weight)
+    finally:
+        torch.set_num_threads(threads)
+    assert_within(many, x, weight, fmt)
+    assert torch.equal(few, many[:9])
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_tiles_keep_every_bit_of_the_input(fmt):
     """Row r of W is 1.0 at column r and 0 elsewhere (f16 scale 1, offset 0), so y = x[:, :32]
