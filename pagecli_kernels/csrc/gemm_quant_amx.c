@@ -34,23 +34,22 @@
  * lowest bits; an infinite input gives NaN, and inputs near float32's largest values (1e34
  * on) can overflow the unscaled block sums where the panels' products stay finite.
  *
- * Layout. k is taken in pieces of at most KC_CODES codes a row (k_piece: whole blocks, a
- * function of k and the format only), so that a panel of many rows fits in the L2 whatever k
- * is. For each piece, each thread turns a panel of W's rows into bfloat16 codes of q and
- * per-block scales and offsets: per 32-row micro-block and 32 values, the 32 rows' 32 codes
- * (Q6_K: the hi codes, then the lo codes) lie together as two tiles load them (CHUNK codes,
- * rows 64 bytes apart), zero rows past W's end. x is packed once per call by all threads: per
- * 32-token strip and block, the three parts as 16 pairs x 32 tokens of 32-bit pairs
- * (TDPBF16PS's second operand), and the block's sums of x. A micro-block is 32 rows x 32
- * tokens, four 16 x 16 tiles of sums (tmm0-3); per 32 values and weight part two tiles of
- * codes (tmm4-5), two of each part of x (tmm6-7), twelve TDPBF16PS. At the end of a block
- * (Q6_K: of 8 times 32 values, two weight parts) the sums go to memory and are scaled into
- * the micro-block's totals with AVX-512; a one-part block takes its tokens' halves in turn,
- * so that the first half's sums are stored and scaled while the tiles work on the second's.
- * Two micro-blocks are swept together, each block of x loaded for both. At the end of a piece
- * the totals are written out by gemm_f32.c's transposing writer, and the next piece reads
- * them back and goes on adding blocks to them in order: the sums are the same, bit for bit,
- * whatever the pieces.
+ * Layout. k is taken in pieces of at most KC_CODES codes a row (k_piece: whole blocks, a function
+ * of k and the format only), so that a panel of many rows fits in the L2 whatever k is. For each
+ * piece, each thread turns a panel of W's rows into bfloat16 codes of q (rows the piece's codes
+ * and 32 more apart, so that a tile's 16 rows do not fall in one set of the L1; Q6_K: each 32
+ * values' 32 hi codes, then their 32 lo codes; whole 32-row micro-blocks, zero past W's end) and
+ * per-block scales and offsets. x is packed once per call by all threads: per 32-token strip and
+ * block, the three parts as 16 pairs x 32 tokens of 32-bit pairs (TDPBF16PS's second operand), and
+ * the block's sums of x. A micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums
+ * (tmm0-3); per 32 values and weight part two tiles of codes (tmm4-5), two of each part of x
+ * (tmm6-7), twelve TDPBF16PS. At the end of a block (Q6_K: of 8 times 32 values, two weight parts)
+ * the sums go to memory and are scaled into the micro-block's totals with AVX-512; a one-part
+ * block takes its tokens' halves in turn, so that the first half's sums are stored and scaled
+ * while the tiles work on the second's. Two micro-blocks are swept together, each block of x
+ * loaded for both. At the end of a piece the totals are written out by gemm_f32.c's transposing
+ * writer, and the next piece reads them back and goes on adding blocks to them in order: the sums
+ * are the same, bit for bit, whatever the pieces.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -68,7 +67,6 @@
 #define PARTS 3                /* bfloat16 parts of an input value */
 #define AMX_ROWS 32            /* W rows per micro-block (two tiles' height) */
 #define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
-#define CHUNK (AMX_ROWS * BLOCK) /* codes of a micro-block's 32 values of a weight part */
 #define PANEL_BYTES (1 << 20)  /* bytes of q codes per panel, per thread: in the L2 */
 #define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
 #define KC_CODES 2048          /* codes of a row per piece of k: 32 rows' in 128 KiB */
@@ -84,10 +82,9 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- W: a row's blocks as bfloat16 codes of q, scales and offsets -------------------------- */
 
-/* (blocks of a row; k values) -> the row's codes in chunks of 32, chunk c at q + c * stride,
- * scale[k / 32], offset[k / 32] (NULL where the format has none) */
-typedef void (*split_fn)(const void *row, int64_t k, uint16_t *q, int64_t stride, float *scale,
-                         float *offset);
+/* (blocks of a row; k values) -> q[k] codes, scale[k / 32], offset[k / 32] (NULL where the
+ * format has none) */
+typedef void (*split_fn)(const void *row, int64_t k, uint16_t *q, float *scale, float *offset);
 
 /* The bfloat16 codes of the integers 0..31 (minus `bias`), as a 32-word table for VPERMW. */
 TARGET_AMX static inline __m512i int_codes(int bias) {
@@ -125,11 +122,11 @@ TARGET_AMX static inline void store_float_codes(__m512 v, uint16_t *q) {
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
 }
 
-TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, int64_t stride,
-                                  float *scale, float *offset) {
+TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
     (void)offset;
     const block_q8_0 *b = row;
-    for (int64_t i = 0; i < k / QK8_0; i++, q += stride) {
+    for (int64_t i = 0; i < k / QK8_0; i++, q += QK8_0) {
         scale[i] = _cvtsh_ss(b[i].d);
         const __m128i lo = _mm_loadu_si128((const __m128i *)b[i].qs);
         const __m128i hi = _mm_loadu_si128((const __m128i *)(b[i].qs + 16));
@@ -139,22 +136,22 @@ TARGET_AMX static void split_q8_0(const void *row, int64_t k, uint16_t *q, int64
     }
 }
 
-TARGET_AMX static void split_q4_0(const void *row, int64_t k, uint16_t *q, int64_t stride,
-                                  float *scale, float *offset) {
+TARGET_AMX static void split_q4_0(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
     (void)offset;
     const block_q4_0 *b = row;
     const __m512i table = int_codes(8);
-    for (int64_t i = 0; i < k / QK4_0; i++, q += stride) {
+    for (int64_t i = 0; i < k / QK4_0; i++, q += QK4_0) {
         scale[i] = _cvtsh_ss(b[i].d);
         store_codes(nibbles(b[i].qs), table, q);
     }
 }
 
-TARGET_AMX static void split_q4_1(const void *row, int64_t k, uint16_t *q, int64_t stride,
-                                  float *scale, float *offset) {
+TARGET_AMX static void split_q4_1(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
     const block_q4_1 *b = row;
     const __m512i table = int_codes(0);
-    for (int64_t i = 0; i < k / QK4_1; i++, q += stride) {
+    for (int64_t i = 0; i < k / QK4_1; i++, q += QK4_1) {
         scale[i] = _cvtsh_ss(b[i].d);
         offset[i] = _cvtsh_ss(b[i].m);
         store_codes(nibbles(b[i].qs), table, q);
@@ -170,32 +167,32 @@ static inline void k_scale_offset(int j, const uint8_t *scales, float d, float d
     *offset = -(dmin * (float)m);
 }
 
-TARGET_AMX static void split_q4_K(const void *row, int64_t k, uint16_t *q, int64_t stride,
-                                  float *scale, float *offset) {
+TARGET_AMX static void split_q4_K(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
     const block_q4_K *b = row;
     const __m512i table = int_codes(0);
     const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
-        for (int j = 0; j < 8; j += 2, q += 2 * stride, scale += 2, offset += 2) {
+        for (int j = 0; j < 8; j += 2, q += 64, scale += 2, offset += 2) {
             k_scale_offset(j, b[i].scales, d, dmin, scale, offset);
             k_scale_offset(j + 1, b[i].scales, d, dmin, scale + 1, offset + 1);
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(b[i].qs + 16 * j));
             store_codes(_mm256_and_si256(raw, low), table, q);
-            store_codes(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), table, q + stride);
+            store_codes(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), table, q + 32);
         }
     }
 }
 
-TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, int64_t stride,
-                                  float *scale, float *offset) {
+TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
     const block_q5_K *b = row;
     const __m512i table = int_codes(0);
     const __m256i low = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
-        for (int j = 0; j < 8; j += 2, q += 2 * stride, scale += 2, offset += 2) {
+        for (int j = 0; j < 8; j += 2, q += 64, scale += 2, offset += 2) {
             k_scale_offset(j, b[i].scales, d, dmin, scale, offset);
             k_scale_offset(j + 1, b[i].scales, d, dmin, scale + 1, offset + 1);
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(b[i].qs + 16 * j));
@@ -207,7 +204,7 @@ TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, int64
                         table, q);
             store_codes(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low),
                                         _mm256_slli_epi16(h1, 4)),
-                        table, q + stride);
+                        table, q + 32);
         }
     }
 }
@@ -215,8 +212,8 @@ TARGET_AMX static void split_q5_K(const void *row, int64_t k, uint16_t *q, int64
 /* Q6_K: w = sc * (q - 32), exact in float32 (a 7-bit times a 5-bit magnitude, or a power of
  * two); hi its top 8 significant bits, lo = w - hi (exact, at most 4 bits). Per 32 values of
  * the row: 32 hi codes, then 32 lo codes; one scale, d, per 256 values, in scale[i * 8]. */
-TARGET_AMX static void split_q6_K(const void *row, int64_t k, uint16_t *q, int64_t stride,
-                                  float *scale, float *offset) {
+TARGET_AMX static void split_q6_K(const void *row, int64_t k, uint16_t *q, float *scale,
+                                  float *offset) {
     (void)offset;
     const block_q6_K *b = row;
     for (int64_t i = 0; i < k / QK_K; i++) {
@@ -230,12 +227,12 @@ TARGET_AMX static void split_q6_K(const void *row, int64_t k, uint16_t *q, int64
                                                q6_lane(v, c));
                 const __m512 hi = top_bits(w);
                 /* values 16c..16c+16 of the half: step c / 2, first or second 16 */
-                uint16_t *at = q + (4 * h + c / 2) * 2 * stride + 16 * (c & 1);
+                uint16_t *at = q + (4 * h + c / 2) * 2 * BLOCK + 16 * (c & 1);
                 store_float_codes(hi, at);
-                store_float_codes(_mm512_sub_ps(w, hi), at + stride);
+                store_float_codes(_mm512_sub_ps(w, hi), at + BLOCK);
             }
         }
-        q += 2 * (QK_K / BLOCK) * stride;
+        q += 2 * QK_K;
     }
 }
 
@@ -347,12 +344,13 @@ TARGET_AMX static inline void scale_half(const float *sums, float *total, const 
 /* One block of one scale (32 values, one weight part) of a micro-block, its tokens' halves in
  * turn: the first half's sums (tmm0, tmm2) go to memory and are scaled while the tiles take
  * the second's products (tmm1, tmm3). The same sums as amx_products' order. */
-TARGET_AMX static inline void block_halves(const uint16_t *c, const uint32_t *bx, float *sums,
+TARGET_AMX static inline void block_halves(const uint16_t *c, int64_t stride, const uint32_t *bx,
+                                           float *sums,
                                            float *total, const float *s, const float *o,
                                            int64_t blocks, int first, __m512 x0, __m512 x1) {
     const int64_t part = PAIRS * GEMM_TOKENS, ld = GEMM_TOKENS * 4;
-    _tile_loadd(4, c, BLOCK * sizeof(uint16_t));
-    _tile_loadd(5, c + 16 * BLOCK, BLOCK * sizeof(uint16_t));
+    _tile_loadd(4, c, stride);
+    _tile_loadd(5, c + 16 * (stride / (int64_t)sizeof(uint16_t)), stride);
     _tile_zero(0);
     _tile_zero(2);
     _tile_loadd(6, bx, ld);
@@ -410,7 +408,7 @@ TARGET_AMX static void read_sums(float *total, int rows, int64_t tokens, const f
 
 /* y[tok][r] for the tokens of xs (m rows) and the panel's rows [0, count) of format f over
  * blocks [b0, b0 + blocks) of k (xs and xsum: xblocks a strip): codes q (whole micro-blocks,
- * in chunks: row_codes), scale and offset (`blocks` per row, a block's at its first 32
+ * rows ld codes apart), scale and offset (`blocks` per row, a block's at its first 32
  * values; offset NULL: none). `resume`: y holds the sums of blocks [0, b0), which these go on
  * from, in order. Single-threaded, tiles configured. */
 TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, const float *scale,
@@ -421,7 +419,7 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
     float total[SWEPT][AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
     const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int parts = f->weight_parts, steps = f->steps;
-    const int64_t chunks = blocks * parts; /* a micro-block's, CHUNK codes each */
+    const int64_t ld = blocks * BLOCK * parts + BLOCK, stride = ld * (int64_t)sizeof(uint16_t);
     int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
     group = group < 1 ? 1 : group;
     for (int64_t t0 = 0; t0 < strips; t0 += group)
@@ -440,10 +438,11 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                     const __m512 x0 = _mm512_load_ps(xb), x1 = _mm512_load_ps(xb + 16);
                     for (int g = 0; g < swept; g++) {
                         const int64_t r = r0 + g * AMX_ROWS;
-                        const uint16_t *a = q + r / AMX_ROWS * chunks * CHUNK;
+                        const uint16_t *a = q + r * ld;
+                        const uint32_t *xt = xs + (t * xblocks + b0) * PACKED_BLOCK;
                         if (steps == 1 && parts == 1) {
-                            block_halves(a + b * CHUNK, xs + (t * xblocks + b0 + b) * PACKED_BLOCK,
-                                         sums, total[g], scale + r * blocks + b,
+                            block_halves(a + b * BLOCK, stride, xt + b * PACKED_BLOCK, sums,
+                                         total[g], scale + r * blocks + b,
                                          offset ? offset + r * blocks + b : NULL, blocks,
                                          b == 0 && !resume, x0, x1);
                             continue;
@@ -453,11 +452,11 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                         _tile_zero(2);
                         _tile_zero(3);
                         for (int64_t i = b; i < b + steps; i++) {
-                            const uint32_t *bx = xs + (t * xblocks + b0 + i) * PACKED_BLOCK;
+                            const uint32_t *bx = xt + i * PACKED_BLOCK;
                             for (int w = 0; w < parts; w++) {
-                                const uint16_t *c = a + (i * parts + w) * CHUNK;
-                                _tile_loadd(4, c, BLOCK * sizeof(uint16_t));
-                                _tile_loadd(5, c + 16 * BLOCK, BLOCK * sizeof(uint16_t));
+                                const uint16_t *c = a + (i * parts + w) * BLOCK;
+                                _tile_loadd(4, c, stride);
+                                _tile_loadd(5, c + 16 * ld, stride);
                                 for (int p = 0; p < PARTS; p++)
                                     amx_products(bx + p * PAIRS * GEMM_TOKENS);
                             }
@@ -501,12 +500,6 @@ static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
     return panels < micro_blocks ? panels : micro_blocks;
 }
 
-/* Where a panel's row r (of `codes` codes) starts: its micro-block's chunks, then its place
- * in each chunk. */
-static int64_t row_codes(int64_t r, int64_t codes) {
-    return r / AMX_ROWS * codes * AMX_ROWS + r % AMX_ROWS * BLOCK;
-}
-
 static __thread float *packed; /* the calling thread's: x's parts, then the block sums */
 static __thread int64_t packed_cap;
 static __thread float *panel; /* each thread's: codes, then scales and offsets */
@@ -545,7 +538,7 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
     const int64_t panels = num_panels(n, codes, num_threads);
     const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
     const int64_t rows = (micro_blocks + panels - 1) / panels * AMX_ROWS; /* the most per panel */
-    const int64_t panel_floats = rows * codes / 2 + 2 * rows * (piece / BLOCK);
+    const int64_t panel_floats = rows * (codes + BLOCK) / 2 + 2 * rows * (piece / BLOCK);
     const uint8_t *wb = w;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
@@ -564,14 +557,13 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
                 const int64_t kk = min64(piece, k - k0), kb = kk / BLOCK;
                 const int64_t kc = kk * f->weight_parts; /* codes a row */
                 uint16_t *q = (uint16_t *)panel;
-                float *scale = panel + rows * codes / 2, *offset = scale + rows * kb;
+                float *scale = panel + rows * (codes + BLOCK) / 2, *offset = scale + rows * kb;
                 const uint8_t *from = wb + k0 / f->block_values * f->block_bytes;
                 for (int64_t r = 0; r < count; r++)
-                    f->split(from + (first + r) * row_bytes, kk, q + row_codes(r, kc), CHUNK,
+                    f->split(from + (first + r) * row_bytes, kk, q + r * (kc + BLOCK),
                              scale + r * kb, offset + r * kb);
                 for (int64_t r = count; r < padded; r++) /* zero rows: finite, not written */
-                    for (int64_t c = 0; c < kc / BLOCK; c++)
-                        memset(q + row_codes(r, kc) + c * CHUNK, 0, BLOCK * sizeof(uint16_t));
+                    memset(q + r * (kc + BLOCK), 0, kc * sizeof(uint16_t));
                 for (int64_t i = count * kb; i < padded * kb; i++) scale[i] = offset[i] = 0;
                 MEMORY_BARRIER();
                 sweep(f, q, scale, f->has_offset ? offset : NULL, k0 / BLOCK, kb, blocks, k0 > 0,
