@@ -44,12 +44,11 @@
  * the block's sums of x. A micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums
  * (tmm0-3); per 32 values and weight part two tiles of codes (tmm4-5), two of each part of x
  * (tmm6-7), twelve TDPBF16PS. At the end of a block (Q6_K: of 8 times 32 values, two weight parts)
- * the sums go to memory and are scaled into the micro-block's totals with AVX-512; a one-part
- * block takes its tokens' halves in turn, so that the first half's sums are stored and scaled
- * while the tiles work on the second's. Two micro-blocks are swept together, each block of x
- * loaded for both. At the end of a piece the totals are written out by gemm_f32.c's transposing
- * writer, and the next piece reads them back and goes on adding blocks to them in order: the sums
- * are the same, bit for bit, whatever the pieces.
+ * the sums go to memory and are scaled into the micro-block's totals with AVX-512. Two
+ * micro-blocks are swept together, each block of x loaded for both. At the end of a piece the
+ * totals are written out by gemm_f32.c's transposing writer, and the next piece reads them back
+ * and goes on adding blocks to them in order: the sums are the same, bit for bit, whatever the
+ * pieces.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -67,7 +66,7 @@
 #define PARTS 3                /* bfloat16 parts of an input value */
 #define AMX_ROWS 32            /* W rows per micro-block (two tiles' height) */
 #define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
-#define PANEL_BYTES (1 << 20)  /* bytes of q codes per panel, per thread: in the L2 */
+#define PANEL_BYTES (1 << 19)  /* bytes of q codes per panel, per thread: in the L2 */
 #define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
 #define KC_CODES 2048          /* codes of a row per piece of k: 32 rows' in 128 KiB */
 #define E_FORMAT -1
@@ -327,63 +326,6 @@ TARGET_AMX static inline void scale_sums(const float *sums, float *total, const 
     }
 }
 
-/* scale_sums for one half of the tokens (16 * half on): the micro-block's 32 rows. */
-TARGET_AMX static inline void scale_half(const float *sums, float *total, const float *s,
-                                         const float *o, int64_t blocks, int first, __m512 xh,
-                                         int half) {
-    for (int r = 0; r < AMX_ROWS; r++) {
-        float *tr = total + r * GEMM_TOKENS + 16 * half;
-        __m512 v = _mm512_mul_ps(_mm512_set1_ps(s[r * blocks]),
-                                 _mm512_load_ps(sums + r * GEMM_TOKENS + 16 * half));
-        if (o) v = _mm512_fmadd_ps(_mm512_set1_ps(o[r * blocks]), xh, v);
-        if (!first) v = _mm512_add_ps(_mm512_load_ps(tr), v);
-        _mm512_store_ps(tr, v);
-    }
-}
-
-/* One block of one scale (32 values, one weight part) of a micro-block, its tokens' halves in
- * turn: the first half's sums (tmm0, tmm2) go to memory and are scaled while the tiles take
- * the second's products (tmm1, tmm3). The same sums as amx_products' order. */
-TARGET_AMX static inline void block_halves(const uint16_t *c, int64_t stride, const uint32_t *bx,
-                                           float *sums,
-                                           float *total, const float *s, const float *o,
-                                           int64_t blocks, int first, __m512 x0, __m512 x1) {
-    const int64_t part = PAIRS * GEMM_TOKENS, ld = GEMM_TOKENS * 4;
-    _tile_loadd(4, c, stride);
-    _tile_loadd(5, c + 16 * (stride / (int64_t)sizeof(uint16_t)), stride);
-    _tile_zero(0);
-    _tile_zero(2);
-    _tile_loadd(6, bx, ld);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_loadd(7, bx + part, ld);
-    _tile_dpbf16ps(0, 4, 7);
-    _tile_dpbf16ps(2, 5, 7);
-    _tile_loadd(6, bx + 2 * part, ld);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_zero(1);
-    _tile_zero(3);
-    _tile_loadd(7, bx + 16, ld);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(3, 5, 7);
-    _tile_stored(0, sums, ld);
-    _tile_stored(2, sums + 16 * GEMM_TOKENS, ld);
-    _tile_loadd(6, bx + part + 16, ld);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_dpbf16ps(3, 5, 6);
-    _tile_loadd(7, bx + 2 * part + 16, ld);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(3, 5, 7);
-    MEMORY_BARRIER();
-    scale_half(sums, total, s, o, blocks, first, x0, 0);
-    _tile_stored(1, sums + 16, ld);
-    _tile_stored(3, sums + 16 * GEMM_TOKENS + 16, ld);
-    MEMORY_BARRIER();
-    scale_half(sums, total, s, o, blocks, first, x1, 1);
-    MEMORY_BARRIER();
-}
-
 #define SWEPT 2 /* micro-blocks swept together: a block of x is loaded for all of them */
 
 /* total[r * GEMM_TOKENS + j] = y[j][r] for r < rows <= 32, j < tokens <= 32, zero elsewhere:
@@ -427,6 +369,7 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
             const int swept = (int)min64(SWEPT, (count - r0 + AMX_ROWS - 1) / AMX_ROWS);
             for (int64_t t = t0; t < min64(t0 + group, strips); t++) {
                 const int64_t tok = t * GEMM_TOKENS, tokens = min64(GEMM_TOKENS, m - tok);
+                const uint32_t *xt = xs + (t * xblocks + b0) * PACKED_BLOCK; /* the piece's */
                 if (resume)
                     for (int g = 0; g < swept; g++) {
                         const int64_t r = r0 + g * AMX_ROWS;
@@ -439,14 +382,6 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                     for (int g = 0; g < swept; g++) {
                         const int64_t r = r0 + g * AMX_ROWS;
                         const uint16_t *a = q + r * ld;
-                        const uint32_t *xt = xs + (t * xblocks + b0) * PACKED_BLOCK;
-                        if (steps == 1 && parts == 1) {
-                            block_halves(a + b * BLOCK, stride, xt + b * PACKED_BLOCK, sums,
-                                         total[g], scale + r * blocks + b,
-                                         offset ? offset + r * blocks + b : NULL, blocks,
-                                         b == 0 && !resume, x0, x1);
-                            continue;
-                        }
                         _tile_zero(0);
                         _tile_zero(1);
                         _tile_zero(2);
