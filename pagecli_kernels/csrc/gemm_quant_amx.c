@@ -66,7 +66,10 @@
 #define PARTS 3                /* bfloat16 parts of an input value */
 #define AMX_ROWS 32            /* W rows per micro-block (two tiles' height) */
 #define PAIRS (BLOCK / 2)      /* pairs per block: one tile's depth */
-#define PANEL_BYTES (1 << 19)  /* bytes of q codes per panel, per thread: in the L2 */
+/* Bytes of q codes per panel, per thread, in the L2: more rows per panel read each block of x
+ * from memory fewer times, which pays where there are many tokens; with few, the panel's split
+ * and sweep fit the L2 better. */
+#define PANEL_BYTES(strips) ((strips) > 2 ? 1 << 20 : 1 << 19)
 #define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
 #define KC_CODES 2048          /* codes of a row per piece of k: 32 rows' in 128 KiB */
 #define E_FORMAT -1
@@ -426,9 +429,9 @@ static int64_t k_piece(const struct tiles_format *f, int64_t k) {
  * where a micro-block's codes alone pass it), as many per thread, and as even as micro-blocks
  * allow (schedule(static) gives each thread a run of them). Panel p holds micro-blocks
  * [p * micro_blocks / panels, (p + 1) * micro_blocks / panels). */
-static int64_t num_panels(int64_t n, int64_t k, int num_threads) {
+static int64_t num_panels(int64_t n, int64_t k, int64_t strips, int num_threads) {
     const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
-    int64_t most = PANEL_BYTES / (k * (int64_t)sizeof(uint16_t) * AMX_ROWS); /* k: codes a row */
+    int64_t most = PANEL_BYTES(strips) / (k * (int64_t)sizeof(uint16_t) * AMX_ROWS); /* k: codes */
     most = most < 1 ? 1 : most;
     const int64_t share = (micro_blocks + num_threads - 1) / num_threads;
     const int64_t panels = (share + most - 1) / most * num_threads;
@@ -470,7 +473,7 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
     uint32_t *const xs = (uint32_t *)packed; /* shared with the team below */
     float *const xsum = packed + strips * blocks * PACKED_BLOCK;
     const int64_t piece = k_piece(f, k), codes = piece * f->weight_parts; /* a row's, a piece */
-    const int64_t panels = num_panels(n, codes, num_threads);
+    const int64_t panels = num_panels(n, codes, strips, num_threads);
     const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
     const int64_t rows = (micro_blocks + panels - 1) / panels * AMX_ROWS; /* the most per panel */
     const int64_t panel_floats = rows * (codes + BLOCK) / 2 + 2 * rows * (piece / BLOCK);
