@@ -34,14 +34,14 @@
  * lowest bits; an infinite input gives NaN, and inputs near float32's largest values (1e34
  * on) can overflow the unscaled block sums where the panels' products stay finite.
  *
- * Layout. k is taken in pieces of at most KC_CODES codes a row (k_piece: whole blocks, a function
- * of k and the format only), so that a panel of many rows fits in the L2 whatever k is. For each
- * piece, each thread turns a panel of W's rows into bfloat16 codes of q (rows the piece's codes
- * and 32 more apart, so that a tile's 16 rows do not fall in one set of the L1; Q6_K: each 32
- * values' 32 hi codes, then their 32 lo codes; whole 32-row micro-blocks, zero past W's end) and
- * per-block scales and offsets. x is packed once per call by all threads: per 32-token strip and
- * block, the three parts as 16 pairs x 32 tokens of 32-bit pairs (TDPBF16PS's second operand), and
- * the block's sums of x. A micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums
+ * Layout. k is taken in pieces of at most KC_VALUES values a row (k_piece: whole blocks, a
+ * function of k and the format only), so that a panel of many rows fits in the L2 whatever k is.
+ * For each piece, each thread turns a panel of W's rows into bfloat16 codes of q (rows the piece's
+ * codes and 32 more apart, so that a tile's 16 rows do not fall in one set of the L1; Q6_K: each
+ * 32 values' 32 hi codes, then their 32 lo codes; whole 32-row micro-blocks, zero past W's end)
+ * and per-block scales and offsets. x is packed once per call by all threads: per 32-token strip
+ * and block, the three parts as 16 pairs x 32 tokens of 32-bit pairs (TDPBF16PS's second operand),
+ * and the block's sums of x. A micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums
  * (tmm0-3); per 32 values and weight part two tiles of codes (tmm4-5), two of each part of x
  * (tmm6-7), twelve TDPBF16PS. At the end of a block (Q6_K: of 8 times 32 values, two weight parts)
  * the sums go to memory and are scaled into the micro-block's totals with AVX-512. Two
@@ -71,7 +71,7 @@
  * and sweep fit the L2 better. */
 #define PANEL_BYTES(strips) ((strips) > 2 ? 1 << 20 : 1 << 19)
 #define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
-#define KC_CODES 2048          /* codes of a row per piece of k: 32 rows' in 128 KiB */
+#define KC_VALUES 2048         /* values of a row per piece of k (32 rows' codes: 128 KiB) */
 #define E_FORMAT -1
 #define E_MEMORY -3
 
@@ -415,12 +415,12 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
         }
 }
 
-/* The values of k a panel holds at once: k in as few pieces as KC_CODES codes a row allow,
+/* The values of k a panel holds at once: k in as few pieces as KC_VALUES values a row allow,
  * each whole blocks of the format (whole super-blocks for the K-quants), as even as they go.
  * A function of k and the format only, so that the sums' order is the same at any m and
  * number of threads. */
 static int64_t k_piece(const struct tiles_format *f, int64_t k) {
-    const int64_t most = KC_CODES / f->weight_parts, bv = f->block_values;
+    const int64_t most = KC_VALUES, bv = f->block_values;
     const int64_t pieces = (k + most - 1) / most;
     return ((k + pieces - 1) / pieces + bv - 1) / bv * bv;
 }

@@ -450,9 +450,9 @@ def test_tiles_take_their_formats(fmt):
 
 @pytest.mark.parametrize("fmt", TILES_FORMATS)
 def test_tiles_take_long_rows_in_pieces(fmt):
-    """The tiles take k in pieces of at most 2048 codes a row (1024 values of Q6_K), each
-    piece going on from the last one's totals: 21 super-blocks' worth of values make 3 uneven
-    pieces (Q6_K: 6), over 70 rows (a part micro-block) and 40 tokens (a part strip). Within
+    """The tiles take k in pieces of at most 2048 values a row, each piece going on from the
+    last one's totals: 21 super-blocks' worth of values make 3 pieces of 7, over 70 rows (a
+    part micro-block) and 40 tokens (a part strip). Within
     tolerance of float64, and a token's outputs have the same bits in a batch of 9 or 40 and at
     one thread or two: the pieces depend on k only."""
     if not _tiles_run():
