@@ -71,7 +71,7 @@
  * and sweep fit the L2 better. */
 #define PANEL_BYTES(strips) ((strips) > 2 ? 1 << 20 : 1 << 19)
 #define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
-#define KC_VALUES 2048         /* values of a row per piece of k (32 rows' codes: 128 KiB) */
+#define KC_VALUES 2048         /* values of a row per piece of k (32 rows: 128 KiB, Q6_K 256) */
 #define E_FORMAT -1
 #define E_MEMORY -3
 
@@ -304,8 +304,8 @@ TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_
 /* ---- the micro-blocks ----------------------------------------------------------------------- */
 
 /* total (32 rows x 32 tokens) plus the block's sums times each row's scale s[r * blocks],
- * plus its offset o[r * blocks] (o NULL: none) times the block's sums of x (x0, x1); the
- * block's first (b == 0) sets total. */
+ * plus its offset o[r * blocks] (o NULL: none) times the block's sums of x (x0, x1); `first`
+ * (the first block of k) sets total instead. */
 TARGET_AMX static inline void scale_sums(const float *sums, float *total, const float *s,
                                          const float *o, int64_t blocks, int first, __m512 x0,
                                          __m512 x1) {
