@@ -451,10 +451,10 @@ def test_tiles_take_their_formats(fmt):
 @pytest.mark.parametrize("fmt", TILES_FORMATS)
 def test_tiles_take_long_rows_in_pieces(fmt):
     """The tiles take k in pieces of at most 2048 values a row, each piece going on from the
-    last one's totals: 21 super-blocks' worth of values make 3 pieces of 7, over 70 rows (a
-    part micro-block) and 40 tokens (a part strip). Within
-    tolerance of float64, and a token's outputs have the same bits in a batch of 9 or 40 and at
-    one thread or two: the pieces depend on k only."""
+    last one's totals: 21 super-blocks' worth of values make 3 pieces of 1792, over 70 rows (a
+    part micro-block) and 40 tokens (a part strip). Within tolerance of float64, and a token's
+    outputs have the same bits in a batch of 9 or 40 and at one thread or two: the pieces
+    depend on k only."""
     if not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     cols = 21 * 256
