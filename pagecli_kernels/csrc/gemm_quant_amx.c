@@ -34,8 +34,9 @@
  * lowest bits; an infinite input gives NaN, and inputs near float32's largest values (1e34
  * on) can overflow the unscaled block sums where the panels' products stay finite.
  *
- * Layout. k is taken in pieces of at most KC_VALUES values a row (k_piece: whole blocks, a
- * function of k and the format only), so that a panel of many rows fits in the L2 whatever k is.
+ * Layout. k is taken in pieces of at most KC_VALUES values a row (k_piece: whole blocks; half
+ * that past two strips of tokens, where a panel's rows are many and each strip of x is read
+ * from beyond the L2 once a panel), so that a panel of many rows fits in the L2 whatever k is.
  * For each piece, each thread turns a panel of W's rows into bfloat16 codes of q (rows the piece's
  * codes and 32 more apart, so that a tile's 16 rows do not fall in one set of the L1; Q6_K: each
  * 32 values' 32 hi codes, then their 32 lo codes; whole 32-row micro-blocks, zero past W's end)
@@ -44,7 +45,9 @@
  * and the block's sums of x. A micro-block is 32 rows x 32 tokens, four 16 x 16 tiles of sums
  * (tmm0-3); per 32 values and weight part two tiles of codes (tmm4-5), two of each part of x
  * (tmm6-7), twelve TDPBF16PS. At the end of a block (Q6_K: of 8 times 32 values, two weight parts)
- * the sums go to memory and are scaled into the micro-block's totals with AVX-512. Two
+ * the sums go to memory and are scaled into the micro-block's totals with AVX-512, a few rows
+ * after each tile product of the next micro-block's block: a block's scaling between two
+ * blocks' products kept the tiles idle while it ran (the reorder buffer full of it). Two
  * micro-blocks are swept together, each block of x loaded for both. At the end of a piece the
  * totals are written out by gemm_f32.c's transposing writer, and the next piece reads them back
  * and goes on adding blocks to them in order: the sums are the same, bit for bit, whatever the
@@ -71,7 +74,7 @@
  * and sweep fit the L2 better. */
 #define PANEL_BYTES(strips) ((strips) > 2 ? 1 << 20 : 1 << 19)
 #define X_BYTES (1 << 19)      /* bytes of packed x swept per W micro-block: in the L2 */
-#define KC_VALUES 2048         /* values of a row per piece of k (32 rows: 128 KiB, Q6_K 256) */
+#define KC_VALUES 2048         /* values of a row a piece of k, up to 2 strips (32 rows: 128 KiB) */
 #define E_FORMAT -1
 #define E_MEMORY -3
 
@@ -303,24 +306,32 @@ TARGET_AMX static void pack_parts(const float *x, int64_t ldx, int64_t m, int64_
 
 /* ---- the micro-blocks ----------------------------------------------------------------------- */
 
-/* total (32 rows x 32 tokens) plus the block's sums times each row's scale s[r * blocks],
- * plus its offset o[r * blocks] (o NULL: none) times the block's sums of x (x0, x1); `first`
- * (the first block of k) sets total instead. */
-TARGET_AMX static inline void scale_sums(const float *sums, float *total, const float *s,
-                                         const float *o, int64_t blocks, int first, __m512 x0,
-                                         __m512 x1) {
-    for (int r = 0; r < AMX_ROWS; r++) {
-        float *tr = total + r * GEMM_TOKENS;
-        const float *sr = sums + r * GEMM_TOKENS;
-        const __m512 d = _mm512_set1_ps(s[r * blocks]);
+/* A micro-block's sums of one block of scales (Q6_K: of 8), waiting to be scaled into its
+ * totals: sums (32 rows x 32 tokens), the block's scale s[r * blocks] and offset o[r * blocks]
+ * of each row r (o NULL: none), x's sums over the block at xb; `first` (the first block of k)
+ * sets the totals instead of adding to them. */
+struct pending {
+    const float *sums, *s, *o, *xb;
+    float *total;
+    int first;
+};
+
+/* Rows [r0, r1) of p: total plus sums times scale, plus offset times x's sums. */
+TARGET_AMX static inline void scale_rows(const struct pending *p, int64_t blocks, int r0,
+                                         int r1) {
+    const __m512 x0 = _mm512_load_ps(p->xb), x1 = _mm512_load_ps(p->xb + 16);
+    for (int r = r0; r < r1; r++) {
+        float *tr = p->total + r * GEMM_TOKENS;
+        const float *sr = p->sums + r * GEMM_TOKENS;
+        const __m512 d = _mm512_set1_ps(p->s[r * blocks]);
         __m512 t0v = _mm512_mul_ps(d, _mm512_load_ps(sr));
         __m512 t1v = _mm512_mul_ps(d, _mm512_load_ps(sr + 16));
-        if (o) {
-            const __m512 c = _mm512_set1_ps(o[r * blocks]);
+        if (p->o) {
+            const __m512 c = _mm512_set1_ps(p->o[r * blocks]);
             t0v = _mm512_fmadd_ps(c, x0, t0v);
             t1v = _mm512_fmadd_ps(c, x1, t1v);
         }
-        if (!first) {
+        if (!p->first) {
             t0v = _mm512_add_ps(_mm512_load_ps(tr), t0v);
             t1v = _mm512_add_ps(_mm512_load_ps(tr + 16), t1v);
         }
@@ -355,16 +366,20 @@ TARGET_AMX static void read_sums(float *total, int rows, int64_t tokens, const f
  * blocks [b0, b0 + blocks) of k (xs and xsum: xblocks a strip): codes q (whole micro-blocks,
  * rows ld codes apart), scale and offset (`blocks` per row, a block's at its first 32
  * values; offset NULL: none). `resume`: y holds the sums of blocks [0, b0), which these go on
- * from, in order. Single-threaded, tiles configured. */
+ * from, in order. Each micro-block's block of products is scaled while the tiles take the
+ * next one's (its rows spread among that one's tile products, so that the reorder buffer
+ * always holds tile work). Single-threaded, tiles configured. */
 TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, const float *scale,
                              const float *offset, int64_t b0, int64_t blocks, int64_t xblocks,
                              int resume, int64_t count, const uint32_t *xs, const float *xsum,
                              int64_t m, float *y, int64_t ldy) {
-    float sums[AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
+    float sums[2][AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
     float total[SWEPT][AMX_ROWS * GEMM_TOKENS] __attribute__((aligned(64)));
     const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int parts = f->weight_parts, steps = f->steps;
     const int64_t ld = blocks * BLOCK * parts + BLOCK, stride = ld * (int64_t)sizeof(uint16_t);
+    const int groups = steps * parts * PARTS;             /* tile products' groups a block */
+    const int per_group = (AMX_ROWS + groups - 1) / groups; /* rows scaled after each */
     int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
     group = group < 1 ? 1 : group;
     for (int64_t t0 = 0; t0 < strips; t0 += group)
@@ -379,12 +394,13 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                         read_sums(total[g], (int)min64(AMX_ROWS, count - r), tokens,
                                   y + tok * ldy + r, ldy);
                     }
-                for (int64_t b = 0; b < blocks; b += steps) {
-                    const float *xb = xsum + (t * xblocks + b0 + b) * GEMM_TOKENS;
-                    const __m512 x0 = _mm512_load_ps(xb), x1 = _mm512_load_ps(xb + 16);
+                struct pending prev = {0};
+                int have = 0, slot = 0;
+                for (int64_t b = 0; b < blocks; b += steps)
                     for (int g = 0; g < swept; g++) {
                         const int64_t r = r0 + g * AMX_ROWS;
                         const uint16_t *a = q + r * ld;
+                        int done = 0; /* prev's rows scaled */
                         _tile_zero(0);
                         _tile_zero(1);
                         _tile_zero(2);
@@ -395,17 +411,31 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                                 const uint16_t *c = a + (i * parts + w) * BLOCK;
                                 _tile_loadd(4, c, stride);
                                 _tile_loadd(5, c + 16 * ld, stride);
-                                for (int p = 0; p < PARTS; p++)
+                                for (int p = 0; p < PARTS; p++) {
                                     amx_products(bx + p * PAIRS * GEMM_TOKENS);
+                                    if (have && done < AMX_ROWS) {
+                                        const int to = done + per_group < AMX_ROWS
+                                                           ? done + per_group
+                                                           : AMX_ROWS;
+                                        scale_rows(&prev, blocks, done, to);
+                                        done = to;
+                                    }
+                                }
                             }
                         }
-                        amx_store_sums(sums);
-                        scale_sums(sums, total[g], scale + r * blocks + b,
-                                   offset ? offset + r * blocks + b : NULL, blocks,
-                                   b == 0 && !resume, x0, x1);
-                        MEMORY_BARRIER();
+                        amx_store_sums(sums[slot]);
+                        prev = (struct pending){
+                            .sums = sums[slot],
+                            .s = scale + r * blocks + b,
+                            .o = offset ? offset + r * blocks + b : NULL,
+                            .xb = xsum + (t * xblocks + b0 + b) * GEMM_TOKENS,
+                            .total = total[g],
+                            .first = b == 0 && !resume};
+                        have = 1;
+                        slot ^= 1;
                     }
-                }
+                if (have) scale_rows(&prev, blocks, 0, AMX_ROWS);
+                MEMORY_BARRIER();
                 for (int g = 0; g < swept; g++) {
                     const int64_t r = r0 + g * AMX_ROWS;
                     amx_write_sums(total[g], (int)min64(AMX_ROWS, count - r), tokens,
@@ -415,12 +445,12 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
         }
 }
 
-/* The values of k a panel holds at once: k in as few pieces as KC_VALUES values a row allow,
- * each whole blocks of the format (whole super-blocks for the K-quants), as even as they go.
- * A function of k and the format only, so that the sums' order is the same at any m and
- * number of threads. */
-static int64_t k_piece(const struct tiles_format *f, int64_t k) {
-    const int64_t most = KC_VALUES, bv = f->block_values;
+/* The values of k a panel holds at once: k in as few pieces as KC_VALUES values a row allow
+ * (half as many past two strips of tokens: twice the panel's rows, each strip of x read half
+ * as often), each whole blocks of the format (whole super-blocks for the K-quants), as even as
+ * they go. The pieces do not change the sums: each goes on from the last one's totals. */
+static int64_t k_piece(const struct tiles_format *f, int64_t k, int64_t strips) {
+    const int64_t most = strips > 2 ? KC_VALUES / 2 : KC_VALUES, bv = f->block_values;
     const int64_t pieces = (k + most - 1) / most;
     return ((k + pieces - 1) / pieces + bv - 1) / bv * bv;
 }
@@ -472,7 +502,8 @@ int pagecli_quant_tiles_linear(int type, const void *w, int64_t row_bytes, int64
         return E_MEMORY;
     uint32_t *const xs = (uint32_t *)packed; /* shared with the team below */
     float *const xsum = packed + strips * blocks * PACKED_BLOCK;
-    const int64_t piece = k_piece(f, k), codes = piece * f->weight_parts; /* a row's, a piece */
+    const int64_t piece = k_piece(f, k, strips);
+    const int64_t codes = piece * f->weight_parts; /* a row's, a piece */
     const int64_t panels = num_panels(n, codes, strips, num_threads);
     const int64_t micro_blocks = (n + AMX_ROWS - 1) / AMX_ROWS;
     const int64_t rows = (micro_blocks + panels - 1) / panels * AMX_ROWS; /* the most per panel */

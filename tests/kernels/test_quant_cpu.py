@@ -450,27 +450,29 @@ def test_tiles_take_their_formats(fmt):
 
 @pytest.mark.parametrize("fmt", TILES_FORMATS)
 def test_tiles_take_long_rows_in_pieces(fmt):
-    """The tiles take k in pieces of at most 2048 values a row, each piece going on from the
-    last one's totals: 21 super-blocks' worth of values make 3 pieces of 1792, over 70 rows (a
-    part micro-block) and 40 tokens (a part strip). Within tolerance of float64, and a token's
-    outputs have the same bits in a batch of 9 or 40 and at one thread or two: the pieces
-    depend on k only."""
+    """The tiles take k in pieces of at most 2048 values a row (1024 past two 32-token strips),
+    each piece going on from the last one's totals: 21 super-blocks' worth of values make 3
+    pieces of 1792 at 9 and 40 tokens and 6 of 896 at 100, over 70 rows (a part micro-block)
+    and part strips. Within tolerance of float64, and a token's outputs have the same bits in
+    a batch of 9, 40 or 100 and at one thread or two: the pieces do not change the sums."""
     if not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     cols = 21 * 256
     weight = random_weight(fmt, 70, cols, seed=8)
-    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(100, cols, generator=torch.Generator().manual_seed(8))
     threads = torch.get_num_threads()
     try:
         with kernel_settings(tiles="on"):
             torch.set_num_threads(2)
-            many = quant_cpu.quant_linear(x, weight)
+            most = quant_cpu.quant_linear(x, weight)
+            many = quant_cpu.quant_linear(x[:40], weight)
             torch.set_num_threads(1)
             few = quant_cpu.quant_linear(x[:9], weight)
     finally:
         torch.set_num_threads(threads)
-    assert_within(many, x, weight, fmt)
-    assert torch.equal(few, many[:9])
+    assert_within(most, x, weight, fmt)
+    assert torch.equal(many, most[:40])
+    assert torch.equal(few, most[:9])
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
