@@ -46,14 +46,15 @@ def bench(
     checkout: Path, model: str | None, threads: int, pp: int, tg: int, extra: list[str]
 ) -> dict:
     """One `pagecli bench` run of `checkout`'s code (`extra`: more bench arguments):
-    {"pp": t/s, "tg": t/s}."""
+    {"pp": t/s, "tg": t/s}, without a test whose length is 0."""
     args = ["bench", "--scenario", "latency", "--pp", str(pp), "--tg", str(tg)]
     args += ["--num-threads", str(threads), "--json"]
     if model is not None:
         args += ["--model", model]
     out = run_side(checkout, args + extra)
     rates = {row["test"]: row["tokens_per_s_mean"] for row in json.loads(out)["results"]}
-    return {"pp": rates[f"pp{pp}"], "tg": rates[f"tg{tg}"]}
+    lengths = {"pp": pp, "tg": tg}
+    return {key: rates[f"{key}{n}"] for key, n in lengths.items() if n > 0}
 
 
 def main() -> None:
@@ -68,6 +69,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--bench-args", default="", help="more arguments for both sides' bench")
     args = parser.parse_args()
+    keys = [key for key, n in (("pp", args.pp), ("tg", args.tg)) if n > 0]
+    if not keys:
+        parser.error("--pp and --tg are both 0: nothing to measure")
     extra = shlex.split(args.bench_args)
     if args.model is not None and Path(args.model).exists():
         args.model = str(Path(args.model).resolve())  # the sides run in their checkouts
@@ -79,15 +83,15 @@ def main() -> None:
             side: bench(sides[side], args.model, args.threads, args.pp, args.tg, extra)
             for side in order
         }
-        row["pp_ratio"] = row["B"]["pp"] / row["A"]["pp"]
-        row["tg_ratio"] = row["B"]["tg"] / row["A"]["tg"]
+        for key in keys:
+            row[f"{key}_ratio"] = row["B"][key] / row["A"][key]
         print(f"ab_commits: round {number}: {json.dumps(row)}", file=sys.stderr, flush=True)
         rounds.append(row)
     model = (args.model or "the default model") + (f" {args.bench_args}" if extra else "")
     print(f"CPU: {cpu_name()}; {args.threads} threads; {model}; A = {sides['A']}, B = {sides['B']}")
     print("| | A t/s | B t/s | B/A (median of rounds; each round) |")
     print("| --- | --- | --- | --- |")
-    for key in ("pp", "tg"):
+    for key in keys:
         a = statistics.median(r["A"][key] for r in rounds)
         b = statistics.median(r["B"][key] for r in rounds)
         each = ", ".join(f"{r[f'{key}_ratio']:.3f}" for r in rounds)

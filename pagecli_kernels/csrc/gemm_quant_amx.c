@@ -46,8 +46,9 @@
  * (tmm0-3); per 32 values and weight part two tiles of codes (tmm4-5), two of each part of x
  * (tmm6-7), twelve TDPBF16PS. At the end of a block (Q6_K: of 8 times 32 values, two weight parts)
  * the sums go to memory and are scaled into the micro-block's totals with AVX-512, a few rows
- * after each tile product of the next micro-block's block: a block's scaling between two
- * blocks' products kept the tiles idle while it ran (the reorder buffer full of it). Two
+ * after each pair of the next micro-block's tile products: a block's scaling in one piece
+ * between two blocks' products kept the tiles idle while it ran (the reorder buffer full of
+ * it). Two
  * micro-blocks are swept together, each block of x loaded for both. At the end of a piece the
  * totals are written out by gemm_f32.c's transposing writer, and the next piece reads them back
  * and goes on adding blocks to them in order: the sums are the same, bit for bit, whatever the
@@ -340,6 +341,15 @@ TARGET_AMX static inline void scale_rows(const struct pending *p, int64_t blocks
     }
 }
 
+/* The next `count` rows of p still to scale (`done` of them are), if p holds sums. */
+TARGET_AMX static inline void scale_more(const struct pending *p, int64_t blocks, int *done,
+                                         int count) {
+    if (!p->sums || *done >= AMX_ROWS) return;
+    const int to = *done + count < AMX_ROWS ? *done + count : AMX_ROWS;
+    scale_rows(p, blocks, *done, to);
+    *done = to;
+}
+
 #define SWEPT 2 /* micro-blocks swept together: a block of x is loaded for all of them */
 
 /* total[r * GEMM_TOKENS + j] = y[j][r] for r < rows <= 32, j < tokens <= 32, zero elsewhere:
@@ -378,8 +388,10 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
     const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int parts = f->weight_parts, steps = f->steps;
     const int64_t ld = blocks * BLOCK * parts + BLOCK, stride = ld * (int64_t)sizeof(uint16_t);
-    const int groups = steps * parts * PARTS;             /* tile products' groups a block */
-    const int per_group = (AMX_ROWS + groups - 1) / groups; /* rows scaled after each */
+    /* a block's groups of four tile products, and whether rows are scaled after each pair
+     * of them or (Q6_K: 48 groups) each group; how many rows each time */
+    const int groups = steps * parts * PARTS, pairs = groups < AMX_ROWS;
+    const int per = (AMX_ROWS + groups * (1 + pairs) - 1) / (groups * (1 + pairs));
     int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
     group = group < 1 ? 1 : group;
     for (int64_t t0 = 0; t0 < strips; t0 += group)
@@ -394,8 +406,8 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                         read_sums(total[g], (int)min64(AMX_ROWS, count - r), tokens,
                                   y + tok * ldy + r, ldy);
                     }
-                struct pending prev = {0};
-                int have = 0, slot = 0;
+                struct pending prev = {0}; /* no sums yet */
+                int slot = 0;
                 for (int64_t b = 0; b < blocks; b += steps)
                     for (int g = 0; g < swept; g++) {
                         const int64_t r = r0 + g * AMX_ROWS;
@@ -412,14 +424,10 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                                 _tile_loadd(4, c, stride);
                                 _tile_loadd(5, c + 16 * ld, stride);
                                 for (int p = 0; p < PARTS; p++) {
-                                    amx_products(bx + p * PAIRS * GEMM_TOKENS);
-                                    if (have && done < AMX_ROWS) {
-                                        const int to = done + per_group < AMX_ROWS
-                                                           ? done + per_group
-                                                           : AMX_ROWS;
-                                        scale_rows(&prev, blocks, done, to);
-                                        done = to;
-                                    }
+                                    amx_products_first(bx + p * PAIRS * GEMM_TOKENS);
+                                    if (pairs) scale_more(&prev, blocks, &done, per);
+                                    amx_products_second();
+                                    scale_more(&prev, blocks, &done, per);
                                 }
                             }
                         }
@@ -431,10 +439,9 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                             .xb = xsum + (t * xblocks + b0 + b) * GEMM_TOKENS,
                             .total = total[g],
                             .first = b == 0 && !resume};
-                        have = 1;
                         slot ^= 1;
                     }
-                if (have) scale_rows(&prev, blocks, 0, AMX_ROWS);
+                if (prev.sums) scale_rows(&prev, blocks, 0, AMX_ROWS);
                 MEMORY_BARRIER();
                 for (int g = 0; g < swept; g++) {
                     const int64_t r = r0 + g * AMX_ROWS;
