@@ -60,20 +60,6 @@ TARGET_AMX static inline void amx_products(const uint32_t *b) {
     _tile_dpbf16ps(3, 5, 7);
 }
 
-/* amx_products in two halves: the input's tiles and W rows 0-15's products, then rows 16-31's
- * (other work can go between them). */
-TARGET_AMX static inline void amx_products_first(const uint32_t *b) {
-    _tile_loadd(6, b, GEMM_TOKENS * 4);
-    _tile_loadd(7, b + 16, GEMM_TOKENS * 4);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-}
-
-TARGET_AMX static inline void amx_products_second(void) {
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-}
-
 /* tmm0-3 into sums as gemm_sweep's micro-kernels leave theirs (W row r, token j at
  * r * GEMM_TOKENS + j), ordered before the C code reads them. */
 TARGET_AMX static inline void amx_store_sums(float *sums) {

@@ -46,13 +46,12 @@
  * (tmm0-3); per 32 values and weight part two tiles of codes (tmm4-5), two of each part of x
  * (tmm6-7), twelve TDPBF16PS. At the end of a block (Q6_K: of 8 times 32 values, two weight parts)
  * the sums go to memory and are scaled into the micro-block's totals with AVX-512, a few rows
- * after each pair of the next micro-block's tile products: a block's scaling in one piece
- * between two blocks' products kept the tiles idle while it ran (the reorder buffer full of
- * it). Two
- * micro-blocks are swept together, each block of x loaded for both. At the end of a piece the
- * totals are written out by gemm_f32.c's transposing writer, and the next piece reads them back
- * and goes on adding blocks to them in order: the sums are the same, bit for bit, whatever the
- * pieces.
+ * after each group of four of the next micro-block's tile products: a block's scaling in one
+ * piece between two blocks' products kept the tiles idle while it ran (the reorder buffer full
+ * of it). Two micro-blocks are swept together, each block of x loaded for both. At the end of
+ * a piece the totals are written out by gemm_f32.c's transposing writer, and the next piece
+ * reads them back and goes on adding blocks to them in order: the sums are the same, bit for
+ * bit, whatever the pieces.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -388,10 +387,8 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
     const int64_t strips = (m + GEMM_TOKENS - 1) / GEMM_TOKENS;
     const int parts = f->weight_parts, steps = f->steps;
     const int64_t ld = blocks * BLOCK * parts + BLOCK, stride = ld * (int64_t)sizeof(uint16_t);
-    /* a block's groups of four tile products, and whether rows are scaled after each pair
-     * of them or (Q6_K: 48 groups) each group; how many rows each time */
-    const int groups = steps * parts * PARTS, pairs = groups < AMX_ROWS;
-    const int per = (AMX_ROWS + groups * (1 + pairs) - 1) / (groups * (1 + pairs));
+    const int groups = steps * parts * PARTS;         /* a block's groups of tile products */
+    const int per = (AMX_ROWS + groups - 1) / groups; /* rows scaled after each */
     int64_t group = X_BYTES / (blocks * PACKED_BLOCK * 4);
     group = group < 1 ? 1 : group;
     for (int64_t t0 = 0; t0 < strips; t0 += group)
@@ -424,9 +421,7 @@ TARGET_AMX static void sweep(const struct tiles_format *f, const uint16_t *q, co
                                 _tile_loadd(4, c, stride);
                                 _tile_loadd(5, c + 16 * ld, stride);
                                 for (int p = 0; p < PARTS; p++) {
-                                    amx_products_first(bx + p * PAIRS * GEMM_TOKENS);
-                                    if (pairs) scale_more(&prev, blocks, &done, per);
-                                    amx_products_second();
+                                    amx_products(bx + p * PAIRS * GEMM_TOKENS);
                                     scale_more(&prev, blocks, &done, per);
                                 }
                             }
