@@ -452,9 +452,10 @@ def test_tiles_take_their_formats(fmt):
 def test_tiles_take_long_rows_in_pieces(fmt):
     """The tiles take k in pieces of at most 2048 values a row (1024 past two 32-token strips),
     each piece going on from the last one's totals: 21 super-blocks' worth of values make 3
-    pieces of 1792 at 9 and 40 tokens and 6 of 896 at 100, over 70 rows (a part micro-block)
-    and part strips. Within tolerance of float64, and a token's outputs have the same bits in
-    a batch of 9, 40 or 100 and at one thread or two: the pieces do not change the sums."""
+    pieces of 1792 at 9 and 40 tokens and 6 at 100 (896 values each; the K-quants' whole
+    super-blocks: five of 1024 and one of 256), over 70 rows (a part micro-block) and part
+    strips. Within tolerance of float64, and a token's outputs have the same bits in a batch
+    of 9, 40 or 100 and at one thread or two: the pieces do not change the sums."""
     if not _tiles_run():
         pytest.skip("this CPU (or its kernel) has no AMX tiles")
     cols = 21 * 256
