@@ -80,8 +80,9 @@ def gemm() -> str | None:
     """Who multiplies the panels of large batches now: "native" (csrc/gemm_f32.c), "blas"
     (torch's sgemm), or None (no library, or neither: the fused path takes every batch).
     Under "auto": native where the path is AVX-512 on a CPU that is not Intel's, whose AVX-512
-    code MKL skips, the BLAS elsewhere; on Intel's AVX-512 CPUs, "blas" takes prefill while
-    batches of 32 to 128 rows (batched decode) take the native kernel."""
+    code MKL skips, the BLAS elsewhere; on Intel's AVX-512 CPUs, "blas" takes prefill on rows
+    of fewer than 2048 values, while batches of 32 to 128 rows (batched decode) and rows of
+    2048 values or more take the native kernel."""
     lib = library()
     if lib is None:
         return None

@@ -400,6 +400,27 @@ def test_gemm_auto_follows_the_cpu():
             pass
 
 
+def test_gemm_auto_takes_long_rows_natively_on_intel():
+    """On an Intel CPU's AVX-512 path MKL's sgemm takes prefill's panels of rows shorter than
+    2048 values, the native kernel those of 2048 or more (MKL falls behind there): under
+    auto, 160 input rows of a Q4_0 weight (past batched decode's 32-128, which the native
+    kernel takes at any k) have the bits of gemm=blas at k = 1536 and of gemm=native at
+    k = 2048 (the two kernels sum in different orders)."""
+    if _vendor() != "GenuineIntel" or quant_cpu.isa() != "avx512" or quant_cpu.gemm() != "blas":
+        pytest.skip("the rule is for Intel's AVX-512 path with torch's sgemm")
+    for cols, want in ((1536, "blas"), (2048, "native")):
+        weight = random_weight("q4_0", 40, cols, seed=6)
+        x = torch.randn(160, cols, generator=torch.Generator().manual_seed(6))
+        with kernel_settings(tiles="off"):
+            auto = quant_cpu.quant_linear(x, weight)
+        outs = {}
+        for gemm in ("blas", "native"):
+            with kernel_settings(tiles="off", gemm=gemm):
+                outs[gemm] = quant_cpu.quant_linear(x, weight)
+        assert not torch.equal(outs["blas"], outs["native"])  # else the test shows nothing
+        assert torch.equal(auto, outs[want]), (cols, want)
+
+
 @pytest.mark.parametrize("fmt", ["q4_1", "q6_k"])
 def test_many_rows_without_panels_take_the_fused_path(isa, fmt):
     cols = _cols(fmt)
