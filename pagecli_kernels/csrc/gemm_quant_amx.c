@@ -47,8 +47,8 @@
  * (tmm6-7), twelve TDPBF16PS. At the end of a block (Q6_K: of 8 times 32 values, two weight parts)
  * the sums go to memory and are scaled into the micro-block's totals with AVX-512, a few rows
  * after each group of four of the next micro-block's tile products (a block's scaling in one
- * piece between two blocks' products kept the tiles idle while it ran, likely by filling the
- * reorder buffer). Two micro-blocks are swept together, each block of x loaded for both. At
+ * piece between two blocks' products keeps the tiles idle while it runs, likely by filling
+ * the reorder buffer). Two micro-blocks are swept together, each block of x loaded for both. At
  * the end of a piece the totals are written out by gemm_f32.c's transposing writer, and the
  * next piece reads them back and goes on adding blocks to them in order: the sums are the
  * same, bit for bit, whatever the pieces.
