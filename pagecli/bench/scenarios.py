@@ -324,6 +324,9 @@ def run_latency(llm: LLM, refresh: Refresh, pp: int, tg: int, repetitions: int, 
     runner.warm_up()
     vocab = llm.engine.hf_config.vocab_size
     rng = random.Random(seed)
+    if pp:  # untimed, as llama-bench warms up: the first prompt of its length touches the
+        # KV blocks and work buffers it needs for the first time (page faults, allocation)
+        runner.run_requests([(random_ids(random.Random(-2), pp, vocab), 1)])
     rows = []
     tests = [(f"pp{pp}", pp, 1), (f"tg{tg}", 1, tg)]
     for name, num_prompt, num_out in tests:

@@ -260,6 +260,29 @@ def test_latency_scenario_mean_and_std(capsys):
         assert r["num_requests"] == "2" and r["scenario"] == "latency"
 
 
+def test_latency_scenario_warms_up_with_a_prompt_of_the_pp_length(capsys, monkeypatch):
+    """As llama-bench does: one untimed prompt of --pp tokens before the timed ones (the first
+    prompt of a length pays the page faults of its KV blocks and work buffers), fresh ids each
+    time, and the row counts only the timed repetitions (fails without the warm-up prompt)."""
+    from pagecli.bench import scenarios
+
+    seen = []
+    run = scenarios.EngineRunner.run_requests
+
+    def recording(self, workload):
+        seen.append([(tuple(ids), max_tokens) for ids, max_tokens in workload])
+        return run(self, workload)
+
+    monkeypatch.setattr(scenarios.EngineRunner, "run_requests", recording)
+    out, _ = pagecli(capsys, "bench", "--scenario", "latency", "--pp", "24", "--tg", "0",
+                     "--repetitions", "2", "--num-kv-blocks", "256", "--json")  # fmt: skip
+    (row,) = json.loads(out)["results"]
+    assert row["num_requests"] == 2 and row["prompt_tokens"] == 48
+    long = [w for w in seen if len(w[0][0]) == 24]
+    assert seen.index(long[0]) == len(seen) - 3  # the warm-up, then the 2 timed prompts
+    assert len({w[0][0] for w in long}) == 3
+
+
 def test_spec_workloads_paste_each_function_as_valid_python():
     """The spec scenario's code prompts carry each function's source as a user pastes it: valid
     Python, the body indented under its `def` (fails where the method's common indentation is
