@@ -12,6 +12,11 @@
 int pagecli_quant_isa(void);
 int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const float *x,
                          int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads);
+/* the parts of one projection, W's rows one part after the other (QUANT_MAX_PARTS at most) */
+#define QUANT_MAX_PARTS 4
+int pagecli_quant_linear_parts(int num_parts, const int *types, const void *const *ws,
+                               const int64_t *rows, int64_t k, const float *x, int64_t ldx,
+                               int64_t m, float *y, int64_t ldy, int num_threads);
 int pagecli_quant_fused_rows(void); /* batches of up to this many rows: the fused kernels */
 int64_t pagecli_quant_row_bytes(int type, int64_t k); /* -1: unknown type or shape */
 

@@ -145,6 +145,7 @@ enum {
 };
 
 #define MAX_PARTS 4
+_Static_assert(MAX_PARTS <= QUANT_MAX_PARTS, "pagecli_quant_linear_parts takes them all");
 enum { P_BIAS, P_NUM_PARTS, P_PARTS, PROJECTION_FIELDS = P_PARTS + 3 * MAX_PARTS };
 enum {
     G_TOKEN_START, G_NUM_TOKENS, G_NUM_SEQS, G_BLOCK_TABLES, G_TABLE_STRIDE, G_SEQ_LENS,
@@ -207,16 +208,26 @@ static int linear(const int64_t *proj, const void *x, int64_t m, int64_t k, void
         if (widen) widen_bf16(x, x32, m * k, num_threads);
         xf = x32;
     }
+    int types[MAX_PARTS], bf16_rows = 0;
+    const void *ws[MAX_PARTS];
+    int64_t rows[MAX_PARTS];
+    for (int p = 0; p < proj[P_NUM_PARTS]; p++) {
+        types[p] = (int)proj[P_PARTS + 3 * p];
+        ws[p] = PTR(proj[P_PARTS + 3 * p + 1]);
+        rows[p] = proj[P_PARTS + 3 * p + 2];
+        bf16_rows |= dtype && types[p] == QT_BF16;
+    }
+    if (!bf16_rows) /* the block formats (and float32 rows): x packed once for all parts */
+        status = pagecli_quant_linear_parts((int)proj[P_NUM_PARTS], types, ws, rows, k, xf, k,
+                                            m, yf, n, num_threads);
     int64_t first = 0; /* the part's first output column */
-    for (int p = 0; p < proj[P_NUM_PARTS] && status == 0; p++) {
-        const int type = (int)proj[P_PARTS + 3 * p];
-        const void *w = PTR(proj[P_PARTS + 3 * p + 1]);
-        const int64_t rows = proj[P_PARTS + 3 * p + 2];
-        if (dtype && type == QT_BF16)
-            status = pagecli_bf16_linear(w, rows, k, x, k, m, yf + first, n, num_threads);
+    for (int p = 0; bf16_rows && p < proj[P_NUM_PARTS] && status == 0; p++) {
+        if (dtype && types[p] == QT_BF16)
+            status = pagecli_bf16_linear(ws[p], rows[p], k, x, k, m, yf + first, n, num_threads);
         else
-            status = pagecli_quant_linear(type, w, rows, k, xf, k, m, yf + first, n, num_threads);
-        first += rows;
+            status = pagecli_quant_linear(types[p], ws[p], rows[p], k, xf, k, m, yf + first, n,
+                                          num_threads);
+        first += rows[p];
     }
     const float *bias = PTR(proj[P_BIAS]);
     if (status == 0 && bias) {

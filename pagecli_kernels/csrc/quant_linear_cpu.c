@@ -880,6 +880,57 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
     return failed ? QUANT_E_MEMORY : 0;
 }
 
+/* The native panels of several parts of one projection (each its own format, fs[p], with
+ * ns[p] rows, all k long), their outputs side by side in y: x packed once for all of them, and
+ * all parts' panels shared among the threads in one parallel region. Each part's panels are
+ * those `panels` makes for it alone, so every output has the bits it has there. */
+static int panels_parts(int num_parts, const struct quant_format *const *fs, int isa,
+                        const void *const *ws, const int64_t *ns, int64_t k, const float *x,
+                        int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads) {
+    if (gemm_reserve(&packed_x, &packed_cap, gemm_packed_floats(m, k)))
+        return QUANT_E_MEMORY;
+    float *const xt = packed_x; /* this thread's buffer, shared with the team below */
+    int64_t rows[QUANT_MAX_PARTS], first_unit[QUANT_MAX_PARTS + 1], col[QUANT_MAX_PARTS];
+    int64_t most = 0; /* rows of the largest dequantized panel */
+    first_unit[0] = 0;
+    for (int p = 0; p < num_parts; p++) {
+        rows[p] = panel_rows(ns[p], k, m, num_threads, 1);
+        first_unit[p + 1] = first_unit[p] + (ns[p] + rows[p] - 1) / rows[p];
+        col[p] = p ? col[p - 1] + ns[p - 1] : 0;
+        if (fs[p]->type != QT_F32 && rows[p] > most) most = rows[p];
+    }
+    const int64_t ldp = k + PANEL_PAD; /* as in panels: rows apart by more than k floats */
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < (m + GEMM_TOKENS - 1) / GEMM_TOKENS; t++)
+            gemm_pack_x(isa, x, ldx, m, k, xt, t);
+        if (most) gemm_reserve(&panel_buf, &panel_cap, most * ldp); /* NULL: failed */
+        /* dynamic: the parts' panels need not be of one size */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < first_unit[num_parts]; u++) {
+            int p = 0;
+            while (u >= first_unit[p + 1]) p++;
+            const struct quant_format *f = fs[p];
+            const int in_place = f->type == QT_F32;
+            if (!in_place && !panel_buf) {
+                failed = 1;
+                continue;
+            }
+            const int64_t row_bytes = k / f->block_values * f->block_bytes;
+            const int64_t first = (u - first_unit[p]) * rows[p];
+            const int64_t count = min64(rows[p], ns[p] - first);
+            const uint8_t *w = (const uint8_t *)ws[p] + first * row_bytes;
+            for (int64_t r = 0; !in_place && r < count; r++)
+                f->dequant[isa](w + r * row_bytes, panel_buf + r * ldp, k / f->block_values);
+            gemm_panel(isa, xt, m, k, in_place ? (const float *)w : panel_buf,
+                       in_place ? k : ldp, count, y + col[p] + first, ldy);
+        }
+    }
+    return failed ? QUANT_E_MEMORY : 0;
+}
+
 /* ---- entry points ------------------------------------------------------------------------- */
 
 /* Batches of up to this many input rows take the fused path (pagecli_quant_set_fused_rows):
@@ -928,6 +979,35 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
         return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads,
                       gemm == GEMM_NATIVE);
     fused(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
+    return 0;
+}
+
+/* pagecli_quant_linear for the parts of one projection, y[m, sum of rows] = x @ [W_0; W_1;
+ * ...].T, each part (types[p], ws[p], rows[p] rows of k values) into its columns of y, with
+ * the bits that part has alone. Where every part takes the native panels, x is packed once
+ * and one parallel region takes all their panels (a Q4_K_M file's q/k/v in Q4_K beside Q6_K
+ * packed x three times and waited at three barriers); otherwise part after part. */
+int pagecli_quant_linear_parts(int num_parts, const int *types, const void *const *ws,
+                               const int64_t *rows, int64_t k, const float *x, int64_t ldx,
+                               int64_t m, float *y, int64_t ldy, int num_threads) {
+    if (num_parts < 1 || num_parts > QUANT_MAX_PARTS) return QUANT_E_FORMAT;
+    const struct quant_format *fs[QUANT_MAX_PARTS];
+    int shared = num_parts > 1 && m > fused_rows && gemm_for(m, k) == GEMM_NATIVE;
+    for (int p = 0; p < num_parts; p++) {
+        fs[p] = format_of(types[p]);
+        if (!fs[p] || k % fs[p]->block_values) return QUANT_E_FORMAT;
+        if (pagecli_quant_tiles() && pagecli_quant_tiles_format(types[p])) shared = 0;
+    }
+    if (shared)
+        return panels_parts(num_parts, fs, pagecli_quant_isa(), ws, rows, k, x, ldx, m, y, ldy,
+                            num_threads);
+    int64_t first = 0;
+    for (int p = 0; p < num_parts; p++) {
+        const int status = pagecli_quant_linear(types[p], ws[p], rows[p], k, x, ldx, m,
+                                                y + first, ldy, num_threads);
+        if (status) return status;
+        first += rows[p];
+    }
     return 0;
 }
 

@@ -421,6 +421,48 @@ def test_gemm_auto_takes_long_rows_natively_on_intel():
         assert torch.equal(auto, outs[want]), (cols, want)
 
 
+def _linear_parts(x: torch.Tensor, parts: list[QuantWeight]) -> torch.Tensor:
+    """The C entry point of a projection in parts (the layer program's), outputs side by side."""
+    import ctypes
+
+    lib = quant_cpu.library()
+    n = len(parts)
+    y = torch.full((x.shape[0], sum(p.rows for p in parts)), float("nan"))
+    status = lib.pagecli_quant_linear_parts(
+        n,
+        (ctypes.c_int * n)(*[p.format.ggml_type for p in parts]),
+        (ctypes.c_void_p * n)(*[p.data.data_ptr() for p in parts]),
+        (ctypes.c_int64 * n)(*[p.rows for p in parts]),
+        ctypes.c_int64(x.shape[1]),
+        ctypes.c_void_p(x.data_ptr()),
+        ctypes.c_int64(x.shape[1]),
+        ctypes.c_int64(x.shape[0]),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_int64(y.shape[1]),
+        torch.get_num_threads(),  # as quant_cpu.quant_linear: the panels split by it
+    )
+    assert status == 0
+    return y
+
+
+@pytest.mark.parametrize("rows", [5, 40, 100])
+def test_a_projection_in_parts_has_each_parts_bits(isa, gemm, rows):
+    """Parts of one projection in three formats (a Q4_K_M file's q/k/v of Q4_K beside Q6_K),
+    and float32 rows: through pagecli_quant_linear_parts, which packs x once and takes every
+    part's panels in one parallel region, each column has the bits of its part alone (fails
+    when a part's panels land in another part's columns, or a panel reads another part's
+    format: checked), at a batch of the fused kernels and past it."""
+    cols = 768
+    gen = torch.Generator().manual_seed(9)
+    parts = [random_weight("q4_k", 70, cols, seed=1), random_weight("q6_k", 33, cols, seed=2)]
+    parts += [random_weight("q8_0", 20, cols, seed=3)]
+    parts += [float_rows(torch.randn(17, cols, generator=gen))]
+    x = torch.randn(rows, cols, generator=gen)
+    got = _linear_parts(x, parts)
+    alone = torch.cat([quant_cpu.quant_linear(x, p) for p in parts], dim=1)
+    assert torch.equal(got, alone)
+
+
 @pytest.mark.parametrize("fmt", ["q4_1", "q6_k"])
 def test_many_rows_without_panels_take_the_fused_path(isa, fmt):
     cols = _cols(fmt)
