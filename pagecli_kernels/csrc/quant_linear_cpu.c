@@ -985,8 +985,8 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
 /* pagecli_quant_linear for the parts of one projection, y[m, sum of rows] = x @ [W_0; W_1;
  * ...].T, each part (types[p], ws[p], rows[p] rows of k values) into its columns of y, with
  * the bits that part has alone. Where every part takes the native panels, x is packed once
- * and one parallel region takes all their panels (a Q4_K_M file's q/k/v in Q4_K beside Q6_K
- * packed x three times and waited at three barriers); otherwise part after part. */
+ * and one parallel region takes all their panels (a GGUF file's q/k/v, three tensors of its
+ * map, packed x three times and waited at three barriers); otherwise part after part. */
 int pagecli_quant_linear_parts(int num_parts, const int *types, const void *const *ws,
                                const int64_t *rows, int64_t k, const float *x, int64_t ldx,
                                int64_t m, float *y, int64_t ldy, int num_threads) {
