@@ -826,34 +826,22 @@ static __thread int64_t panel_cap;
 static __thread float *packed_x;
 static __thread int64_t packed_cap;
 
-/* Dequantized panels of W (float32 weights: the rows in place) times x, through the BLAS
- * sgemm, or through gemm_f32.c (`native`: x packed once by all threads, then each thread's
- * panels against all of it). */
-static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64_t row_bytes,
-                  int64_t n, int64_t k, const float *x, int64_t ldx, int64_t m, float *y,
-                  int64_t ldy, int num_threads, int native) {
-    const int64_t need = native ? gemm_packed_floats(m, k) : 0;
-    if (gemm_reserve(&packed_x, &packed_cap, need)) /* the calling thread's, kept */
-        return QUANT_E_MEMORY;
-    float *const xt = packed_x; /* this thread's buffer, shared with the team below */
+/* Dequantized panels of W (float32 weights: the rows in place) times x through the BLAS
+ * sgemm, each thread's panels one sgemm call of one thread each (gemm_f32.c's panels:
+ * native_panels). */
+static int blas_panels(const struct quant_format *f, int isa, const uint8_t *w,
+                       int64_t row_bytes, int64_t n, int64_t k, const float *x, int64_t ldx,
+                       int64_t m, float *y, int64_t ldy, int num_threads) {
     const dequant_fn dequant = f->dequant[isa];
     const int64_t blocks_per_row = k / f->block_values;
-    const int64_t rows = panel_rows(n, k, m, num_threads, native);
+    const int64_t rows = panel_rows(n, k, m, num_threads, 0);
     const int64_t num_panels = (n + rows - 1) / rows;
     const int in_place = f->type == QT_F32;
-    /* A dequantized panel's rows are k + PANEL_PAD floats apart: at k floats (a multiple of
-     * 4 KiB at the usual widths) the micro-kernel's rows would fall in the same L1 sets. */
-    const int64_t ldp = native ? k + PANEL_PAD : k;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        if (native) {
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < (m + GEMM_TOKENS - 1) / GEMM_TOKENS; t++)
-                gemm_pack_x(isa, x, ldx, m, k, xt, t);
-        }
-        if (!in_place) gemm_reserve(&panel_buf, &panel_cap, rows * ldp); /* NULL: failed */
-        const int previous = !native && blas_set_threads_local ? blas_set_threads_local(1) : 0;
+        if (!in_place) gemm_reserve(&panel_buf, &panel_cap, rows * k); /* NULL: failed */
+        const int previous = blas_set_threads_local ? blas_set_threads_local(1) : 0;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < num_panels; p++) {
             if (!in_place && !panel_buf) {
@@ -863,11 +851,7 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
             const int64_t first = p * rows, count = min64(rows, n - first);
             const float *panel = in_place ? (const float *)(w + first * row_bytes) : panel_buf;
             for (int64_t r = 0; !in_place && r < count; r++)
-                dequant(w + (first + r) * row_bytes, panel_buf + r * ldp, blocks_per_row);
-            if (native) {
-                gemm_panel(isa, xt, m, k, panel, in_place ? k : ldp, count, y + first, ldy);
-                continue;
-            }
+                dequant(w + (first + r) * row_bytes, panel_buf + r * k, blocks_per_row);
             /* Column-major view: y^T[first:first+count, :] = panel (count x k) @ x^T (k x m). */
             const int ic = (int)count, im = (int)m, ik = (int)k, ildx = (int)ldx,
                       ildy = (int)ldy;
@@ -875,16 +859,20 @@ static int panels(const struct quant_format *f, int isa, const uint8_t *w, int64
             blas_sgemm("T", "N", &ic, &im, &ik, &one, panel, &ik, x, &ildx, &zero, y + first,
                        &ildy);
         }
-        if (!native && blas_set_threads_local) blas_set_threads_local(previous);
+        if (blas_set_threads_local) blas_set_threads_local(previous);
     }
     return failed ? QUANT_E_MEMORY : 0;
 }
 
-/* The native panels of several parts of one projection (each its own format, fs[p], with
- * ns[p] rows, all k long), their outputs side by side in y: x packed once for all of them, and
- * all parts' panels shared among the threads in one parallel region. Each part's panels are
- * those `panels` makes for it alone, so every output has the bits it has there. */
-static int panels_parts(int num_parts, const struct quant_format *const *fs, int isa,
+/* Dequantized panels of W (float32 weights: the rows in place) times x through gemm_f32.c,
+ * for the parts of one projection (each its own format, fs[p], with ns[p] rows, all k long;
+ * one part: a plain product), their outputs side by side in y: x packed once by all threads
+ * for all parts, then all parts' panels shared among the threads in one parallel region
+ * (dynamically: they need not be of one size). A panel's rows are k + PANEL_PAD floats apart:
+ * at k floats (a multiple of 4 KiB at the usual widths) the micro-kernel's rows would fall in
+ * the same L1 sets. An output's sum does not depend on the panel it is in, so each part's
+ * outputs have the bits they have alone. */
+static int native_panels(int num_parts, const struct quant_format *const *fs, int isa,
                         const void *const *ws, const int64_t *ns, int64_t k, const float *x,
                         int64_t ldx, int64_t m, float *y, int64_t ldy, int num_threads) {
     if (gemm_reserve(&packed_x, &packed_cap, gemm_packed_floats(m, k)))
@@ -899,7 +887,7 @@ static int panels_parts(int num_parts, const struct quant_format *const *fs, int
         col[p] = p ? col[p - 1] + ns[p - 1] : 0;
         if (fs[p]->type != QT_F32 && rows[p] > most) most = rows[p];
     }
-    const int64_t ldp = k + PANEL_PAD; /* as in panels: rows apart by more than k floats */
+    const int64_t ldp = k + PANEL_PAD;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -907,7 +895,6 @@ static int panels_parts(int num_parts, const struct quant_format *const *fs, int
         for (int64_t t = 0; t < (m + GEMM_TOKENS - 1) / GEMM_TOKENS; t++)
             gemm_pack_x(isa, x, ldx, m, k, xt, t);
         if (most) gemm_reserve(&panel_buf, &panel_cap, most * ldp); /* NULL: failed */
-        /* dynamic: the parts' panels need not be of one size */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < first_unit[num_parts]; u++) {
             int p = 0;
@@ -975,9 +962,10 @@ int pagecli_quant_linear(int type, const void *w, int64_t n, int64_t k, const fl
         return pagecli_quant_tiles_linear(type, w, row_bytes, n, k, x, ldx, m, y, ldy,
                                           num_threads);
     const int gemm = gemm_for(m, k);
-    if (gemm == GEMM_NATIVE || (gemm == GEMM_BLAS && fits_int))
-        return panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads,
-                      gemm == GEMM_NATIVE);
+    if (gemm == GEMM_NATIVE)
+        return native_panels(1, &f, isa, &w, &n, k, x, ldx, m, y, ldy, num_threads);
+    if (gemm == GEMM_BLAS && fits_int)
+        return blas_panels(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
     fused(f, isa, w, row_bytes, n, k, x, ldx, m, y, ldy, num_threads);
     return 0;
 }
@@ -999,8 +987,8 @@ int pagecli_quant_linear_parts(int num_parts, const int *types, const void *cons
         if (pagecli_quant_tiles() && pagecli_quant_tiles_format(types[p])) shared = 0;
     }
     if (shared)
-        return panels_parts(num_parts, fs, pagecli_quant_isa(), ws, rows, k, x, ldx, m, y, ldy,
-                            num_threads);
+        return native_panels(num_parts, fs, pagecli_quant_isa(), ws, rows, k, x, ldx, m, y,
+                             ldy, num_threads);
     int64_t first = 0;
     for (int p = 0; p < num_parts; p++) {
         const int status = pagecli_quant_linear(types[p], ws[p], rows[p], k, x, ldx, m,
